@@ -1,0 +1,111 @@
+"""Load ``transformer/`` of a Hub-layout Cosmos3 checkpoint into ``Cosmos3Transformer`` by parameter name.
+
+Mirrors how diffusers 0.42.1 ``ModelMixin.from_pretrained`` reads ``Cosmos3OmniTransformer`` (sharded
+``diffusion_pytorch_model-*.safetensors`` + ``diffusion_pytorch_model.safetensors.index.json``, or one
+``diffusion_pytorch_model.safetensors``), without its machinery: the module tree is built on the ``meta`` device,
+each tensor is read memory-mapped from safetensors (never pickle), cast to the requested dtype (``time_embedder``
+stays fp32) and assigned in place — so the peak host memory is one tensor, not a second copy of the model.
+
+Every key must be accounted for: a key the model lacks, a key the checkpoint lacks, or a shape that disagrees
+with ``config.json`` is one error naming the first few offenders. Weights deliberately left out
+(``skip_modules``: ``lm_head`` for generation-only use, the action heads) are listed explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .config import CheckpointError, Cosmos3Config, _transformer_dir
+from .layers import KEEP_FP32
+from .transformer import Cosmos3Transformer
+
+INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
+SINGLE_FILE = "diffusion_pytorch_model.safetensors"
+
+
+def weight_files(checkpoint_dir: str | Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file that holds it (validating that the files exist)."""
+    folder = _transformer_dir(checkpoint_dir)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({exc}).") from exc
+        files = {name: folder / shard for name, shard in weight_map.items()}
+        missing = sorted({p.name for p in files.values() if not p.is_file()})
+        if missing:
+            raise CheckpointError(
+                f"{folder}: shard file(s) {missing} listed in {INDEX_FILE} are missing; "
+                "the download is incomplete — fetch the missing files into that folder."
+            )
+        return files
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        with _open(single) as f:
+            return {name: single for name in f.keys()}
+    raise CheckpointError(
+        f"{folder}: no {INDEX_FILE} or {SINGLE_FILE}; this is not a Cosmos3 transformer folder."
+    )
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is damaged or truncated ({exc}); download it again.") from exc
+
+
+def _skipped(name: str, skip_modules: Sequence[str]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in skip_modules)
+
+
+def load_transformer(
+    checkpoint_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    skip_modules: Sequence[str] = (),
+    config: Cosmos3Config | None = None,
+) -> Cosmos3Transformer:
+    """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` in ``dtype`` on ``device``."""
+    config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config, skip_modules=skip_modules)
+    expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
+    files = weight_files(checkpoint_dir)
+    wanted = {name: path for name, path in files.items() if not _skipped(name, skip_modules)}
+
+    missing = sorted(set(expected) - set(wanted))
+    unexpected = sorted(set(wanted) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{_transformer_dir(checkpoint_dir)}: weights do not match config.json — "
+            f"{len(missing)} missing (e.g. {missing[:4]}), {len(unexpected)} unexpected (e.g. {unexpected[:4]}). "
+            "The config and the weights belong to different models, or the download is incomplete."
+        )
+
+    state: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name, path in wanted.items():
+        by_file.setdefault(path, []).append(name)
+    for path, names in by_file.items():
+        with _open(path) as f:
+            for name in names:
+                try:
+                    tensor = f.get_tensor(name)
+                except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+                    raise CheckpointError(f"{path}: tensor {name!r} is unreadable ({exc}); download it again.") from exc
+                if tuple(tensor.shape) != tuple(expected[name]):
+                    raise CheckpointError(
+                        f"{path}: {name!r} has shape {tuple(tensor.shape)} but config.json implies "
+                        f"{tuple(expected[name])}; the config and the weights belong to different models."
+                    )
+                target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
+                state[name] = tensor.to(device=device, dtype=target)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)

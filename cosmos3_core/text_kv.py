@@ -1,0 +1,43 @@
+"""``TextKV``: the per-layer text keys/values the generation tower reads, computed once per prompt.
+
+Why this cache is exact (the argument of architecture.md §7, checked by ``tests/test_transformer_parity.py``):
+in the Cosmos3 Mixture-of-Transformers the text (understanding) tokens receive only ``embed_tokens(ids)`` — no
+timestep embedding, no modality embedding — sit at positions ``0..L-1``, and attend causally to text only; no
+text query ever reads a generation key. So every layer's text keys and values depend on the prompt's token ids
+alone, not on the latents, the timestep, the fps, the resolution or the sound stream. diffusers recomputes them at
+every step for both guidance branches; we compute them once per prompt (``Cosmos3Transformer.prefill``) and every
+denoising step reads them.
+
+The keys are stored exactly as the generation pathway consumes them: after ``norm_k`` (Nano/Super) or
+``k_norm_und_for_gen`` (Edge) and after the text RoPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TextKV:
+    """Text K/V of one prompt. ``keys``/``values``: ``[num_layers, num_kv_heads, L, head_dim]``."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    token_ids: torch.Tensor  # [L] long, on the CPU — identifies the prompt
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() * 2
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "TextKV":
+        return TextKV(self.keys.to(device=device, dtype=dtype), self.values.to(device=device, dtype=dtype), self.token_ids)

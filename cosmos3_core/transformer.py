@@ -1,0 +1,211 @@
+"""The Cosmos3 Mixture-of-Transformers, run as two entry points: ``prefill`` (text tower, once per prompt) and
+``denoise_step`` (generation tower, once per step, for 1 or 2 guidance branches in one batch).
+
+Mirrors diffusers 0.42.1 ``Cosmos3OmniTransformer.forward`` (models/transformers/transformer_cosmos3.py). That
+forward packs ``[text | vision | sound | action]`` into one sequence and runs both towers every step; here the
+two towers are split along the line the architecture already draws:
+
+* **Text is independent of generation.** Text tokens get no timestep embedding, sit at positions ``0..L-1`` and
+  attend causally to text only; no text query reads a generation key. So each layer's text K/V depends only on the
+  prompt (see ``text_kv.py``). ``prefill`` runs the understanding tower once over a prompt and returns a
+  ``TextKV``; the result is exact for every step, every fps, resolution and sound setting.
+* **The generation tower reads [cached text K/V | its own K/V].** ``denoise_step`` runs only the ``*_moe_gen`` /
+  ``add_*`` weights over the vision (+ sound, + action) tokens. Clean (conditioning) latent frames get no timestep
+  embedding and zero velocity. With two branches (cond, uncond) every linear layer runs once over the stacked
+  batch ``[2, N, D]``; each branch keeps its own rotary offset (``L_b + 15000``) and attends only to its own text
+  K/V, even when the two prompts have different lengths. The step does no ``.item()`` or other host sync.
+
+Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetensors`` loads by name (loader.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .attention import attention
+from .config import Cosmos3Config
+from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder
+from .layout import GenLayout, patchify, unpatchify
+from .rope import apply_rope, rope_tables, text_position_ids
+from .text_kv import TextKV
+
+# Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
+SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Velocities ``v = ε − x0`` per branch; exact zeros at clean frames/actions."""
+
+    vision: torch.Tensor  # [B, C, T, h, w]
+    sound: torch.Tensor | None  # [B, sound_dim, Ts]
+    action: torch.Tensor | None  # [B, Ta, action_dim]
+
+
+class Cosmos3Transformer(nn.Module):
+    def __init__(
+        self, config: Cosmos3Config, skip_modules: Sequence[str] = (), linear: type[nn.Linear] = nn.Linear
+    ):
+        super().__init__()
+        unknown = set(skip_modules) - set(SKIPPABLE_MODULES)
+        if unknown:
+            raise ValueError(f"skip_modules {sorted(unknown)} not skippable; choose from {SKIPPABLE_MODULES}.")
+        self.config = config
+        self.skip_modules = tuple(skip_modules)
+        d, kind, eps = config.hidden_size, config.norm_kind, config.rms_norm_eps
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.layers = nn.ModuleList(DecoderLayer(config, linear) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(d, eps, kind)
+        self.norm_moe_gen = RMSNorm(d, eps, kind)
+        self.lm_head = None if "lm_head" in skip_modules else linear(d, config.vocab_size, bias=False)
+        self.proj_in = linear(config.patch_latent_dim, d, bias=True)
+        self.proj_out = linear(d, config.patch_latent_dim, bias=True)
+        self.time_embedder = TimestepEmbedder(d, linear)
+        if config.sound_gen:
+            self.audio_proj_in = linear(config.sound_dim, d, bias=True)
+            self.audio_proj_out = linear(d, config.sound_dim, bias=True)
+            self.audio_modality_embed = nn.Parameter(torch.zeros(d))
+        self.has_action = config.action_gen and not set(skip_modules) & set(SKIPPABLE_MODULES[1:])
+        if config.action_gen and self.has_action:
+            n = config.num_embodiment_domains
+            self.action_proj_in = DomainAwareLinear(config.action_dim, d, n)
+            self.action_proj_out = DomainAwareLinear(d, config.action_dim, n)
+            self.action_modality_embed = nn.Parameter(torch.zeros(d))
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.proj_in.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.proj_in.weight.device
+
+    def keep_fp32(self) -> "Cosmos3Transformer":
+        """Re-assert the fp32 modules after a ``.to(dtype)`` (a bf16 time embedder degrades video)."""
+        for name in KEEP_FP32:
+            getattr(self, name).float()
+        return self
+
+    # ------------------------------------------------------------------ text tower
+    @torch.no_grad()
+    def prefill(self, token_ids: torch.Tensor | Sequence[int]) -> TextKV:
+        """Run the understanding tower over one prompt; return every layer's K/V as the generation tower reads it."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        if ids.numel() == 0:
+            raise ValueError("prefill: the prompt has no tokens.")
+        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
+            raise ValueError(
+                f"prefill: token id {int(ids.max())} is outside the vocabulary ({self.config.vocab_size}); "
+                "the tokenizer does not belong to this checkpoint."
+            )
+        cfg = self.config
+        n = ids.numel()
+        cos, sin = rope_tables(text_position_ids(n, cfg), cfg, self.dtype, self.device)
+        h = self.embed_tokens(ids.to(self.device))  # [L, D]
+        keys = torch.empty(cfg.num_hidden_layers, cfg.num_key_value_heads, n, cfg.head_dim, dtype=self.dtype, device=self.device)
+        values = torch.empty_like(keys)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.to_q(x).view(n, attn.num_heads, attn.head_dim)
+            k = attn.to_k(x).view(n, attn.num_kv_heads, attn.head_dim)
+            v = attn.to_v(x).view(n, attn.num_kv_heads, attn.head_dim)
+            if attn.norm_q is not None:
+                q, k = attn.norm_q(q), attn.norm_k(k)
+            k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
+            keys[i] = apply_rope(k_for_gen, cos, sin).transpose(0, 1)
+            values[i] = v.transpose(0, 1)
+            if i == last:
+                break  # the last layer's text output feeds nothing the generation tower reads
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True)
+            h = h + attn.to_out(out[0].transpose(0, 1).reshape(n, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return TextKV(keys, values, ids.cpu())
+
+    # ------------------------------------------------------------------ generation tower
+    def _embed_generation_tokens(
+        self, latents: torch.Tensor, timestep: torch.Tensor, layout: GenLayout,
+        sound: torch.Tensor | None, action: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Input embeddings of the generation stream ``[N, D]`` (identical for every branch)."""
+        cfg, dtype = self.config, self.dtype
+        scaled_t = timestep.reshape(1) * cfg.timestep_scale  # int64 step index → fp32, as the reference
+        t_emb = self.time_embedder(scaled_t).to(dtype)  # [1, D]
+        vision = self.proj_in(patchify(latents.reshape(latents.shape[-4:]).to(dtype), cfg.latent_patch_size))
+        t, ph, pw = layout.grid
+        vision = vision.view(t, ph * pw, -1)
+        vision = torch.where(layout.noisy_frames.view(t, 1, 1), vision + t_emb, vision).view(t * ph * pw, -1)
+        parts = [vision]
+        if layout.sound_len:
+            if sound is None:
+                raise ValueError("denoise_step: the layout has a sound stream but no sound latent was given.")
+            s = self.audio_proj_in(sound.reshape(cfg.sound_dim, -1).t().to(dtype)) + self.audio_modality_embed
+            parts.append(s + t_emb)  # every sound token is noisy
+        if layout.action_len:
+            if action is None or not self.has_action:
+                raise ValueError("denoise_step: the layout has an action stream but no action latent/head.")
+            a = self.action_proj_in(action.to(dtype), layout.domain_id) + self.action_modality_embed
+            parts.append(torch.where(layout.noisy_actions.view(-1, 1), a + t_emb, a))
+        return torch.cat(parts) if len(parts) > 1 else vision
+
+    @torch.no_grad()
+    def denoise_step(
+        self,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        text: Sequence[TextKV],
+        layout: GenLayout,
+        sound: torch.Tensor | None = None,
+        action: torch.Tensor | None = None,
+    ) -> StepOutput:
+        """One generation-tower pass for ``len(text)`` branches sharing the same latents.
+
+        ``latents`` ``[1, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
+        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[sound_dim, Ts]``; ``action`` ``[Ta, action_dim]``.
+        """
+        if len(text) != layout.num_branches:
+            raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
+        cfg = self.config
+        b = len(text)
+        x = self._embed_generation_tokens(latents, timestep, layout, sound, action)
+        x = x.unsqueeze(0).expand(b, -1, -1)  # [B, N, D]: branches differ only through their text K/V and RoPE
+        n = x.shape[1]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            y = layer.input_layernorm_moe_gen(x)
+            q = attn.norm_added_q(attn.add_q_proj(y).view(b, n, attn.num_heads, attn.head_dim))
+            k = attn.norm_added_k(attn.add_k_proj(y).view(b, n, attn.num_kv_heads, attn.head_dim))
+            v = attn.add_v_proj(y).view(b, n, attn.num_kv_heads, attn.head_dim)
+            q = apply_rope(q, layout.cos, layout.sin).transpose(1, 2)  # [B, H, N, hd]
+            k = apply_rope(k, layout.cos, layout.sin).transpose(1, 2)  # [B, KV, N, hd]
+            v = v.transpose(1, 2)
+            outs = []
+            for j, kv in enumerate(text):  # each branch attends to its own prompt's K/V only
+                keys = torch.cat([kv.keys[i], k[j]], dim=1)[None]  # [1, KV, L_j + N, hd]
+                vals = torch.cat([kv.values[i], v[j]], dim=1)[None]
+                outs.append(attention(q[j : j + 1], keys, vals))
+            out = torch.cat(outs).transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
+            x = x + attn.to_add_out(out)
+            x = x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))
+        x = self.norm_moe_gen(x)
+        return self._heads(x, layout)
+
+    def _heads(self, x: torch.Tensor, layout: GenLayout) -> StepOutput:
+        cfg = self.config
+        nv = layout.num_vision_tokens
+        vision = unpatchify(self.proj_out(x[:, :nv]), layout, cfg.latent_channel, cfg.latent_patch_size)
+        vision = vision.masked_fill(~layout.noisy_frames.view(1, 1, -1, 1, 1), 0.0)
+        sound = action = None
+        if layout.sound_len:
+            sound = self.audio_proj_out(x[:, nv : nv + layout.sound_len]).transpose(1, 2)  # [B, Cs, Ts]
+        if layout.action_len:
+            a = self.action_proj_out(x[:, nv + layout.sound_len :], layout.domain_id)
+            action = a.masked_fill(~layout.noisy_actions.view(1, -1, 1), 0.0)
+        return StepOutput(vision, sound, action)
