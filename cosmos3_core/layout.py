@@ -13,6 +13,7 @@ embedding, as in the reference, and are cropped from the output).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -139,3 +140,13 @@ def unpatchify(tokens: torch.Tensor, layout: GenLayout, channels: int, patch: in
     x = tokens.reshape(b, t, ph, pw, patch, patch, channels)
     x = x.permute(0, 6, 1, 2, 4, 3, 5).reshape(b, channels, t, ph * patch, pw * patch)
     return x[:, :, :, :h, :w]
+
+
+def select_branch(layout: GenLayout, index: int) -> GenLayout:
+    """The one-branch layout of branch ``index`` (e.g. the cond branch alone, or for sequential guidance)."""
+    return dataclasses.replace(
+        layout,
+        cos=layout.cos[index : index + 1],
+        sin=layout.sin[index : index + 1],
+        text_lengths=(layout.text_lengths[index],),
+    )

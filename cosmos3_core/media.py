@@ -1,0 +1,256 @@
+"""Media file IO for the CLI and tests: H.264/AAC mp4 writing, PNG, image/video reading, probing.
+
+PyAV, PIL and numpy only (no torch import; torch tensors are accepted by duck typing). Layouts follow the
+pipeline outputs: frames ``[F, H, W, 3]`` RGB, float in ``[0, 1]`` or uint8; audio ``[C, N]`` float in
+``[-1, 1]`` with ``C`` = 1 or 2 (Cosmos3's AVAE decodes 48 kHz stereo).
+
+Plays the role of diffusers' ``export_to_video`` / ``encode_video`` (diffusers/utils/export_utils.py) and the
+PhyAI ``Cosmos3GenerationPostProcessor.save_mp4`` (frames to uint8 RGB, waveform muxed into the same mp4), with
+these choices of our own:
+
+* video: libx264, yuv420p (so H and W must be even) tagged BT.709 limited range, CRF 18, one frame per ``1/fps`` tick, so the file holds
+  exactly ``F`` frames and ``average_rate == fps``. Fractional rates are exact ``Fraction``s; floats within
+  1e-3 of an NTSC rate ``k·1000/1001`` (23.976, 29.97, 59.94) snap to it.
+* float -> uint8 rounds to nearest (``round(clip(x, 0, 1) * 255)``), not diffusers' truncation.
+* audio: AAC-LC, 48 kHz, stereo (mono is duplicated; other input rates are resampled to 48 kHz). The mp4
+  muxer records the encoder delay, so a decoder returns N samples (up to one 1024-sample AAC frame of padding).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+from av.video.reformatter import ColorRange, Colorspace
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+AUDIO_RATE = 48_000
+DEFAULT_CRF = 18
+_BT709 = 1  # AVCOL_PRI_BT709 == AVCOL_TRC_BT709 == AVCOL_SPC_BT709
+
+
+# --------------------------------------------------------------------------------------------------------------
+# array helpers
+
+
+def _to_numpy(x, name: str) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch
+        x = x.detach().cpu()
+        x = x if str(x.dtype) == "torch.uint8" else x.float()
+        x = x.numpy()
+    try:
+        return np.asarray(x)
+    except Exception as e:  # noqa: BLE001 - anything unconvertible gets one clear message
+        raise TypeError(f"{name}: expected an array, got {type(x).__name__}.") from e
+
+
+def _to_uint8(x: np.ndarray, who: str) -> np.ndarray:
+    if x.dtype == np.uint8:
+        return x
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"{who}: expected float frames in [0, 1] or uint8, got dtype {x.dtype}.")
+    return np.round(np.clip(x.astype(np.float32), 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def as_fraction(fps) -> Fraction:
+    """``fps`` as an exact rational frame rate (NTSC floats such as 23.976 snap to 24000/1001)."""
+    if isinstance(fps, bool) or not isinstance(fps, (int, float, Fraction, np.integer, np.floating)):
+        raise TypeError(f"fps must be a number or Fraction, got {type(fps).__name__}.")
+    if isinstance(fps, (Fraction, int, np.integer)):
+        r = Fraction(fps)
+    else:
+        f = float(fps)
+        if not math.isfinite(f):
+            raise ValueError(f"fps must be finite, got {fps!r}.")
+        k = round(f * 1.001)
+        ntsc = Fraction(k * 1000, 1001)
+        r = ntsc if f != int(f) and abs(f - float(ntsc)) < 1e-3 else Fraction(f).limit_denominator(10_000)
+    if r <= 0:
+        raise ValueError(f"fps must be positive, got {fps!r}.")
+    return r
+
+
+# --------------------------------------------------------------------------------------------------------------
+# writing
+
+
+def _stereo48k(audio, sample_rate: int) -> np.ndarray:
+    """``[C, N]`` float in [-1, 1] -> contiguous float32 ``[2, N']`` at 48 kHz."""
+    a = _to_numpy(audio, "write_video: audio").astype(np.float32)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2 or a.shape[0] not in (1, 2):
+        raise ValueError(f"write_video: audio must be [C, N] with C = 1 or 2, got shape {tuple(a.shape)}.")
+    if a.shape[1] == 0:
+        raise ValueError("write_video: audio has no samples.")
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
+        raise ValueError(f"write_video: sample_rate must be a positive int, got {sample_rate!r}.")
+    a = np.clip(a, -1.0, 1.0)
+    if a.shape[0] == 1:
+        a = np.repeat(a, 2, axis=0)
+    if sample_rate != AUDIO_RATE:  # linear interpolation is enough for previews; ours is 48 kHz already
+        n_out = max(1, round(a.shape[1] * AUDIO_RATE / sample_rate))
+        t_in = np.arange(a.shape[1]) / sample_rate
+        t_out = np.arange(n_out) / AUDIO_RATE
+        a = np.stack([np.interp(t_out, t_in, ch) for ch in a]).astype(np.float32)
+    return np.ascontiguousarray(a)
+
+
+class _AudioEncoder:
+    """AAC 48 kHz stereo stream fed in 1024-sample frames, so its packets can interleave with the video's."""
+
+    def __init__(self, container, a: np.ndarray):
+        self.container, self.a, self.pos = container, a, 0
+        self.stream = container.add_stream("aac", rate=AUDIO_RATE, layout="stereo")
+        self.stream.bit_rate = 192_000
+
+    def feed_until(self, end: int) -> None:
+        frame_size = self.stream.codec_context.frame_size or 1024
+        end = min(end, self.a.shape[1])
+        while self.pos < end:
+            chunk = np.ascontiguousarray(self.a[:, self.pos:self.pos + frame_size])
+            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
+            frame.sample_rate, frame.pts = AUDIO_RATE, self.pos
+            self.pos += chunk.shape[1]
+            for packet in self.stream.encode(frame):
+                self.container.mux(packet)
+
+    def finish(self) -> None:
+        self.feed_until(self.a.shape[1])
+        for packet in self.stream.encode(None):
+            self.container.mux(packet)
+
+
+def write_video(path, frames, fps, audio=None, sample_rate: int = AUDIO_RATE, *, crf: int = DEFAULT_CRF) -> Path:
+    """Write ``frames`` ``[F, H, W, 3]`` (float [0, 1] or uint8) as H.264 yuv420p at ``fps`` (int, float or
+    Fraction), plus an AAC 48 kHz stereo track when ``audio`` ``[C, N]`` is given. Returns the path."""
+    path = Path(path)
+    x = _to_numpy(frames, "write_video: frames")
+    if x.ndim != 4 or x.shape[-1] != 3 or x.shape[0] < 1:
+        raise ValueError(f"write_video: frames must be [F, H, W, 3] with F >= 1, got shape {tuple(x.shape)}.")
+    f, h, w, _ = x.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"write_video: H.264 yuv420p needs even height and width, got {h}x{w}; "
+                         "crop or pad to even sizes (Cosmos3 sizes are multiples of 16).")
+    rate = as_fraction(fps)
+    a = None if audio is None else _stereo48k(audio, sample_rate)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with av.open(str(path), mode="w") as container:
+            vs = container.add_stream("libx264", rate=rate)
+            vs.width, vs.height, vs.pix_fmt = w, h, "yuv420p"
+            vs.codec_context.time_base = 1 / rate  # one tick per frame: pts = frame index
+            vs.options = {"crf": str(crf), "preset": "medium"}
+            cc = vs.codec_context  # tag what we convert to: BT.709, limited range (HD default of players)
+            cc.colorspace, cc.color_primaries, cc.color_trc, cc.color_range = _BT709, _BT709, _BT709, ColorRange.MPEG
+            audio_enc = None if a is None else _AudioEncoder(container, a)
+            for i in range(f):
+                frame = av.VideoFrame.from_ndarray(_to_uint8(x[i], "write_video"), format="rgb24").reformat(
+                    format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG,
+                    dst_color_trc=_BT709, dst_color_primaries=_BT709)
+                frame.pts = i
+                for packet in vs.encode(frame):
+                    container.mux(packet)
+                if audio_enc is not None:  # audio up to the end of this frame
+                    audio_enc.feed_until(math.ceil((i + 1) * AUDIO_RATE / rate))
+            for packet in vs.encode(None):
+                container.mux(packet)
+            if audio_enc is not None:
+                audio_enc.finish()
+    except av.FFmpegError as e:
+        raise ValueError(f"write_video: could not write {path}: {e}") from e
+    return path
+
+
+def write_png(path, frame) -> Path:
+    """Write one RGB frame ``[H, W, 3]`` (float [0, 1] or uint8) as PNG. Returns the path."""
+    path = Path(path)
+    x = _to_numpy(frame, "write_png: frame")
+    if x.ndim != 3 or x.shape[-1] != 3:
+        raise ValueError(f"write_png: frame must be [H, W, 3], got shape {tuple(x.shape)}.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(_to_uint8(x, "write_png")).save(path, format="PNG")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reading
+
+
+def _existing(path, who: str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{who}: no such file: {path}")
+    return path
+
+
+def read_image(path) -> np.ndarray:
+    """RGB float32 ``[H, W, 3]`` in [0, 1] (EXIF orientation applied, alpha dropped)."""
+    path = _existing(path, "read_image")
+    try:
+        with Image.open(path) as im:
+            im = ImageOps.exif_transpose(im).convert("RGB")
+            return np.asarray(im, dtype=np.float32) / 255.0
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ValueError(f"read_image: could not read {path} as an image: {e}") from e
+
+
+def read_video(path, max_frames: int | None = None) -> tuple[np.ndarray, float]:
+    """``(frames float32 [F, H, W, 3] in [0, 1], fps)`` of the first video stream; at most ``max_frames``."""
+    path = _existing(path, "read_video")
+    if max_frames is not None and max_frames < 1:
+        raise ValueError(f"read_video: max_frames must be >= 1 or None, got {max_frames!r}.")
+    out = []
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise ValueError(f"read_video: {path} has no video stream.")
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            for frame in container.decode(stream):
+                out.append(frame.to_ndarray(format="rgb24"))
+                if max_frames is not None and len(out) >= max_frames:
+                    break
+    except av.FFmpegError as e:
+        raise ValueError(f"read_video: could not decode {path}: {e}") from e
+    if not out:
+        raise ValueError(f"read_video: {path} contains no decodable video frames.")
+    fps = float(rate) if rate else float("nan")
+    return np.stack(out).astype(np.float32) / 255.0, fps
+
+
+def probe_media(path) -> dict:
+    """Decode ``path`` fully and describe it (meant for tests and small outputs):
+
+    ``video_frames``, ``width``, ``height``, ``fps`` (float), ``fps_fraction``, ``video_codec``, ``pix_fmt``;
+    ``audio_sample_rate``, ``audio_channels``, ``audio_samples`` and ``audio_duration`` (decoded samples / rate,
+    seconds; AAC decodes whole 1024-sample frames), ``audio_stream_duration`` (seconds the container declares,
+    which honours the encoder's trim) — audio keys are None without an audio stream, video keys likewise.
+    """
+    path = _existing(path, "probe_media")
+    info = dict.fromkeys(("video_frames", "width", "height", "fps", "fps_fraction", "video_codec", "pix_fmt",
+                          "audio_sample_rate", "audio_channels", "audio_samples", "audio_duration",
+                          "audio_stream_duration"))
+    try:
+        with av.open(str(path)) as container:  # one pass per stream: decode() of one stream is simplest
+            if container.streams.video:
+                vs = container.streams.video[0]
+                rate = vs.average_rate or vs.guessed_rate
+                info.update(width=vs.codec_context.width, height=vs.codec_context.height,
+                            fps=float(rate) if rate else None, fps_fraction=Fraction(rate) if rate else None,
+                            video_codec=vs.codec_context.name, pix_fmt=vs.codec_context.pix_fmt,
+                            video_frames=sum(1 for _ in container.decode(vs)))
+        with av.open(str(path)) as container:
+            if container.streams.audio:
+                aus = container.streams.audio[0]
+                n = sum(fr.samples for fr in container.decode(aus))
+                rate = aus.codec_context.sample_rate
+                declared = float(aus.duration * aus.time_base) if aus.duration else None
+                info.update(audio_sample_rate=rate, audio_channels=aus.codec_context.channels, audio_samples=n,
+                            audio_duration=n / rate, audio_stream_duration=declared)
+    except av.FFmpegError as e:
+        raise ValueError(f"probe_media: could not read {path}: {e}") from e
+    return info

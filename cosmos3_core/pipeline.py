@@ -1,0 +1,292 @@
+"""Cosmos3 generation end to end: T2I, T2V, I2V, V2V and T2AV/I2AV on one loaded checkpoint.
+
+The stages mirror diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` and are exposed one by one, because the
+ComfyUI nodes run them as separate nodes (so ComfyUI's cache can skip the text tower when only the seed changes):
+
+1. ``encode_text``   — prompt templates + chat template (prompt.py), then ``prefill`` once per distinct prompt;
+2. ``encode_condition`` — I2V / V2V pixels → clean latent frames (conditioning.py);
+3. ``sample``       — UniPC with both guidance branches as one batched step (sampling.py);
+4. ``decode_video`` / ``decode_sound`` — chunked Wan2.2 VAE decode, AVAE decode trimmed to the clip (vae.py, audio.py).
+
+``generate`` chains them for the CLI and tests. Nothing here imports ComfyUI.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
+from .conditioning import encode_condition
+from .config import CheckpointError, Cosmos3Config
+from .loader import load_transformer
+from .prompt import default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
+from .sampling import (
+    SampleResult,
+    StepCallback,
+    default_shift,
+    default_steps,
+    load_scheduler_config,
+    make_scheduler,
+    sample,
+)
+from .text_kv import TextKV
+from .transformer import Cosmos3Transformer
+from .vae import Cosmos3VAE, load_vae
+
+
+@dataclass(frozen=True)
+class TextConditioning:
+    """Both guidance branches' text K/V for one prompt pair, plus the clip shape the prompts describe."""
+
+    cond: TextKV
+    uncond: TextKV | None
+    num_frames: int
+    height: int
+    width: int
+    fps: float
+    prompt_text: str = ""
+    negative_text: str = ""
+
+
+@dataclass
+class GenerationRequest:
+    prompt: str
+    negative_prompt: str | None = None  # None → the checkpoint's assets/negative_prompt.json, else ""
+    num_frames: int = 189
+    height: int = 720
+    width: int = 1280
+    fps: float = 24.0
+    steps: int | None = None  # None → 50 for images, 35 for video
+    guidance: float = 6.0
+    seed: int = 42
+    schedule: str = "flow_shift"
+    shift: float | None = None  # None → by resolution tier (720p 10, 480p 5, 256p 3)
+    sound: bool = False
+    image: Any = None  # I2V: [H,W,3] float in [0,1] (or uint8 / PIL)
+    video: Any = None  # V2V: [F,H,W,3] float in [0,1]
+    condition_latent_frames: Sequence[int] = (0, 1)
+    keep: str = "first"
+    use_system_prompt: bool | None = None
+    guidance_interval: tuple[float, float] | None = None
+
+
+@dataclass
+class GenerationOutput:
+    latents: torch.Tensor  # [1, 48, T, h, w] normalized (as the sampler works)
+    sound_latent: torch.Tensor | None  # [64, Ts]
+    frames: torch.Tensor | None  # [F, H, W, 3] float in [0, 1]
+    waveform: torch.Tensor | None  # [2, N] at 48 kHz, trimmed to the clip
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def validate_shape(num_frames: int, height: int, width: int, fps: float, who: str = "generate") -> None:
+    """Clip-shape rules of the Wan2.2 VAE (4×16×16) with one clear message per violation."""
+    if not isinstance(num_frames, int) or num_frames < 1 or (num_frames - 1) % 4:
+        raise ValueError(
+            f"{who}: num_frames={num_frames!r} must be 1 (an image) or 4k+1 (video: 5, 9, …, 93, 121, 189); "
+            f"try {max(1, (int(num_frames) - 1) // 4 * 4 + 1) if isinstance(num_frames, int) else 93}."
+        )
+    for name, value in (("height", height), ("width", width)):
+        if not isinstance(value, int) or value < 16 or value % 16:
+            fixed = max(16, int(value) // 16 * 16) if isinstance(value, (int, float)) else 480
+            raise ValueError(f"{who}: {name}={value!r} must be a positive multiple of 16; try {fixed}.")
+    if not fps > 0:
+        raise ValueError(f"{who}: fps={fps!r} must be positive (e.g. 24).")
+
+
+class Cosmos3Pipeline:
+    """One loaded checkpoint: transformer, Wan2.2 VAE, sound decoder (Nano/Super), tokenizer, scheduler config."""
+
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        transformer: Cosmos3Transformer,
+        vae: Cosmos3VAE,
+        tokenizer,
+        sound_decoder: Cosmos3SoundDecoder | None = None,
+    ):
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.transformer = transformer
+        self.vae = vae
+        self.tokenizer = tokenizer
+        self.sound_decoder = sound_decoder
+        self.scheduler_config = load_scheduler_config(self.checkpoint_dir)
+        index = _read_model_index(self.checkpoint_dir)
+        self.native_flow_schedule = bool(index.get("use_native_flow_schedule", False))
+        self.default_use_system_prompt = default_use_system_prompt(self.checkpoint_dir)
+        self.default_negative_prompt = default_negative_prompt(self.checkpoint_dir)
+        self.prefill_count = 0  # text-tower runs since load (tests and the ComfyUI cache check read it)
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint_dir: str | Path,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+        vae_dtype: torch.dtype | None = None,
+        with_sound: bool = True,
+    ) -> "Cosmos3Pipeline":
+        root = Path(checkpoint_dir)
+        if not root.is_dir():
+            raise CheckpointError(f"checkpoint folder {root} does not exist.")
+        config = Cosmos3Config.from_checkpoint(root)
+        transformer = load_transformer(root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config)
+        vae = load_vae(root, dtype=vae_dtype or dtype, device=device)
+        sound = None
+        if with_sound and config.sound_gen and (root / "sound_tokenizer").is_dir():
+            sound = load_sound_decoder(root, dtype=torch.float32, device=device)
+        return cls(root, transformer, vae, load_tokenizer(root), sound)
+
+    @property
+    def config(self) -> Cosmos3Config:
+        return self.transformer.config
+
+    @property
+    def supports_sound(self) -> bool:
+        return self.config.sound_gen and self.sound_decoder is not None
+
+    # ------------------------------------------------------------------ 1. text
+    def encode_text(
+        self,
+        prompt: str,
+        negative_prompt: str | None = None,
+        *,
+        num_frames: int,
+        height: int,
+        width: int,
+        fps: float,
+        use_system_prompt: bool | None = None,
+    ) -> TextConditioning:
+        """Render both prompts as trained and run the text tower once per distinct prompt."""
+        validate_shape(num_frames, height, width, fps, "encode_text")
+        if negative_prompt is None:
+            negative_prompt = self.default_negative_prompt
+        if use_system_prompt is None:
+            use_system_prompt = self.default_use_system_prompt
+        ids = encode_prompts(
+            self.tokenizer, prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
+            use_system_prompt=use_system_prompt,
+        )
+        cond = self._prefill(ids.cond)
+        uncond = cond if ids.uncond == ids.cond else self._prefill(ids.uncond)
+        return TextConditioning(cond, uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
+
+    def _prefill(self, ids: list[int]) -> TextKV:
+        self.prefill_count += 1
+        return self.transformer.prefill(ids)
+
+    # ------------------------------------------------------------------ 2. conditioning
+    def encode_condition(
+        self, text: TextConditioning, *, image=None, video=None, condition_latent_frames=(0, 1), keep="first"
+    ) -> tuple[torch.Tensor | None, list[int]]:
+        if image is None and video is None:
+            return None, []
+        if text.num_frames == 1:
+            return None, []  # as the reference: an image given for T2I conditions nothing
+        return encode_condition(
+            self.vae, image=image, video=video, num_frames=text.num_frames, height=text.height, width=text.width,
+            condition_latent_frames=condition_latent_frames, keep=keep,
+        )
+
+    # ------------------------------------------------------------------ 3. sampling
+    def sample(
+        self,
+        text: TextConditioning,
+        *,
+        seed: int,
+        steps: int | None = None,
+        guidance: float = 6.0,
+        schedule: str = "flow_shift",
+        shift: float | None = None,
+        sound: bool = False,
+        x0: torch.Tensor | None = None,
+        clean_frames: Sequence[int] = (),
+        guidance_interval: tuple[float, float] | None = None,
+        callback: StepCallback | None = None,
+    ) -> SampleResult:
+        if sound and not self.supports_sound:
+            raise ValueError(
+                f"sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
+                "(Edge cannot generate sound); turn sound off or use a Nano/Super checkpoint."
+            )
+        steps = steps or default_steps(text.num_frames)
+        shift = shift if shift is not None else default_shift(text.height, text.width)
+        scheduler = make_scheduler(
+            self.scheduler_config, steps, schedule=schedule, shift=shift, native_flow_schedule=self.native_flow_schedule
+        )
+        latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
+        sound_len = sound_latent_length(text.num_frames, text.fps) if sound else 0
+        return sample(
+            self.transformer, text.cond, text.uncond, scheduler, latent_shape=latent_shape, fps=text.fps, seed=seed,
+            guidance=guidance, x0=x0, clean_frames=clean_frames, sound_len=sound_len,
+            guidance_interval=guidance_interval, callback=callback,
+        )
+
+    # ------------------------------------------------------------------ 4. decode
+    def decode_video(self, latents: torch.Tensor, **kwargs) -> torch.Tensor:
+        return self.vae.decode(latents, **kwargs)
+
+    def decode_sound(self, sound_latent: torch.Tensor, num_frames: int, fps: float) -> torch.Tensor:
+        if self.sound_decoder is None:
+            raise ValueError(f"checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/; no sound to decode.")
+        return self.sound_decoder.decode(sound_latent, num_samples=num_audio_samples(num_frames, fps)).float().cpu()
+
+    # ------------------------------------------------------------------ all stages
+    def generate(
+        self, request: GenerationRequest, callback: StepCallback | None = None, decode: bool = True
+    ) -> GenerationOutput:
+        r = request
+        if r.image is not None and r.video is not None:
+            raise ValueError("generate: give either an image (image-to-video) or a video (video-to-video), not both.")
+        timings: dict[str, float] = {}
+        with _timed(timings, "preprocess"):
+            text = self.encode_text(
+                r.prompt, r.negative_prompt, num_frames=r.num_frames, height=r.height, width=r.width, fps=r.fps,
+                use_system_prompt=r.use_system_prompt,
+            )
+            x0, clean = self.encode_condition(
+                text, image=r.image, video=r.video, condition_latent_frames=r.condition_latent_frames, keep=r.keep
+            )
+        with _timed(timings, "inference"):
+            result = self.sample(
+                text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
+                sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, callback=callback,
+            )
+        frames = waveform = None
+        if decode:
+            with _timed(timings, "decode"):
+                frames = self.decode_video(result.latents)
+                if result.sound is not None:
+                    waveform = self.decode_sound(result.sound, r.num_frames, r.fps)
+        return GenerationOutput(result.latents, result.sound, frames, waveform, timings)
+
+
+def _read_model_index(root: Path) -> dict:
+    path = root / "model_index.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}).") from exc
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
