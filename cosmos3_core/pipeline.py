@@ -13,6 +13,7 @@ ComfyUI nodes run them as separate nodes (so ComfyUI's cache can skip the text t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, s
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
 from .loader import load_transformer
-from .prompt import default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
+from .prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
 from .sampling import (
     SampleResult,
     StepCallback,
@@ -53,6 +54,10 @@ class TextConditioning:
     fps: float
     prompt_text: str = ""
     negative_text: str = ""
+
+    def to(self, device: torch.device | str) -> "TextConditioning":
+        uncond = None if self.uncond is None else self.cond.to(device) if self.uncond is self.cond else self.uncond.to(device)
+        return dataclasses.replace(self, cond=self.cond.to(device), uncond=uncond)
 
 
 @dataclass
@@ -166,15 +171,28 @@ class Cosmos3Pipeline:
         use_system_prompt: bool | None = None,
     ) -> TextConditioning:
         """Render both prompts as trained and run the text tower once per distinct prompt."""
+        ids = self.tokenize(
+            prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
+            use_system_prompt=use_system_prompt,
+        )
+        return self.prefill_prompts(ids, num_frames=num_frames, height=height, width=width, fps=fps)
+
+    def tokenize(
+        self, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int, width: int,
+        fps: float, use_system_prompt: bool | None = None,
+    ) -> PromptIds:
+        """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default."""
         validate_shape(num_frames, height, width, fps, "encode_text")
         if negative_prompt is None:
             negative_prompt = self.default_negative_prompt
         if use_system_prompt is None:
             use_system_prompt = self.default_use_system_prompt
-        ids = encode_prompts(
+        return encode_prompts(
             self.tokenizer, prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
             use_system_prompt=use_system_prompt,
         )
+
+    def prefill_prompts(self, ids: PromptIds, *, num_frames: int, height: int, width: int, fps: float) -> TextConditioning:
         cond = self._prefill(ids.cond)
         uncond = cond if ids.uncond == ids.cond else self._prefill(ids.uncond)
         return TextConditioning(cond, uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
@@ -187,14 +205,31 @@ class Cosmos3Pipeline:
     def encode_condition(
         self, text: TextConditioning, *, image=None, video=None, condition_latent_frames=(0, 1), keep="first"
     ) -> tuple[torch.Tensor | None, list[int]]:
-        if image is None and video is None:
-            return None, []
-        if text.num_frames == 1:
+        """Clean latents for the clip ``text`` describes (``None, []`` for T2V/T2I: nothing to encode)."""
+        if (image is None and video is None) or text.num_frames == 1:
             return None, []  # as the reference: an image given for T2I conditions nothing
-        return encode_condition(
-            self.vae, image=image, video=video, num_frames=text.num_frames, height=text.height, width=text.width,
+        x0, clean = self.vae_encode_condition(
+            image=image, video=video, height=text.height, width=text.width,
             condition_latent_frames=condition_latent_frames, keep=keep,
         )
+        latent_frames = (text.num_frames - 1) // 4 + 1
+        clean = [i for i in clean if i < latent_frames]
+        return x0[:, :, :latent_frames], clean
+
+    def vae_encode_condition(
+        self, *, image=None, video=None, height: int, width: int, condition_latent_frames=(0, 1), keep="first"
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Encode only the clean frames: ``x0`` ``[1, 48, max(clean)+1, h, w]`` (normalized) and their indexes.
+
+        Independent of the clip length (the VAE is causal in time), so it can run before the text encode.
+        """
+        indexes = (0,) if video is None else tuple(condition_latent_frames)
+        num_frames = max(indexes) * 4 + 1 if video is not None else 5
+        x0, clean = encode_condition(
+            self.vae, image=image, video=video, num_frames=num_frames, height=height, width=width,
+            condition_latent_frames=indexes, keep=keep,
+        )
+        return x0[:, :, : max(clean) + 1], list(clean)
 
     # ------------------------------------------------------------------ 3. sampling
     def sample(

@@ -135,7 +135,15 @@ def sample(
     noise, sound = initial_noise(seed, latent_shape, (cfg.sound_dim, sound_len) if sound_len else None)
     mask = torch.zeros(latent_shape[2], 1, 1)
     mask[list(clean_frames)] = 1.0
-    clean = torch.zeros(latent_shape) if x0 is None else x0.detach().float().cpu()
+    clean = torch.zeros(latent_shape)
+    if x0 is not None:  # x0 may hold only the leading (clean) latent frames
+        if x0.shape[2] <= max(clean_frames, default=-1) or x0.shape[3:] != tuple(latent_shape[3:]):
+            raise ValueError(
+                f"sample: conditioning latents {tuple(x0.shape)} do not cover clean frames {list(clean_frames)} "
+                f"of a latent {tuple(latent_shape)}; encode the condition at the clip's width and height."
+            )
+        frames = min(x0.shape[2], latent_shape[2])
+        clean[:, :, :frames] = x0[:, :, :frames].detach().float().cpu()
     latents = (mask * clean + (1.0 - mask) * noise).to(device)
     sound = sound.to(device) if sound is not None else None
     sound_scheduler = copy.deepcopy(scheduler) if sound is not None else None

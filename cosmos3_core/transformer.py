@@ -83,6 +83,7 @@ class Cosmos3Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """Where the generation tower runs (the text tower may live elsewhere, see ``towers.py``)."""
         return self.proj_in.weight.device
 
     def keep_fp32(self) -> "Cosmos3Transformer":
@@ -105,9 +106,10 @@ class Cosmos3Transformer(nn.Module):
             )
         cfg = self.config
         n = ids.numel()
-        cos, sin = rope_tables(text_position_ids(n, cfg), cfg, self.dtype, self.device)
-        h = self.embed_tokens(ids.to(self.device))  # [L, D]
-        keys = torch.empty(cfg.num_hidden_layers, cfg.num_key_value_heads, n, cfg.head_dim, dtype=self.dtype, device=self.device)
+        device, dtype = self.embed_tokens.weight.device, self.embed_tokens.weight.dtype  # the text tower's
+        cos, sin = rope_tables(text_position_ids(n, cfg), cfg, dtype, device)
+        h = self.embed_tokens(ids.to(device))  # [L, D]
+        keys = torch.empty(cfg.num_hidden_layers, cfg.num_key_value_heads, n, cfg.head_dim, dtype=dtype, device=device)
         values = torch.empty_like(keys)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):

@@ -1,0 +1,126 @@
+"""Command-line generation: ``python -m cosmos3_core.generate --checkpoint DIR --prompt TEXT --out FILE.mp4``.
+
+Text/image/video to video (with sound on Nano/Super) or, with ``--num-frames 1``, to a PNG. Prints the stage
+timings ``model_load, preprocess, inference, to_cpu, encode`` as the PhyAI generation script does (inference =
+denoising loop + VAE/audio decode; encode = writing the file). A user mistake exits with one ``error:`` line and
+status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cosmos3_core.generate", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", required=True, help="local Cosmos3 checkpoint folder (Hub layout)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--out", required=True, help="output .mp4 (video) or .png (with --num-frames 1)")
+    p.add_argument("--negative-prompt", default=None, help="default: the checkpoint's assets/negative_prompt.json")
+    p.add_argument("--num-frames", type=int, default=189)
+    p.add_argument("--height", type=int, default=720)
+    p.add_argument("--width", type=int, default=1280)
+    p.add_argument("--fps", type=float, default=24.0)
+    p.add_argument("--steps", type=int, default=None, help="default: 50 for an image, 35 for video")
+    p.add_argument("--guidance", type=float, default=6.0)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--schedule", choices=("flow_shift", "karras"), default="flow_shift")
+    p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")
+    p.add_argument("--sound", action="store_true", help="generate a sound track too (Nano/Super)")
+    cond = p.add_mutually_exclusive_group()
+    cond.add_argument("--image", default=None, help="conditioning image (image-to-video)")
+    cond.add_argument("--video", default=None, help="conditioning video (video-to-video)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
+    return p
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    from .pipeline import validate_shape
+
+    validate_shape(args.num_frames, args.height, args.width, args.fps, "generate")
+    ckpt = Path(args.checkpoint)
+    if not ckpt.is_dir():
+        raise ValueError(f"--checkpoint {ckpt} is not a folder; give the downloaded Cosmos3 checkpoint folder.")
+    if args.sound and not (ckpt / "sound_tokenizer").is_dir():
+        raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
+    out = Path(args.out)
+    want = ".png" if args.num_frames == 1 else ".mp4"
+    if out.suffix.lower() != want:
+        raise ValueError(f"--out {out}: with --num-frames {args.num_frames} the output is a {want} file.")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible; use --device cpu.")
+    for name in ("image", "video"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"--{name} {path} does not exist.")
+
+
+def run(args: argparse.Namespace) -> dict[str, float]:
+    from . import media
+    from .pipeline import Cosmos3Pipeline, GenerationRequest
+
+    _check_args(args)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
+    timings["model_load"] = time.perf_counter() - start
+    image = media.read_image(args.image) if args.image else None
+    video = media.read_video(args.video)[0] if args.video else None
+    request = GenerationRequest(
+        prompt=args.prompt, negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
+        width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
+        schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
+    )
+
+    def progress(step: int, total: int, _preview) -> None:
+        print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+
+    out = pipe.generate(request, callback=progress)
+    timings["preprocess"] = out.timings["preprocess"]
+    timings["inference"] = out.timings["inference"] + out.timings["decode"]
+    start = time.perf_counter()
+    frames = out.frames.cpu().numpy()
+    waveform = out.waveform.cpu().numpy() if out.waveform is not None else None
+    timings["to_cpu"] = time.perf_counter() - start
+    start = time.perf_counter()
+    if args.num_frames == 1:
+        media.write_png(args.out, frames[0])
+    else:
+        media.write_video(args.out, frames, args.fps, audio=waveform)
+    if args.latents_out:
+        from safetensors.torch import save_file
+
+        tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
+        if out.sound_latent is not None:
+            tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
+        save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
+    timings["encode"] = time.perf_counter() - start
+    return timings
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import CheckpointError
+
+    args = build_parser().parse_args(argv)
+    try:
+        timings = run(args)
+    except (ValueError, FileNotFoundError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name in ("model_load", "preprocess", "inference", "to_cpu", "encode"):
+        print(f"{name:>10}: {timings[name]:8.2f} s")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

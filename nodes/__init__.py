@@ -1,0 +1,32 @@
+"""ComfyUI nodes of the Cosmos3 pack (V3 schema): thin glue over ``cosmos3_core``; no tensor math here."""
+
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+from .condition import Cosmos3VAEEncodeCond
+from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
+from .loader import Cosmos3Loader, register_model_folder
+from .reasoner import Cosmos3Reasoner
+from .sampler import Cosmos3KSamplerUniPCDualTower
+from .text import Cosmos3TextEncode
+
+NODES: list[type[io.ComfyNode]] = [
+    Cosmos3Loader,
+    Cosmos3TextEncode,
+    Cosmos3VAEEncodeCond,
+    Cosmos3KSamplerUniPCDualTower,
+    Cosmos3VAEDecode,
+    Cosmos3AudioDecode,
+    Cosmos3Reasoner,
+]
+
+
+class Cosmos3Extension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return NODES
+
+
+async def comfy_entrypoint() -> Cosmos3Extension:
+    register_model_folder()
+    return Cosmos3Extension()

@@ -1,0 +1,84 @@
+"""Cosmos3Loader: a checkpoint folder under models/diffusers or models/cosmos3 → COSMOS3_MODEL."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+import comfy.model_management as mm
+import folder_paths
+from comfy_api.latest import io
+
+from .model_handle import Cosmos3ModelHandle
+from .types import CATEGORY, Cosmos3Model
+
+FOLDER_KEYS = ("cosmos3", "diffusers")
+NONE_FOUND = "(no Cosmos3 checkpoint found)"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def register_model_folder() -> None:
+    """Add ``models/cosmos3`` beside ComfyUI's own ``models/diffusers``."""
+    if "cosmos3" not in folder_paths.folder_names_and_paths:
+        folder_paths.add_model_folder_path("cosmos3", os.path.join(folder_paths.models_dir, "cosmos3"))
+
+
+def find_checkpoints() -> dict[str, Path]:
+    """Sub-folders holding a Cosmos3 transformer, by display name (``<folder>`` or ``<folder> (diffusers)``)."""
+    found: dict[str, Path] = {}
+    for key in FOLDER_KEYS:
+        if key not in folder_paths.folder_names_and_paths:
+            continue
+        for root in folder_paths.get_folder_paths(key):
+            if not os.path.isdir(root):
+                continue
+            for entry in sorted(os.listdir(root)):
+                path = Path(root) / entry
+                config = path / "transformer" / "config.json"
+                if config.is_file() and "Cosmos3OmniTransformer" in config.read_text(errors="ignore")[:4096]:
+                    found.setdefault(entry, path)
+    return found
+
+
+class Cosmos3Loader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        names = list(find_checkpoints()) or [NONE_FOUND]
+        return io.Schema(
+            node_id="Cosmos3Loader",
+            display_name="Load Cosmos3 Checkpoint",
+            category=CATEGORY,
+            description="Loads a Cosmos3 (Nano/Edge/Super) checkpoint folder in the Hugging Face layout.",
+            inputs=[
+                io.Combo.Input("checkpoint", options=names, tooltip="A folder under models/cosmos3 or models/diffusers "
+                               "holding transformer/, vae/, text_tokenizer/, scheduler/ (and sound_tokenizer/)."),
+                io.Combo.Input("dtype", options=["auto", *DTYPES], default="auto",
+                               tooltip="Weight dtype. auto: bf16 on a GPU that supports it, else fp32."),
+                io.Combo.Input("device", options=["default", "cpu"], default="default",
+                               tooltip="default: ComfyUI's GPU with its offloading; cpu: run everything on the CPU."),
+            ],
+            outputs=[Cosmos3Model.Output(display_name="model")],
+        )
+
+    @classmethod
+    def execute(cls, checkpoint: str, dtype: str = "auto", device: str = "default") -> io.NodeOutput:
+        found = find_checkpoints()
+        if checkpoint not in found:
+            where = ", ".join(p for k in FOLDER_KEYS if k in folder_paths.folder_names_and_paths
+                              for p in folder_paths.get_folder_paths(k))
+            raise ValueError(
+                f"Cosmos3Loader: checkpoint {checkpoint!r} was not found. Put the Cosmos3 checkpoint folder "
+                f"(with transformer/config.json) under one of: {where}, then refresh."
+            )
+        if dtype == "auto":
+            gpu = device == "default" and mm.get_torch_device().type != "cpu"
+            torch_dtype = torch.bfloat16 if gpu and mm.should_use_bf16(mm.get_torch_device()) else torch.float32
+        else:
+            torch_dtype = DTYPES[dtype]
+        try:
+            handle = Cosmos3ModelHandle.load(checkpoint, found[checkpoint], torch_dtype, device)
+        except (ValueError, FileNotFoundError) as exc:
+            raise ValueError(f"Cosmos3Loader: checkpoint {checkpoint!r} cannot be loaded: {exc}") from exc
+        return io.NodeOutput(handle)

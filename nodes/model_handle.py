@@ -1,0 +1,80 @@
+"""The ``COSMOS3_MODEL`` handle: one loaded checkpoint under ComfyUI's model management.
+
+Glue only (no tensor math). The core pipeline (``cosmos3_core.pipeline.Cosmos3Pipeline``) is loaded on the
+offload device; ComfyUI ``ModelPatcher``s wrap four pieces so ``load_models_gpu`` can move them and evict other
+models when VRAM is short, with a memory estimate for the work about to run:
+
+* the text tower (``towers.tower_module(..., "text")``) — loaded for ``Cosmos3TextEncode`` only; once the prompt's
+  K/V exists ComfyUI is free to send it back to the CPU when the generation tower needs the room;
+* the generation tower — loaded for the sampler;
+* the Wan2.2 VAE and the sound decoder — loaded for encode/decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import comfy.model_management as mm
+import comfy.model_patcher
+
+from ..cosmos3_core.pipeline import Cosmos3Pipeline
+from ..cosmos3_core.towers import prefill_memory_required, step_memory_required, tower_module
+
+
+@dataclass
+class Cosmos3ModelHandle:
+    name: str
+    path: Path
+    dtype: torch.dtype
+    pipeline: Cosmos3Pipeline
+    text_patcher: comfy.model_patcher.ModelPatcher
+    generation_patcher: comfy.model_patcher.ModelPatcher
+    vae_patcher: comfy.model_patcher.ModelPatcher
+    sound_patcher: comfy.model_patcher.ModelPatcher | None
+
+    @classmethod
+    def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str) -> "Cosmos3ModelHandle":
+        offload = mm.unet_offload_device()
+        load_device = mm.get_torch_device() if device_choice == "default" else torch.device("cpu")
+        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=offload)
+        model = pipe.transformer
+
+        def patcher(module, device, offload_device):
+            # ModelPatcher writes `.device` on the module it manages; give it a plain holder so the core modules'
+            # read-only `device` properties stay intact. The holder shares the module's parameters.
+            holder = torch.nn.Module()
+            holder.add_module("inner", module)
+            return comfy.model_patcher.ModelPatcher(holder, load_device=device, offload_device=offload_device)
+
+        vae_device = mm.vae_device() if device_choice == "default" else torch.device("cpu")
+        sound = patcher(pipe.sound_decoder, vae_device, mm.vae_offload_device()) if pipe.sound_decoder else None
+        return cls(
+            name=name, path=path, dtype=dtype, pipeline=pipe,
+            text_patcher=patcher(tower_module(model, "text"), load_device, offload),
+            generation_patcher=patcher(tower_module(model, "generation"), load_device, offload),
+            vae_patcher=patcher(pipe.vae, vae_device, mm.vae_offload_device()),
+            sound_patcher=sound,
+        )
+
+    # ------------------------------------------------------------------ placement
+    def load_text_tower(self, text_length: int) -> None:
+        mm.load_models_gpu(
+            [self.text_patcher], memory_required=prefill_memory_required(self.pipeline.config, text_length, self.dtype)
+        )
+
+    def load_generation_tower(self, num_tokens: int, text_lengths: list[int]) -> None:
+        needed = step_memory_required(self.pipeline.config, num_tokens, text_lengths, self.dtype)
+        mm.load_models_gpu([self.generation_patcher], memory_required=needed)
+
+    def load_vae(self, latent_shape) -> None:
+        mm.load_models_gpu([self.vae_patcher], memory_required=self.pipeline.vae.memory_required(latent_shape))
+
+    def load_sound_decoder(self) -> None:
+        if self.sound_patcher is not None:
+            mm.load_models_gpu([self.sound_patcher])
+
+    def __repr__(self) -> str:  # shown in ComfyUI's debug output
+        return f"Cosmos3ModelHandle({self.name!r}, {self.dtype})"

@@ -1,0 +1,98 @@
+"""Cosmos3KSamplerUniPCDualTower: UniPC flow sampling with both guidance branches as one batched step.
+
+Reads the clip shape from Cosmos3TextEncode's output; runs only the generation tower (the text K/V is cached).
+Progress: a ComfyUI progress bar advances every step with a latent preview; it is also the cancel point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import comfy.model_management as mm
+import comfy.utils
+from comfy_api.latest import io
+
+from ..cosmos3_core.sampling import SCHEDULES
+from .preview import make_previewer
+from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
+
+
+@dataclass(frozen=True)
+class SoundLatent:
+    latent: torch.Tensor  # [64, Ts] on the intermediate device
+    num_frames: int
+    fps: float
+
+
+class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Cosmos3KSamplerUniPCDualTower",
+            display_name="KSampler UniPC (Dual Tower)",
+            category=CATEGORY,
+            description="Denoises the video (and sound) latent with the generation tower; the text tower's K/V "
+                        "comes cached from Cosmos3 Text Encode. Both guidance branches run as one batch.",
+            inputs=[
+                Cosmos3Model.Input("model"),
+                Cosmos3Text.Input("text"),
+                io.Int.Input("seed", default=42, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+                io.Int.Input("steps", default=35, min=1, max=200, tooltip="35 for video, 50 for images."),
+                io.Float.Input("cfg", default=6.0, min=1.0, max=20.0, step=0.1, round=0.01,
+                               tooltip="Guidance scale; 1 runs the conditional branch only."),
+                io.Combo.Input("schedule", options=list(SCHEDULES), default="flow_shift",
+                               tooltip="flow_shift: linear flow sigmas with the shift below; karras: the "
+                                       "checkpoint's released scheduler config."),
+                io.Float.Input("shift", default=0.0, min=0.0, max=50.0, step=0.5,
+                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
+                io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
+                Cosmos3Condition.Input("condition", optional=True,
+                                       tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition)."),
+            ],
+            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
+        )
+
+    @classmethod
+    def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
+                condition=None) -> io.NodeOutput:
+        pipe = model.pipeline
+        if sound and not pipe.supports_sound:
+            raise ValueError(
+                f"Cosmos3KSamplerUniPCDualTower: sound=True but checkpoint {model.name!r} has no sound_tokenizer/ "
+                "(Edge has no sound head); set sound to false or load a Nano/Super checkpoint."
+            )
+        x0, clean = None, []
+        if condition is not None:
+            if (condition.height, condition.width) != (text.height, text.width):
+                raise ValueError(
+                    f"Cosmos3KSamplerUniPCDualTower: condition was encoded at {condition.width}x{condition.height} "
+                    f"but the text describes {text.width}x{text.height}; set the same width and height on "
+                    "Cosmos3 VAE Encode (Condition) and Cosmos3 Text Encode."
+                )
+            if text.num_frames == 1:
+                raise ValueError("Cosmos3KSamplerUniPCDualTower: a condition was connected but num_frames is 1 "
+                                 "(text-to-image); use 5 or more frames for image/video-to-video.")
+            x0, clean = condition.x0, [i for i in condition.clean_frames if i < (text.num_frames - 1) // 4 + 1]
+        latent_shape = pipe.vae.latent_shape(text.num_frames, text.height, text.width)
+        grid_tokens = latent_shape[2] * -(-latent_shape[3] // 2) * -(-latent_shape[4] // 2)
+        branches = [text.cond.length] + ([text.uncond.length] if cfg != 1.0 else [])
+        model.load_generation_tower(grid_tokens, branches)
+
+        bar = comfy.utils.ProgressBar(steps)
+        preview = make_previewer(model)
+
+        def on_step(step: int, total: int, x0_pred: torch.Tensor) -> None:
+            bar.update_absolute(step, total, preview(x0_pred) if preview else None)
+
+        result = pipe.sample(
+            text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
+            x0=x0, clean_frames=clean, callback=on_step,
+        )
+        out = mm.intermediate_device()
+        latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
+        sound_latent = None
+        if result.sound is not None:
+            sound_latent = SoundLatent(result.sound.to(out), text.num_frames, text.fps)
+        return io.NodeOutput(latent, sound_latent)

@@ -1,0 +1,58 @@
+"""Cosmos3TextEncode: prompt + negative prompt + clip shape → both guidance branches' cached text K/V.
+
+The text tower runs here and only here. ComfyUI caches this node's output, so re-queuing with a new seed, step
+count or guidance re-uses the K/V without touching the text tower. The clip shape set here (width, height,
+frames, fps) is what the prompts describe and what every downstream node reads.
+"""
+
+from __future__ import annotations
+
+import comfy.model_management as mm
+from comfy_api.latest import io
+
+from ..cosmos3_core.pipeline import validate_shape
+from .types import CATEGORY, Cosmos3Model, Cosmos3Text
+
+MAX_SIZE = 4096
+
+
+class Cosmos3TextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Cosmos3TextEncode",
+            display_name="Cosmos3 Text Encode",
+            category=CATEGORY,
+            description="Runs the understanding tower once over the prompt and the negative prompt; the sampler "
+                        "re-uses their K/V at every step.",
+            inputs=[
+                Cosmos3Model.Input("model"),
+                io.String.Input("prompt", multiline=True, default="",
+                                tooltip="What to generate. Long structured (JSON) prompts work best."),
+                io.String.Input("negative_prompt", multiline=True, default="",
+                                tooltip="Leave empty to use the checkpoint's assets/negative_prompt.json "
+                                        "(or no negative prompt when the checkpoint has none)."),
+                io.Int.Input("width", default=1280, min=16, max=MAX_SIZE, step=16),
+                io.Int.Input("height", default=720, min=16, max=MAX_SIZE, step=16),
+                io.Int.Input("num_frames", default=189, min=1, max=1025, step=4,
+                             tooltip="1 for an image, else 4k+1 (93, 121, 189, …)."),
+                io.Float.Input("fps", default=24.0, min=1.0, max=120.0, step=0.5),
+            ],
+            outputs=[Cosmos3Text.Output(display_name="text")],
+        )
+
+    @classmethod
+    def execute(cls, model, prompt: str, negative_prompt: str, width: int, height: int, num_frames: int,
+                fps: float) -> io.NodeOutput:
+        validate_shape(num_frames, height, width, fps, "Cosmos3TextEncode")
+        if not prompt.strip():
+            raise ValueError("Cosmos3TextEncode: prompt is empty; describe what to generate.")
+        pipe = model.pipeline
+        shape = dict(num_frames=num_frames, height=height, width=width, fps=fps)
+        try:
+            ids = pipe.tokenize(prompt, negative_prompt if negative_prompt.strip() else None, **shape)
+        except ValueError as exc:
+            raise ValueError(f"Cosmos3TextEncode: {exc}") from exc
+        model.load_text_tower(text_length=max(len(ids.cond), len(ids.uncond)))
+        text = pipe.prefill_prompts(ids, **shape)
+        return io.NodeOutput(text.to(mm.intermediate_device()))

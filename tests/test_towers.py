@@ -1,0 +1,35 @@
+"""The text/generation tower views partition the transformer's parameters, and moving a view moves the model."""
+
+from __future__ import annotations
+
+import torch
+
+from cosmos3_core.loader import load_transformer
+from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.towers import step_memory_required, tower_module
+
+
+def test_towers_partition_parameters_and_share_storage(tmp_path):
+    for variant in ("nano", "edge"):
+        model = load_transformer(build_tiny_checkpoint(tmp_path / variant, variant=variant), dtype=torch.float32)
+        text, gen = tower_module(model, "text"), tower_module(model, "generation")
+        ids = lambda m: {id(p) for p in m.parameters()}  # noqa: E731
+        assert ids(text).isdisjoint(ids(gen))
+        assert ids(text) | ids(gen) == ids(model)  # every parameter belongs to exactly one tower
+        text.to(torch.float64)  # a move of the view is a move of the model's own parameters
+        assert model.embed_tokens.weight.dtype == torch.float64
+        assert model.layers[0].self_attn.to_q.weight.dtype == torch.float64
+        assert model.layers[0].self_attn.add_q_proj.weight.dtype == torch.float32
+        # every top-level module of the view holds parameters directly or through leaves (ModelPatcher loads leaves)
+        assert all(p.requires_grad is False for p in gen.parameters())
+
+
+def test_step_memory_estimate_grows_with_tokens_and_branches():
+    from cosmos3_core.config import Cosmos3Config
+
+    cfg = Cosmos3Config()
+    one = step_memory_required(cfg, 9360, [200], torch.bfloat16)
+    two = step_memory_required(cfg, 9360, [200, 50], torch.bfloat16)
+    big = step_memory_required(cfg, 44160, [200, 50], torch.bfloat16)
+    assert one < two < big
+    assert 5 * 2**30 < big < 20 * 2**30  # 720p/189f with guidance: a few GiB of activations, not tens
