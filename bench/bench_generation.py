@@ -1,0 +1,297 @@
+"""Speed and memory of this pack vs diffusers 0.42.1 on full-size, random-weight Cosmos3-Nano, in one GPU run.
+
+Both sides use the *same* weights (ours is loaded from diffusers' state dict, sharing storage), the same prompt
+lengths (cond ≈ 1,500 tokens like a JSON-upsampled prompt, uncond ≈ 60) and bf16. Per resolution it times one
+guided denoising step — ours: one batched two-branch ``denoise_step`` over cached text K/V; diffusers: its
+pipeline's two full ``Cosmos3OmniTransformer.forward`` passes — and reports seconds, the ratio, achieved TFLOP/s
+(gen-tower FLOP model of shared/reference/performance.md §3: linear + attention core, both branches) and peak GPU
+memory. End to end (text prefill, 35 guided steps, VAE decode, audio decode) runs for the shapes given with
+``--e2e``; diffusers' end-to-end pipeline runs for ``--e2e-diffusers`` shapes. Results go to a JSON file;
+``--render FILE.json`` writes BENCHMARKS.md from it.
+
+    python bench/bench_generation.py --out results.json --resolutions 256p,480p,720p --e2e 480p --e2e-diffusers 480p
+    python bench/bench_generation.py --render results.json > BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RESOLUTIONS = {"256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
+COND_TOKENS, UNCOND_TOKENS = 1500, 60
+NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
+            action_gen=True, action_dim=64,
+            rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
+WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                 attn_scales=[], temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
+                 out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
+                 latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+def gib(n: int) -> float:
+    return round(n / 2**30, 2)
+
+
+def timed(fn, warmup: int = 1, iters: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / iters
+
+
+def step_flops(num_tokens: int, text_lengths: list[int]) -> float:
+    """Gen-tower FLOPs of one step over all branches: linear + attention core (performance.md §3 convention)."""
+    d, f, h, kv, hd, layers = 4096, 12288, 32, 8, 128, 36
+    linear = 2 * layers * (d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f)
+    total = 0.0
+    for text in text_lengths:
+        total += num_tokens * linear + 4 * h * hd * num_tokens * (num_tokens + text) * layers
+    return total
+
+
+def build_models(device: str):
+    from diffusers import Cosmos3OmniTransformer
+
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.transformer import Cosmos3Transformer
+
+    with torch.device("meta"):
+        ref = Cosmos3OmniTransformer(**NANO)
+    ref = ref.to(torch.bfloat16).to_empty(device=device)
+    g = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if p.ndim == 1 and "norm" in name:
+                p.copy_(1.0 + 0.05 * torch.randn(p.shape, generator=g, device=device))
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    ref.time_embedder.float()
+    ref.eval().requires_grad_(False)
+    config = Cosmos3Config.from_dict(NANO)
+    skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
+    with torch.device("meta"):
+        ours = Cosmos3Transformer(config, skip_modules=skip)
+    state = {k: v for k, v in ref.state_dict().items() if not k.startswith(skip)}
+    ours.load_state_dict(state, strict=True, assign=True)
+    return ref, ours.eval().requires_grad_(False)
+
+
+def reference_inputs(ref, ids: list[int], latents: torch.Tensor, fps: float, timestep: int):
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline as P
+    import types
+
+    pipe = types.SimpleNamespace(transformer=ref, vae_scale_factor_temporal=4)
+    dev = latents.device
+    text = P._prepare_text_segment(pipe, ids, dev)
+    vis = P._prepare_vision_segment(pipe, latents, False, text["vision_start_temporal_offset"], fps,
+                                    text["und_len"], dev, [])
+    return dict(
+        input_ids=text["input_ids"], text_indexes=text["text_indexes"],
+        position_ids=torch.cat([text["text_mrope_ids"], vis["vision_mrope_ids"]], dim=1), und_len=text["und_len"],
+        sequence_length=text["und_len"] + vis["num_vision_tokens"], vision_tokens=[latents.to(torch.bfloat16)],
+        vision_token_shapes=vis["vision_token_shapes"], vision_sequence_indexes=vis["vision_sequence_indexes"],
+        vision_mse_loss_indexes=vis["vision_mse_loss_indexes"],
+        vision_timesteps=torch.full((vis["num_noisy_vision_tokens"],), timestep, device=dev),
+        vision_noisy_frame_indexes=vis["vision_noisy_frame_indexes"], return_dict=False,
+    )
+
+
+def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
+    from cosmos3_core.layout import build_layout
+
+    h, w, frames = RESOLUTIONS[name]
+    shape = (1, 48, (frames - 1) // 4 + 1, h // 16, w // 16)
+    g = torch.Generator().manual_seed(1)
+    cond = torch.randint(0, 151000, (COND_TOKENS,), generator=g).tolist()
+    uncond = torch.randint(0, 151000, (UNCOND_TOKENS,), generator=g).tolist()
+    latents = torch.randn(shape, generator=g).to(device)
+    t = torch.tensor(900, device=device)
+
+    sync()
+    start = time.perf_counter()
+    kvs = [ours.prefill(cond), ours.prefill(uncond)]
+    sync()
+    prefill_s = time.perf_counter() - start
+    layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device=device, dtype=torch.bfloat16)
+    torch.cuda.reset_peak_memory_stats()
+    ours_s = timed(lambda: ours.denoise_step(latents, t, kvs, layout))
+    ours_peak = torch.cuda.max_memory_allocated()
+    del kvs, layout
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    inputs = [reference_inputs(ref, ids, latents, 24.0, 900) for ids in (cond, uncond)]
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        ref_s = timed(lambda: [ref(**kw) for kw in inputs])
+    ref_peak = torch.cuda.max_memory_allocated()
+    tokens = shape[2] * -(-shape[3] // 2) * -(-shape[4] // 2)
+    flops = step_flops(tokens, [COND_TOKENS, UNCOND_TOKENS])
+    results["steps"][name] = dict(
+        height=h, width=w, frames=frames, gen_tokens=tokens, ours_step_s=round(ours_s, 4),
+        diffusers_step_s=round(ref_s, 4), speedup=round(ref_s / ours_s, 3),
+        ours_tflops=round(flops / ours_s / 1e12, 1), diffusers_tflops=round(flops / ref_s / 1e12, 1),
+        ours_prefill_both_s=round(prefill_s, 3), ours_peak_gib=gib(ours_peak), diffusers_peak_gib=gib(ref_peak),
+    )
+    print(name, results["steps"][name], flush=True)
+    del inputs
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def make_components(device: str, tmp: Path):
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
+
+    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.prompt import load_tokenizer
+    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.vae import Cosmos3VAE
+
+    files = build_tiny_checkpoint(tmp / "files", variant="nano", seed=0)  # tokenizer, scheduler, model_index
+    vae = AutoencoderKLWan(**WAN22_VAE).to(device=device, dtype=torch.bfloat16).eval().requires_grad_(False)
+    audio = Cosmos3AVAEAudioTokenizer().to(device).eval().requires_grad_(False)
+    audio.register_to_config(encoder_enabled=False)
+    return files, vae, audio, load_tokenizer(files)
+
+
+LONG_PROMPT = " ".join(["a red robot walks down a busy city street at night while the camera follows"] * 100)
+
+
+def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict, device: str) -> None:
+    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.towers import tower_module
+    from cosmos3_core.vae import Cosmos3VAE
+
+    h, w, frames = RESOLUTIONS[name]
+    pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
+    text_tower = tower_module(ours, "text")
+    text_tower.to(device)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    stages = {}
+    sync()
+    t0 = time.perf_counter()
+    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0)
+    sync()
+    stages["prefill_s"] = time.perf_counter() - t0
+    prefill_peak = torch.cuda.max_memory_allocated()
+    t1 = time.perf_counter()
+    text_tower.to("cpu")  # the understanding tower leaves the GPU once the K/V exists
+    torch.cuda.empty_cache()
+    sync()
+    stages["text_tower_offload_s"] = time.perf_counter() - t1
+    torch.cuda.reset_peak_memory_stats()
+    t1 = time.perf_counter()
+    out = pipe.sample(text, seed=0, steps=35, guidance=6.0, sound=True)
+    sync()
+    stages["denoise_35_steps_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    frames_out = pipe.decode_video(out.latents)
+    sync()
+    stages["vae_decode_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    wave = pipe.decode_sound(out.sound, frames, 24.0)
+    sync()
+    stages["audio_decode_s"] = time.perf_counter() - t1
+    total = time.perf_counter() - t0
+    results["e2e_ours"][name] = dict(
+        {k: round(v, 2) for k, v in stages.items()}, total_s=round(total, 2),
+        total_without_offload_s=round(total - stages["text_tower_offload_s"], 2),
+        peak_prefill_gib=gib(prefill_peak), peak_generation_gib=gib(torch.cuda.max_memory_allocated()),
+        cond_tokens=text.cond.length,
+        uncond_tokens=text.uncond.length, frames_shape=list(frames_out.shape), audio_samples=int(wave.shape[1]),
+    )
+    print("e2e ours", name, results["e2e_ours"][name], flush=True)
+    text_tower.to(device)
+
+
+def bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name: str, results: dict) -> None:
+    from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+
+    h, w, frames = RESOLUTIONS[name]
+    sched = UniPCMultistepScheduler.from_pretrained(files, subfolder="scheduler")
+    sched = UniPCMultistepScheduler.from_config(sched.config, flow_shift=5.0, use_karras_sigmas=False)
+    pipe = Cosmos3OmniPipeline(transformer=ref, text_tokenizer=tokenizer, vae=vae, scheduler=sched,
+                               sound_tokenizer=audio, enable_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    sync()
+    t0 = time.perf_counter()
+    pipe(prompt=LONG_PROMPT, num_frames=frames, height=h, width=w, num_inference_steps=35, guidance_scale=6.0,
+         enable_sound=True, output_type="np", generator=torch.Generator("cpu").manual_seed(0))
+    sync()
+    results["e2e_diffusers"][name] = dict(total_s=round(time.perf_counter() - t0, 2),
+                                          peak_gib=gib(torch.cuda.max_memory_allocated()))
+    print("e2e diffusers", name, results["e2e_diffusers"][name], flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="bench_results.json")
+    p.add_argument("--resolutions", default="256p,480p,720p")
+    p.add_argument("--e2e", default="480p")
+    p.add_argument("--e2e-diffusers", default="")
+    p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
+    args = p.parse_args()
+    if args.render:
+        from render_benchmarks import render
+
+        print(render(json.loads(Path(args.render).read_text())))
+        return
+    import diffusers
+    import transformers
+
+    device = "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results = dict(
+        date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+        diffusers=diffusers.__version__, transformers=transformers.__version__, python=platform.python_version(),
+        cond_tokens=COND_TOKENS, uncond_tokens=UNCOND_TOKENS, steps={}, e2e_ours={}, e2e_diffusers={},
+    )
+    t0 = time.perf_counter()
+    ref, ours = build_models(device)
+    results["init_s"] = round(time.perf_counter() - t0, 1)
+    for name in filter(None, args.resolutions.split(",")):
+        bench_steps(ref, ours, name, results, device)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    with tempfile.TemporaryDirectory() as tmp:
+        files, vae, audio, tokenizer = make_components(device, Path(tmp))
+        for name in filter(None, args.e2e_diffusers.split(",")):
+            bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name, results)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        del ref  # ours keeps only the weights it uses; the text tower can now really leave the GPU
+        gc.collect()
+        torch.cuda.empty_cache()
+        for name in filter(None, args.e2e.split(",")):
+            bench_e2e_ours(ours, files, vae, audio, tokenizer, name, results, device)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

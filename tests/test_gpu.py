@@ -1,0 +1,54 @@
+"""GPU code paths vs diffusers 0.42.1 on the tiny checkpoint: the CUDA attention route (expanded GQA → cuDNN /
+flash SDPA), CUDA fp32 and bf16. Skipped without CUDA; ``bench/bench_generation.py`` runs this file first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from cosmos3_core.tiny import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", sound=True, seed=7)
+
+
+def rel(a, b) -> float:
+    a, b = torch.as_tensor(a).double().cpu(), torch.as_tensor(b).double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_t2av_latents_match_diffusers_on_cuda(checkpoint, dtype, tol):
+    from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+
+    from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    kw = dict(prompt="a red robot walking on the street", negative_prompt="blurry", num_frames=9, height=64,
+              width=96, fps=24.0)
+    ref = Cosmos3OmniPipeline.from_pretrained(checkpoint, enable_safety_checker=False, torch_dtype=dtype).to("cuda")
+    ref.scheduler = UniPCMultistepScheduler.from_config(ref.scheduler.config, flow_shift=3.0, use_karras_sigmas=False)
+    expected = ref(**kw, num_inference_steps=4, guidance_scale=6.0, enable_sound=True, output_type="latent",
+                   generator=torch.Generator("cpu").manual_seed(3))
+    ours = Cosmos3Pipeline.load(checkpoint, dtype=dtype, device="cuda")
+    out = ours.generate(GenerationRequest(**kw, steps=4, guidance=6.0, seed=3, shift=3.0, sound=True), decode=False)
+    assert rel(out.latents, expected.video) <= tol
+    wave = ours.decode_sound(out.sound_latent, 9, 24.0)
+    assert rel(wave, expected.sound[:, : wave.shape[1]]) <= tol
+
+
+def test_cuda_attention_route_matches_cpu_gqa():
+    from cosmos3_core.attention import attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 300, 128, generator=g)
+    k = torch.randn(1, 2, 350, 128, generator=g)
+    v = torch.randn(1, 2, 350, 128, generator=g)
+    expected = attention(q, k, v)
+    got = attention(q.cuda().bfloat16(), k.cuda().bfloat16(), v.cuda().bfloat16())
+    assert rel(got.float(), expected) <= 2e-2
