@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 RESOLUTIONS = {"256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
 COND_TOKENS, UNCOND_TOKENS = 1500, 60
+COMPILE = False  # --compile: also time the torch.compile'd generation layer
 NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
             num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
             action_gen=True, action_dim=64,
@@ -137,6 +138,15 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
     torch.cuda.reset_peak_memory_stats()
     ours_s = timed(lambda: ours.denoise_step(latents, t, kvs, layout))
     ours_peak = torch.cuda.max_memory_allocated()
+    compiled = {}
+    if COMPILE:
+        ours.compile_generation_layers(True)
+        start = time.perf_counter()
+        ours.denoise_step(latents, t, kvs, layout)
+        sync()
+        compiled = dict(compile_warmup_s=round(time.perf_counter() - start, 1),
+                        ours_compiled_step_s=round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 4))
+        ours.compile_generation_layers(False)
     del kvs, layout
     gc.collect()
     torch.cuda.empty_cache()
@@ -153,11 +163,45 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
         diffusers_step_s=round(ref_s, 4), speedup=round(ref_s / ours_s, 3),
         ours_tflops=round(flops / ours_s / 1e12, 1), diffusers_tflops=round(flops / ref_s / 1e12, 1),
         ours_prefill_both_s=round(prefill_s, 3), ours_peak_gib=gib(ours_peak), diffusers_peak_gib=gib(ref_peak),
+        **compiled,
     )
     print(name, results["steps"][name], flush=True)
     del inputs
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def bench_attention(name: str, results: dict) -> None:
+    """SDPA routes for one branch's generation attention (32 query heads over 8 KV heads, [text | gen] keys)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    h, w, frames = RESOLUTIONS[name]
+    n = ((frames - 1) // 4 + 1) * -(-h // 32) * -(-w // 32)
+    q = torch.randn(1, 32, n, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 8, n + COND_TOKENS, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    flops = 4 * 32 * 128 * n * (n + COND_TOKENS)
+    routes = {}
+    ke, ve = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+    for label, backend, expanded in [("cudnn_expanded", SDPBackend.CUDNN_ATTENTION, True),
+                                     ("flash_expanded", SDPBackend.FLASH_ATTENTION, True),
+                                     ("flash_gqa", SDPBackend.FLASH_ATTENTION, False),
+                                     ("efficient_expanded", SDPBackend.EFFICIENT_ATTENTION, True),
+                                     ("default_expanded", None, True), ("default_gqa", None, False)]:
+        def run():
+            kk, vv = (ke, ve) if expanded else (k, v)
+            if backend is None:
+                return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=not expanded)
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=not expanded)
+        try:
+            seconds = timed(run, warmup=2, iters=5)
+            routes[label] = dict(ms=round(seconds * 1e3, 2), tflops=round(flops / seconds / 1e12, 1))
+        except RuntimeError as exc:
+            routes[label] = dict(error=str(exc).splitlines()[0][:120])
+    results.setdefault("attention", {})[name] = routes
+    print("attention", name, routes, flush=True)
 
 
 def make_components(device: str, tmp: Path):
@@ -256,6 +300,8 @@ def main() -> None:
     p.add_argument("--resolutions", default="256p,480p,720p")
     p.add_argument("--e2e", default="480p")
     p.add_argument("--e2e-diffusers", default="")
+    p.add_argument("--compile", action="store_true", help="also time the compiled generation layer")
+    p.add_argument("--attention", default="", help="attention backend micro-benchmark at these shapes")
     p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
     if args.render:
@@ -273,6 +319,10 @@ def main() -> None:
         diffusers=diffusers.__version__, transformers=transformers.__version__, python=platform.python_version(),
         cond_tokens=COND_TOKENS, uncond_tokens=UNCOND_TOKENS, steps={}, e2e_ours={}, e2e_diffusers={},
     )
+    global COMPILE
+    COMPILE = args.compile
+    for name in filter(None, args.attention.split(",")):
+        bench_attention(name, results)
     t0 = time.perf_counter()
     ref, ours = build_models(device)
     results["init_s"] = round(time.perf_counter() - t0, 1)

@@ -92,14 +92,14 @@ def step_memory_required(
     """Working memory of one ``denoise_step`` beyond the generation tower's weights (a deliberate overestimate).
 
     Per branch and token: the residual stream and its norm (2·D), q/k/v and the attention output (2·q + 2·kv),
-    the MLP's gate/up/activation (3·F); plus the expanded K/V of one branch's attention ([text | gen] over all
-    query heads, as the CUDA path expands GQA), the rope tables and every layer's text K/V.
+    the MLP's gate/up/activation (3·F); plus one branch's concatenated [text | gen] K/V for attention, the rope
+    tables and every layer's text K/V.
     """
     elem = torch.empty((), dtype=dtype).element_size()
     b = len(text_lengths)
     per_token = 2 * config.hidden_size + 2 * config.q_width + 2 * config.kv_width + 3 * config.intermediate_size
     activations = b * num_tokens * per_token * elem
-    expanded_kv = 2 * (num_tokens + max(text_lengths)) * config.q_width * elem
+    branch_kv = 2 * (num_tokens + max(text_lengths)) * config.kv_width * elem
     rope = 2 * b * num_tokens * config.head_dim * elem
     text = sum(text_kv_bytes(config, n, dtype) for n in text_lengths)
-    return activations + expanded_kv + rope + text
+    return activations + branch_kv + rope + text

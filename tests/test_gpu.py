@@ -1,5 +1,6 @@
-"""GPU code paths vs diffusers 0.42.1 on the tiny checkpoint: the CUDA attention route (expanded GQA → cuDNN /
-flash SDPA), CUDA fp32 and bf16. Skipped without CUDA; ``bench/bench_generation.py`` runs this file first."""
+"""GPU code paths vs diffusers 0.42.1 on the tiny checkpoint: CUDA fp32 and bf16 end to end, the CUDA attention
+route (grouped-query SDPA, cuDNN) and the compiled generation layer. Skipped without CUDA; run on the lent H200
+together with ``bench/bench_generation.py``."""
 
 from __future__ import annotations
 
@@ -52,3 +53,21 @@ def test_cuda_attention_route_matches_cpu_gqa():
     expected = attention(q, k, v)
     got = attention(q.cuda().bfloat16(), k.cuda().bfloat16(), v.cuda().bfloat16())
     assert rel(got.float(), expected) <= 2e-2
+
+
+def test_compiled_generation_layer_matches_eager(checkpoint):
+    from cosmos3_core.layout import build_layout
+    from cosmos3_core.loader import load_transformer
+
+    model = load_transformer(checkpoint, dtype=torch.bfloat16, device="cuda")
+    kvs = [model.prefill(list(range(1, 40))), model.prefill(list(range(2, 9)))]
+    layout = build_layout(model.config, [kv.length for kv in kvs], (3, 4, 6), 24.0, device="cuda",
+                          dtype=torch.bfloat16)
+    x = torch.randn(1, 48, 3, 4, 6, device="cuda")
+    eager = model.denoise_step(x, torch.tensor(900, device="cuda"), kvs, layout).vision
+    model.compile_generation_layers(True)
+    try:
+        compiled = model.denoise_step(x, torch.tensor(900, device="cuda"), kvs, layout).vision
+    finally:
+        model.compile_generation_layers(False)
+    assert rel(compiled.float(), eager.float()) <= 2e-2  # bf16: fused kernels round intermediates differently
