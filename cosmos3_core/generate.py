@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     cond.add_argument("--video", default=None, help="conditioning video (video-to-video)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--compile", action="store_true", help="torch.compile the generation layer (GPU; faster after warm-up)")
+    p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
     return p
 
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         prompt=args.prompt, negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
         width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
         schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
+        compile=args.compile, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
     )
 
     def progress(step: int, total: int, _preview) -> None:

@@ -80,6 +80,7 @@ class GenerationRequest:
     keep: str = "first"
     use_system_prompt: bool | None = None
     guidance_interval: tuple[float, float] | None = None
+    compile: bool = False
 
 
 @dataclass
@@ -246,7 +247,10 @@ class Cosmos3Pipeline:
         clean_frames: Sequence[int] = (),
         guidance_interval: tuple[float, float] | None = None,
         callback: StepCallback | None = None,
+        compile: bool = False,
     ) -> SampleResult:
+        """Denoise; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up)."""
+        self.transformer.compile_generation_layers(compile)
         if sound and not self.supports_sound:
             raise ValueError(
                 f"sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
@@ -294,6 +298,7 @@ class Cosmos3Pipeline:
             result = self.sample(
                 text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
                 sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, callback=callback,
+                compile=r.compile,
             )
         frames = waveform = None
         if decode:
