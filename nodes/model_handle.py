@@ -12,7 +12,7 @@ models when VRAM is short, with a memory estimate for the work about to run:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ class Cosmos3ModelHandle:
     generation_patcher: comfy.model_patcher.ModelPatcher
     vae_patcher: comfy.model_patcher.ModelPatcher
     sound_patcher: comfy.model_patcher.ModelPatcher | None
+    _reasoner: object | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str) -> "Cosmos3ModelHandle":
@@ -75,6 +76,18 @@ class Cosmos3ModelHandle:
     def load_sound_decoder(self) -> None:
         if self.sound_patcher is not None:
             mm.load_models_gpu([self.sound_patcher])
+
+    def get_reasoner(self):
+        """The checkpoint's ``cosmos3_core.reasoner.Cosmos3Reasoner`` over this handle's transformer (no second copy
+        of the text weights), built on first use and cached here; its processor and ``lm_head`` are read from
+        ``self.path`` then, the vision encoder on the first image/video."""
+        if self._reasoner is None:
+            from ..cosmos3_core.reasoner import Cosmos3Reasoner
+            from ..cosmos3_core.vision import load_processor
+
+            self._reasoner = Cosmos3Reasoner(self.pipeline.transformer, load_processor(self.path),
+                                             checkpoint_dir=self.path)
+        return self._reasoner
 
     def __repr__(self) -> str:  # shown in ComfyUI's debug output
         return f"Cosmos3ModelHandle({self.name!r}, {self.dtype})"

@@ -1,0 +1,493 @@
+"""The shipped workflows (workflows/cosmos3_<mode>.json + .api.json) against the live ComfyUI 0.3.75 host.
+
+(a) every UI workflow and its API twin agree: node ids, class types, links and widget values (widgets_values is
+    mapped to input names with the node schemas the running host serves, control_after_generate and upload
+    widgets included);
+(b) every node type exists in the host, every API input exists in its schema, required inputs are present,
+    combo values are valid options (the checkpoint and the user's input files excepted: real-world names) and
+    numbers are inside min/max; link types match the schemas on both ends;
+(c) the API graphs pass ``execution.validate_prompt`` once the tiny checkpoint and test inputs are substituted,
+    both at the shipped size and shrunk;
+plus the real-use defaults of the shipped files.
+
+This module also holds the helpers the node and server tests share (``shrink_api``, ``ensure_tiny_checkpoints``,
+``write_test_inputs``, ``check_outputs``); import them with ``from test_workflows import ...``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+import comfy_host
+
+pytestmark = pytest.mark.comfy
+
+WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
+MODES = ("t2i", "t2v", "t2av", "i2v", "v2v")
+PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
+                 "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
+FRONTEND_ONLY = {"Note", "MarkdownNote"}  # virtual frontend nodes: never part of the API graph
+REAL_CHECKPOINT = "Cosmos3-Nano"
+TINY_NANO = "cosmos3-tiny-nano"
+TINY_EDGE = "cosmos3-tiny-edge"
+TEST_IMAGE = "cosmos3_test_image.png"
+TEST_CLIP = "cosmos3_test_clip.mp4"
+# combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
+REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file")}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "file_upload")
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers (also used by test_nodes.py and test_server.py)
+# --------------------------------------------------------------------------------------------
+
+def load_ui(mode: str) -> dict:
+    return json.loads((WORKFLOWS_DIR / f"cosmos3_{mode}.json").read_text())
+
+
+def load_api(mode: str) -> dict:
+    return json.loads((WORKFLOWS_DIR / f"cosmos3_{mode}.api.json").read_text())
+
+
+def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
+    """Tiny Nano (with sound) and Edge checkpoints under ``models_dir`` (built once; ~1 s)."""
+    from cosmos3_core.tiny import build_tiny_checkpoint
+
+    out = {}
+    for name, variant in ((TINY_NANO, "nano"), (TINY_EDGE, "edge")):
+        path = Path(models_dir) / name
+        if not (path / "model_index.json").is_file():  # written last by build_tiny_checkpoint
+            build_tiny_checkpoint(path, variant=variant, seed=0)
+        out[name] = path
+    return out
+
+
+def write_test_inputs(input_dir: Path, clip_frames: int = 13, fps: int = 24) -> None:
+    """A 120x80 PNG and a 112x64 h264 clip (sizes differ from the generation size on purpose)."""
+    import av
+    import numpy as np
+    from PIL import Image
+
+    input_dir = Path(input_dir)
+    input_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    if not (input_dir / TEST_IMAGE).is_file():
+        yy, xx = np.mgrid[0:80, 0:120]
+        img = np.stack([xx * 2, yy * 3, (xx + yy) % 256], -1).astype(np.uint8)
+        Image.fromarray(img).save(input_dir / TEST_IMAGE)
+    if not (input_dir / TEST_CLIP).is_file():
+        tmp = input_dir / (TEST_CLIP + ".part.mp4")
+        with av.open(str(tmp), "w") as c:
+            s = c.add_stream("libx264", rate=fps)
+            s.width, s.height, s.pix_fmt = 112, 64, "yuv420p"
+            for i in range(clip_frames):
+                arr = (rng.random((64, 112, 3)) * 64 + i * 12).clip(0, 255).astype(np.uint8)
+                for p in s.encode(av.VideoFrame.from_ndarray(arr, format="rgb24")):
+                    c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+        tmp.rename(input_dir / TEST_CLIP)
+
+
+def source_node(api: dict, value):
+    """The node id a link ``[id, slot]`` points at, else None."""
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+        return value[0]
+    return None
+
+
+def resolve(api: dict, node_id: str, name: str):
+    """An input's literal value, following links into PrimitiveInt/PrimitiveFloat nodes."""
+    value = api[node_id]["inputs"][name]
+    src = source_node(api, value)
+    if src is None:
+        return value
+    node = api[src]
+    assert node["class_type"].startswith("Primitive"), f"{node_id}.{name} comes from {node['class_type']}"
+    return node["inputs"]["value"]
+
+
+def _set(api: dict, node_id: str, name: str, value) -> None:
+    src = source_node(api, api[node_id]["inputs"][name])
+    if src is None:
+        api[node_id]["inputs"][name] = value
+    else:
+        api[src]["inputs"]["value"] = value
+
+
+def shrink_api(api: dict, *, checkpoint: str = TINY_NANO, width: int = 96, height: int = 64, frames: int = 9,
+               steps: int = 2, image: str = TEST_IMAGE, video: str = TEST_CLIP, prefix: str | None = None,
+               seed: int | None = None, prompt_suffix: str = "") -> dict:
+    """A copy of a shipped API graph that runs in a second on the tiny checkpoint.
+
+    Sizes go through the PrimitiveInt nodes when width/height are linked (one source of truth stays one).
+    Text-to-image (num_frames 1) stays one frame.
+    """
+    g = json.loads(json.dumps(api))
+    for nid, node in g.items():
+        ct, inp = node["class_type"], node["inputs"]
+        if ct == "Cosmos3Loader":
+            inp.update(checkpoint=checkpoint, dtype="fp32")
+        elif ct in ("Cosmos3TextEncode", "Cosmos3VAEEncodeCond"):
+            _set(g, nid, "width", width)
+            _set(g, nid, "height", height)
+            if ct == "Cosmos3TextEncode":
+                if inp["num_frames"] != 1:
+                    inp["num_frames"] = frames
+                inp["prompt"] = inp["prompt"] + prompt_suffix
+        elif ct == "Cosmos3KSamplerUniPCDualTower":
+            inp["steps"] = steps
+            if seed is not None:
+                inp["seed"] = seed
+        elif ct == "LoadImage":
+            inp["image"] = image
+        elif ct == "LoadVideo":
+            inp["file"] = video
+        elif ct in ("SaveImage", "SaveVideo") and prefix is not None:
+            inp["filename_prefix"] = prefix
+    return g
+
+
+def nodes_of(api: dict, class_type: str) -> list[str]:
+    return [nid for nid, n in api.items() if n["class_type"] == class_type]
+
+
+def output_files(base_dir: Path, ui_output: dict) -> list[Path]:
+    """Files a SaveImage/SaveVideo UI payload names (``images`` entries)."""
+    files = []
+    for item in ui_output.get("images", []):
+        assert item["type"] == "output", ui_output
+        files.append(Path(base_dir) / "output" / item.get("subfolder", "") / item["filename"])
+    return files
+
+
+def check_png(path: Path, width: int, height: int) -> None:
+    import numpy as np
+    from PIL import Image
+
+    assert path.is_file() and path.suffix == ".png", path
+    with Image.open(path) as im:
+        assert im.size == (width, height), (path, im.size)
+        arr = np.asarray(im.convert("RGB"), dtype=np.float32)
+    assert arr.std() > 0.5, f"{path} is a constant image"
+
+
+def check_mp4(path: Path, width: int, height: int, frames: int, fps: float, audio: bool) -> dict:
+    """Read an mp4 back with PyAV: h264 frame count, size, fps; AAC 48 kHz stereo of frames/fps seconds."""
+    import av
+    import numpy as np
+
+    assert path.is_file() and path.suffix == ".mp4", path
+    info = {}
+    with av.open(str(path)) as c:
+        vs = c.streams.video
+        assert len(vs) == 1, f"{path}: {len(vs)} video streams"
+        v = vs[0]
+        assert v.codec_context.name == "h264", v.codec_context.name
+        assert v.average_rate == Fraction(fps).limit_denominator(1001), (v.average_rate, fps)
+        decoded = [f.to_ndarray(format="rgb24") for f in c.decode(v)]
+    assert len(decoded) == frames, f"{path}: {len(decoded)} frames, expected {frames}"
+    assert decoded[0].shape == (height, width, 3), decoded[0].shape
+    assert float(np.stack(decoded).astype(np.float32).std()) > 0.5, f"{path} is a constant video"
+    info["frames"] = len(decoded)
+    with av.open(str(path)) as c:
+        streams = c.streams.audio
+        if not audio:
+            assert len(streams) == 0, f"{path} has an audio stream but the workflow makes none"
+            return info
+        assert len(streams) == 1, f"{path}: no audio stream"
+        a = streams[0]
+        assert a.codec_context.name == "aac" and a.sample_rate == 48000, (a.codec_context.name, a.sample_rate)
+        samples, channels = 0, 0
+        for fr in c.decode(a):
+            samples += fr.samples
+            channels = len(fr.layout.channels)
+        stream_s = float(a.duration * a.time_base) if a.duration else samples / 48000
+    want = frames / fps
+    assert channels == 2, channels
+    # the container duration is exact; decoded AAC is padded to whole 1024-sample frames
+    assert abs(stream_s - want) <= 1024 / 48000, f"audio stream {stream_s:.4f} s, video {want:.4f} s"
+    assert want * 48000 <= samples <= want * 48000 + 2048, f"{samples} decoded samples for {want:.4f} s"
+    info["audio_s"] = stream_s
+    return info
+
+
+def check_outputs(base_dir: Path, mode: str, api: dict, outputs: dict) -> list[Path]:
+    """Assert a finished shrunk workflow wrote the right file(s); returns them."""
+    save_ids = nodes_of(api, "SaveImage") + nodes_of(api, "SaveVideo")
+    assert len(save_ids) == 1, save_ids
+    sid = save_ids[0]
+    assert sid in outputs, f"no UI output for save node {sid}: {outputs}"
+    files = output_files(base_dir, outputs[sid])
+    assert len(files) == 1, files
+    te = nodes_of(api, "Cosmos3TextEncode")[0]
+    width, height = resolve(api, te, "width"), resolve(api, te, "height")
+    frames, fps = api[te]["inputs"]["num_frames"], api[te]["inputs"]["fps"]
+    if mode == "t2i":
+        check_png(files[0], width, height)
+    else:
+        cv = nodes_of(api, "CreateVideo")[0]
+        assert float(api[cv]["inputs"]["fps"]) == float(fps)
+        check_mp4(files[0], width, height, frames, fps, audio=(mode == "t2av"))
+    return files
+
+
+# -- live schema (what /object_info serves) ---------------------------------------------------
+
+def node_info(host, class_type: str) -> dict:
+    """The node's /object_info entry, computed exactly as server.py does."""
+    cls = host.node_class_mappings[class_type]
+    if hasattr(cls, "GET_NODE_INFO_V1"):  # V3 io.ComfyNode
+        return cls.GET_NODE_INFO_V1()
+    it = cls.INPUT_TYPES()
+    return {"input": it, "input_order": {k: list(v) for k, v in it.items()},
+            "output": list(cls.RETURN_TYPES),
+            "output_name": list(getattr(cls, "RETURN_NAMES", None) or cls.RETURN_TYPES)}
+
+
+def schema_inputs(info: dict) -> dict[str, dict]:
+    """name -> {type, opts, optional, widget} in input_order (required, then optional)."""
+    out = {}
+    for group in ("required", "optional"):
+        for name in info["input_order"].get(group, []):
+            spec = info["input"][group][name]
+            typ, opts = spec[0], (spec[1] if len(spec) > 1 else {}) or {}
+            is_combo = isinstance(typ, list) or typ == "COMBO"
+            widget = (is_combo or typ in WIDGET_TYPES) and not opts.get("forceInput")
+            options = typ if isinstance(typ, list) else opts.get("options")
+            out[name] = dict(type="COMBO" if is_combo else typ, opts=opts, optional=group == "optional",
+                             widget=widget, options=options)
+    return out
+
+
+def widget_slots(info: dict) -> list[tuple[str, str]]:
+    """The frontend's widgets_values layout: (input name, "value" | "control" | "upload") per entry."""
+    slots = []
+    for name, s in schema_inputs(info).items():
+        if not s["widget"]:
+            continue
+        slots.append((name, "value"))
+        if s["opts"].get("control_after_generate"):
+            slots.append((name, "control"))
+        if any(s["opts"].get(f) for f in UPLOAD_FLAGS):
+            slots.append((name, "upload"))
+    return slots
+
+
+def ui_links(ui: dict) -> dict[int, tuple]:
+    return {l[0]: tuple(l[1:]) for l in ui["links"]}
+
+
+def same_value(a, b) -> bool:
+    """JSON equality as the frontend means it: 6 == 6.0 (JavaScript has one number type), but True != 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return type(a) is type(b) and a == b
+
+
+# --------------------------------------------------------------------------------------------
+# fixtures
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def host():
+    h = comfy_host.get_executor()
+    h.assert_pack_loaded()  # a pack that fails to import fails here, with ComfyUI's traceback
+    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
+    write_test_inputs(h.base_dir / "input")
+    return h
+
+
+# --------------------------------------------------------------------------------------------
+# tests
+# --------------------------------------------------------------------------------------------
+
+def test_every_mode_ships_a_ui_and_api_pair():
+    names = sorted(p.name for p in WORKFLOWS_DIR.glob("*.json"))
+    want = sorted([f"cosmos3_{m}.json" for m in MODES] + [f"cosmos3_{m}.api.json" for m in MODES])
+    assert names == want, "every workflow JSON must be a UI/API pair covered by MODES (add new modes there)"
+    for mode in MODES:
+        ui, api = load_ui(mode), load_api(mode)
+        assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
+        assert all(isinstance(k, str) and k.isdigit() and "class_type" in v and "inputs" in v for k, v in api.items())
+        assert ui["last_node_id"] >= max(n["id"] for n in ui["nodes"])
+        assert ui["last_link_id"] >= max((l[0] for l in ui["links"]), default=0)
+        assert len({n["id"] for n in ui["nodes"]}) == len(ui["nodes"]), "duplicate node ids"
+        assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
+    readme = (WORKFLOWS_DIR / "README.md").read_text()
+    for mode in MODES:
+        assert f"cosmos3_{mode}.json" in readme
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ui_and_api_agree(host, mode):
+    """(a) Same ids, class types, links and widget values (mapped through the live schemas)."""
+    ui, api = load_ui(mode), load_api(mode)
+    for n in ui["nodes"]:
+        assert n["type"] in FRONTEND_ONLY or n["type"] in host.node_class_mappings, \
+            f"UI node {n['id']}: {n['type']} is not registered in ComfyUI 0.3.75"
+    ui_nodes = {str(n["id"]): n for n in ui["nodes"] if n["type"] not in FRONTEND_ONLY}
+    for n in ui["nodes"]:
+        if n["type"] in FRONTEND_ONLY:
+            assert not n.get("inputs") and not n.get("outputs"), f"{n['type']} {n['id']} must not be wired"
+    assert sorted(ui_nodes, key=int) == sorted(api, key=int), "node ids differ"
+    for nid, n in ui_nodes.items():
+        assert n["type"] == api[nid]["class_type"], nid
+        assert n.get("mode", 0) == 0, f"node {nid} is muted/bypassed in the shipped UI workflow"
+        title = n.get("title")
+        if title:
+            assert api[nid].get("_meta", {}).get("title") == title, nid
+
+    links = ui_links(ui)
+    # UI links <-> API [node, slot] inputs
+    api_links = {}
+    for nid, node in api.items():
+        for name, value in node["inputs"].items():
+            if source_node(api, value) is not None:
+                api_links[(nid, name)] = (value[0], value[1])
+    seen = set()
+    for lid, (src, src_slot, dst, dst_slot, typ) in links.items():
+        assert str(dst) in ui_nodes and str(src) in ui_nodes, f"link {lid} joins unknown nodes {src} -> {dst}"
+        dnode, snode = ui_nodes[str(dst)], ui_nodes[str(src)]
+        assert 0 <= dst_slot < len(dnode["inputs"]), f"link {lid}: node {dst} has no input slot {dst_slot}"
+        assert 0 <= src_slot < len(snode["outputs"]), f"link {lid}: node {src} has no output slot {src_slot}"
+        entry = dnode["inputs"][dst_slot]
+        assert entry["link"] == lid, f"link {lid}: node {dst} input {dst_slot} says link {entry['link']}"
+        assert lid in (snode["outputs"][src_slot]["links"] or []), f"link {lid} missing on node {src} output"
+        assert entry["type"] == typ == snode["outputs"][src_slot]["type"], (lid, entry, typ)
+        key = (str(dst), entry["name"])
+        assert api_links.get(key) == (str(src), src_slot), f"link {lid} {key} not in the API twin"
+        seen.add(key)
+    assert seen == set(api_links), f"API links without a UI link: {set(api_links) - seen}"
+    for n in ui_nodes.values():  # no dangling link ids on either end
+        for e in n.get("inputs", []):
+            assert e["link"] is None or e["link"] in links, (n["id"], e)
+        for o in n.get("outputs", []):
+            assert all(l in links for l in (o.get("links") or [])), (n["id"], o)
+
+    # widgets_values <-> API literal inputs
+    for nid, n in ui_nodes.items():
+        info = node_info(host, n["type"])
+        slots = widget_slots(info)
+        values = n.get("widgets_values", [])
+        assert len(values) == len(slots), (f"{n['type']} {nid}: {len(values)} widgets_values, the live schema has "
+                                           f"{len(slots)} widgets {slots}")
+        linked_widgets = {e["name"] for e in n.get("inputs", []) if e.get("widget") and e["link"] is not None}
+        api_inputs = api[nid]["inputs"]
+        for (name, kind), value in zip(slots, values):
+            if kind == "control":
+                assert value in CONTROL_VALUES, (nid, name, value)
+            elif kind == "upload":
+                assert value == "image", (nid, name, value)  # what the frontend stores for its upload button
+            elif name in linked_widgets:
+                assert source_node(api, api_inputs[name]) is not None, f"{nid}.{name} linked in UI, literal in API"
+                assert same_value(resolve(api, nid, name), value), f"{nid}.{name}: stale widget value {value!r}"
+            else:
+                assert name in api_inputs, f"{nid}.{name} missing in the API twin"
+                assert same_value(api_inputs[name], value), \
+                    f"{n['type']} {nid}.{name}: UI {value!r} != API {api_inputs[name]!r}"
+        widget_names = {name for name, _ in slots}
+        for name in api_inputs:
+            assert name in widget_names or (str(nid), name) in api_links, f"API {nid}.{name} has no UI counterpart"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nodes_and_inputs_exist_in_host(host, mode):
+    """(b) Node types, input names, required inputs, combo options, ranges and link types vs the live host."""
+    api = load_api(mode)
+    for nid, node in api.items():
+        ct = node["class_type"]
+        assert ct in host.node_class_mappings, f"node {nid}: {ct} is not registered in ComfyUI 0.3.75"
+        info = node_info(host, ct)
+        inputs = schema_inputs(info)
+        for name, value in node["inputs"].items():
+            assert name in inputs, f"{ct} {nid}: no input {name!r} (schema: {list(inputs)})"
+            s = inputs[name]
+            src = source_node(api, value)
+            if src is not None:
+                out_types = node_info(host, api[src]["class_type"])["output"]
+                got = out_types[value[1]]
+                assert got == s["type"] or s["type"] == "*", f"{ct} {nid}.{name}: {got} linked into {s['type']}"
+                continue
+            assert s["widget"], f"{ct} {nid}.{name} is a socket ({s['type']}) but has a literal value"
+            if s["type"] == "COMBO":
+                if (ct, name) in REAL_WORLD_COMBOS:
+                    assert isinstance(value, str) and value
+                else:
+                    assert value in s["options"], f"{ct} {nid}.{name}={value!r} not in {s['options']}"
+            elif s["type"] in ("INT", "FLOAT"):
+                assert isinstance(value, (int, float)) and not isinstance(value, bool), (nid, name, value)
+                if s["type"] == "INT":
+                    assert isinstance(value, int), (nid, name, value)
+                lo, hi = s["opts"].get("min", -math.inf), s["opts"].get("max", math.inf)
+                assert lo <= value <= hi, f"{ct} {nid}.{name}={value} outside [{lo}, {hi}]"
+            elif s["type"] == "BOOLEAN":
+                assert isinstance(value, bool), (nid, name, value)
+            elif s["type"] == "STRING":
+                assert isinstance(value, str), (nid, name, value)
+        missing = [n for n, s in inputs.items() if not s["optional"] and n not in node["inputs"]]
+        assert not missing, f"{ct} {nid}: required inputs missing: {missing}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shipped_real_use_defaults(mode):
+    api = load_api(mode)
+    (loader,) = nodes_of(api, "Cosmos3Loader")
+    assert api[loader]["inputs"] == {"checkpoint": REAL_CHECKPOINT, "dtype": "auto", "device": "default"}
+    (te,) = nodes_of(api, "Cosmos3TextEncode")
+    t = api[te]["inputs"]
+    assert (resolve(api, te, "width"), resolve(api, te, "height")) == (1280, 720)
+    assert len(t["prompt"]) > 80 and t["negative_prompt"] == ""
+    assert t["num_frames"] == (1 if mode == "t2i" else 189) and t["fps"] == 24.0
+    (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
+    k = api[ks]["inputs"]
+    assert (k["seed"], k["steps"], k["cfg"], k["schedule"], k["shift"]) == \
+        (42, 50 if mode == "t2i" else 35, 6.0, "flow_shift", 0.0)
+    assert k["sound"] is (mode == "t2av")
+    assert ("condition" in k) is (mode in ("i2v", "v2v"))
+    if mode == "t2i":
+        assert nodes_of(api, "SaveImage") and not nodes_of(api, "SaveVideo")
+    else:
+        (sv,) = nodes_of(api, "SaveVideo")
+        assert api[sv]["inputs"]["format"] == "mp4" and api[sv]["inputs"]["codec"] == "h264"
+        (cv,) = nodes_of(api, "CreateVideo")
+        assert api[cv]["inputs"]["fps"] == t["fps"], "Create Video fps must equal the Text Encode fps"
+        assert ("audio" in api[cv]["inputs"]) is (mode == "t2av")
+    if mode in ("i2v", "v2v"):
+        (ec,) = nodes_of(api, "Cosmos3VAEEncodeCond")
+        for name in ("width", "height"):  # one source of truth: the same PrimitiveInt feeds both nodes
+            a, b = api[te]["inputs"][name], api[ec]["inputs"][name]
+            assert source_node(api, a) is not None and a == b, (name, a, b)
+            assert api[a[0]]["class_type"] == "PrimitiveInt"
+        loaders = nodes_of(api, "LoadImage") + nodes_of(api, "LoadVideo")
+        assert [api[i]["inputs"].get("image", api[i]["inputs"].get("file")) for i in loaders] == \
+            (["example.png"] if mode == "i2v" else ["example.mp4"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_api_validates_in_host(host, mode):
+    """(c) ``execution.validate_prompt`` accepts the graphs with the tiny checkpoint and test inputs."""
+    api = load_api(mode)
+    as_shipped = json.loads(json.dumps(api))  # shipped sizes and steps; only the real-world names replaced
+    for node in as_shipped.values():
+        replace = {"Cosmos3Loader": ("checkpoint", TINY_NANO), "LoadImage": ("image", TEST_IMAGE),
+                   "LoadVideo": ("file", TEST_CLIP)}.get(node["class_type"])
+        if replace:
+            node["inputs"][replace[0]] = replace[1]
+    for graph in (as_shipped, shrink_api(api)):
+        ok, err, outputs, node_errors = host.validate(graph)
+        assert ok, f"{mode}: {json.dumps(err, indent=1)}\n{json.dumps(node_errors, indent=1, default=str)}"
+        saves = nodes_of(graph, "SaveImage") + nodes_of(graph, "SaveVideo")
+        assert sorted(outputs) == sorted(saves)
+    # and the host really rejects a graph naming a node it lacks (the check above is not vacuous)
+    bad = shrink_api(api)
+    bad["99"] = {"class_type": "Cosmos3NoSuchNode", "inputs": {}}
+    assert not host.validate(bad)[0]
