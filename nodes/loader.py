@@ -64,6 +64,10 @@ class Cosmos3Loader(io.ComfyNode):
 
     @classmethod
     def execute(cls, checkpoint: str, dtype: str = "auto", device: str = "default") -> io.NodeOutput:
+        if dtype not in ("auto", *DTYPES):
+            raise ValueError(f"Cosmos3Loader: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}.")
+        if device not in ("default", "cpu"):
+            raise ValueError(f"Cosmos3Loader: device {device!r} is not one of default, cpu.")
         found = find_checkpoints()
         if checkpoint not in found:
             where = ", ".join(p for k in FOLDER_KEYS if k in folder_paths.folder_names_and_paths

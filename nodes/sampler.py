@@ -50,14 +50,19 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
                 Cosmos3Condition.Input("condition", optional=True,
                                        tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition)."),
+                io.Boolean.Input("compile", default=False, optional=True,
+                                 tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
+                                         "one-off warm-up of ~15 s per new size."),
             ],
             outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
         )
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None) -> io.NodeOutput:
+                condition=None, compile: bool = False) -> io.NodeOutput:
         pipe = model.pipeline
+        if schedule not in SCHEDULES:
+            raise ValueError(f"Cosmos3KSamplerUniPCDualTower: schedule {schedule!r} is not one of {list(SCHEDULES)}.")
         if sound and not pipe.supports_sound:
             raise ValueError(
                 f"Cosmos3KSamplerUniPCDualTower: sound=True but checkpoint {model.name!r} has no sound_tokenizer/ "
@@ -74,7 +79,14 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             if text.num_frames == 1:
                 raise ValueError("Cosmos3KSamplerUniPCDualTower: a condition was connected but num_frames is 1 "
                                  "(text-to-image); use 5 or more frames for image/video-to-video.")
-            x0, clean = condition.x0, [i for i in condition.clean_frames if i < (text.num_frames - 1) // 4 + 1]
+            latent_frames = (text.num_frames - 1) // 4 + 1
+            x0, clean = condition.x0, [i for i in condition.clean_frames if i < latent_frames]
+            if len(clean) >= latent_frames:
+                raise ValueError(
+                    f"Cosmos3KSamplerUniPCDualTower: the condition keeps {len(clean)} clean latent frames but a "
+                    f"{text.num_frames}-frame clip has only {latent_frames}; nothing would be generated. Lower "
+                    "clean_latent_frames on Cosmos3 VAE Encode (Condition) or raise num_frames."
+                )
         latent_shape = pipe.vae.latent_shape(text.num_frames, text.height, text.width)
         grid_tokens = latent_shape[2] * -(-latent_shape[3] // 2) * -(-latent_shape[4] // 2)
         branches = [text.cond.length] + ([text.uncond.length] if cfg != 1.0 else [])
@@ -88,7 +100,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
         result = pipe.sample(
             text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-            x0=x0, clean_frames=clean, callback=on_step,
+            x0=x0, clean_frames=clean, callback=on_step, compile=compile,
         )
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}

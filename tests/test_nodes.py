@@ -284,16 +284,19 @@ def test_condition_size_mismatch(host):
     _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "128x64", "96x64", "same width and height")
 
 
+def test_condition_covering_the_whole_clip(host):
+    g = shrink_api(load_api("v2v"))  # 9 frames = 3 latent frames
+    g["8"]["inputs"]["clean_latent_frames"] = 3
+    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "3 clean latent frames", "nothing would be generated",
+                  "Lower clean_latent_frames")
+
+
 def test_unknown_dtype(host):
     """0.3.75 does not check V3 combo values in validate_prompt, so the loader must name a bad dtype itself."""
     g = t2i_graph()
     g["1"]["inputs"]["dtype"] = "bf17"
     success, _, messages, _ = run(host, g)
     assert not success
-    err = error_of(messages)
-    if err["exception_type"] == "KeyError":  # known bug (reported): DTYPES[dtype] unchecked in Cosmos3Loader
-        assert_next_run_succeeds(host)
-        pytest.xfail("Cosmos3Loader raises a bare KeyError 'bf17' for an unknown dtype")
     _expect_error(host, g, "Cosmos3Loader", "'bf17'", "fp32")
 
 
