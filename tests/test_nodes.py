@@ -4,7 +4,8 @@ One process-wide host (tests/comfy_host.get_executor) with tiny random Nano (wit
 its models/diffusers. Every shipped API workflow runs shrunk (96x64, 9 frames, 2 steps, fp32) and its output file
 is read back; the text encode is cached across seeds; bad inputs give clear errors and the next run succeeds; an
 interrupt during sampling ends the run as interrupted; the reasoner runs text-only and says clearly when it cannot
-look at an image (no vision_encoder/ in the checkpoint).
+look at an image (no vision_encoder/ in the checkpoint); with vision_encoder/ (the ``*-vlm`` tiny checkpoints) the
+reasoner_to_i2v workflow captions the image and its caption is the prompt the text encode runs on.
 
 The progress-bar hook installed here is the one ``main.py`` installs (``hijack_progress``): it checks for an
 interrupt at every progress update, so the sampler's per-step progress is its cancel point, as in the server.
@@ -18,8 +19,9 @@ import pytest
 import torch
 
 import comfy_host
-from test_workflows import (MODES, PACK_NODE_IDS, TEST_IMAGE, TINY_EDGE, TINY_NANO, check_outputs,
-                            ensure_tiny_checkpoints, load_api, nodes_of, shrink_api, write_test_inputs)
+from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
+                            TINY_NANO_VLM, check_outputs, ensure_tiny_checkpoints, load_api, nodes_of, shrink_api,
+                            write_test_inputs)
 
 pytestmark = pytest.mark.comfy
 
@@ -103,7 +105,7 @@ def test_pack_registers_all_nodes(host):
     assert TINY_NANO in options and TINY_EDGE in options, options
 
 
-CASES = [(m, TINY_NANO) for m in MODES] + [("t2v", TINY_EDGE), ("i2v", TINY_EDGE)]
+CASES = [(m, TINY_NANO) for m in MODES if m not in REASONER_MODES] + [("t2v", TINY_EDGE), ("i2v", TINY_EDGE)]
 
 
 @pytest.mark.parametrize("mode,checkpoint", CASES, ids=[f"{m}-{c.rsplit('-', 1)[1]}" for m, c in CASES])
@@ -364,3 +366,34 @@ def test_reasoner_without_vision_encoder_says_so(host):
     msg = err["exception_message"]
     assert msg.startswith("Cosmos3Reasoner") and "vision_encoder/" in msg and "cannot" in msg, msg
     assert_next_run_succeeds(host)
+
+
+@pytest.mark.parametrize("checkpoint", [TINY_NANO_VLM, TINY_EDGE_VLM], ids=["nano", "edge"])
+def test_reasoner_to_i2v_caption_is_the_prompt(host, checkpoint, monkeypatch):
+    """The shipped reasoner_to_i2v graph (shrunk, 8 new tokens) on a checkpoint with vision_encoder/: it runs, writes
+    the mp4, and the STRING the reasoner produced (shown by PreviewAny) is exactly the prompt Cosmos3TextEncode got."""
+    graph = shrink_api(load_api("reasoner_to_i2v"), checkpoint=checkpoint,
+                       prefix=f"cosmos3_tests/reasoner_to_i2v_{checkpoint}")
+    (rs,) = nodes_of(graph, "Cosmos3Reasoner")
+    (te,) = nodes_of(graph, "Cosmos3TextEncode")
+    (pv,) = nodes_of(graph, "PreviewAny")
+    assert graph[rs]["inputs"]["task"] == "caption" and graph[rs]["inputs"]["max_new_tokens"] == 8
+    assert graph[te]["inputs"]["prompt"] == [rs, 0]
+
+    # a spy around the real node (V3 runs a clone of the class made at execution time, so it sees the spy)
+    cls = host.node_class_mappings["Cosmos3TextEncode"]
+    original = cls.__dict__["execute"].__func__
+    seen = []
+
+    def spy(c, *args, **kwargs):
+        seen.append(kwargs.get("prompt"))
+        return original(c, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "execute", classmethod(spy))
+    success, outputs, messages, rec = run(host, graph)
+    assert success, comfy_host._execution_error_text(messages)
+    assert rs in rec.executing() and te in rec.executing(), rec.executing()
+    check_outputs(host.base_dir, "reasoner_to_i2v", graph, outputs)
+    (caption,) = outputs[pv]["text"]
+    assert isinstance(caption, str) and caption.strip(), outputs[pv]
+    assert seen == [caption], (seen, caption)

@@ -2,7 +2,8 @@
 
 One server per module (``--preview-method auto``), its home holding the tiny Nano (with sound) and Edge checkpoints and the test inputs.
 Every shipped API workflow is POSTed (shrunk) to /prompt and must finish with status ``success`` in /history and
-write a readable file; /object_info serves all seven Cosmos3 nodes; a second run with another seed reports the
+write a readable file (reasoner_to_i2v, on a tiny checkpoint with vision_encoder/, also returns the reasoner's caption
+through PreviewAny); /object_info serves all seven Cosmos3 nodes; a second run with another seed reports the
 loader and the text encode in ``execution_cached``.
 """
 from __future__ import annotations
@@ -12,8 +13,8 @@ import uuid
 import pytest
 
 import comfy_host
-from test_workflows import (MODES, PACK_NODE_IDS, TINY_EDGE, TINY_NANO, check_outputs, ensure_tiny_checkpoints,
-                            load_api, shrink_api, write_test_inputs)
+from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TINY_EDGE, TINY_NANO, TINY_NANO_VLM, check_outputs,
+                            ensure_tiny_checkpoints, load_api, nodes_of, shrink_api, write_test_inputs)
 
 pytestmark = pytest.mark.comfy
 
@@ -40,17 +41,22 @@ def test_object_info_lists_all_nodes(server):
         assert info["name"] == node_id and info["python_module"] == comfy_host.PACK_MODULE, info
         assert info["category"] == "Cosmos3"
     options = server.object_info("Cosmos3Loader")["input"]["required"]["checkpoint"][1]["options"]
-    assert TINY_NANO in options and TINY_EDGE in options, options
+    assert TINY_NANO in options and TINY_EDGE in options and TINY_NANO_VLM in options, options
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_workflow_over_http(server, mode):
-    graph = shrink_api(load_api(mode), prefix=f"cosmos3_http/{mode}")
+    graph = shrink_api(load_api(mode), prefix=f"cosmos3_http/{mode}")  # reasoner_to_i2v: the *-vlm checkpoint
     entry = server.run(graph, timeout=300)
     assert entry["status"]["status_str"] == "success"
     events = [m[0] for m in status_messages(entry)]
     assert events[0] == "execution_start" and events[-1] == "execution_success", events
     check_outputs(server.base_dir, mode, graph, entry["outputs"])
+    if mode in REASONER_MODES:  # the caption that became the prompt comes back as PreviewAny's UI text
+        assert graph[nodes_of(graph, "Cosmos3Loader")[0]]["inputs"]["checkpoint"] == TINY_NANO_VLM
+        (pv,) = nodes_of(graph, "PreviewAny")
+        (caption,) = entry["outputs"][pv]["text"]
+        assert isinstance(caption, str) and caption.strip(), entry["outputs"][pv]
 
 
 def test_second_seed_reuses_text_encode(server):

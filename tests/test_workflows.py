@@ -8,7 +8,9 @@
     numbers are inside min/max; link types match the schemas on both ends;
 (c) the API graphs pass ``execution.validate_prompt`` once the tiny checkpoint and test inputs are substituted,
     both at the shipped size and shrunk;
-plus the real-use defaults of the shipped files.
+plus the real-use defaults of the shipped files. A widget converted to an input (``prompt`` of Cosmos3TextEncode fed
+by the reasoner's caption in ``reasoner_to_i2v``; width/height fed by PrimitiveInt) is a UI input entry with
+``widget: {"name": ...}`` and a link, keeps its slot in widgets_values, and is a ``[node, slot]`` link in the API.
 
 This module also holds the helpers the node and server tests share (``shrink_api``, ``ensure_tiny_checkpoints``,
 ``write_test_inputs``, ``check_outputs``); import them with ``from test_workflows import ...``.
@@ -27,13 +29,17 @@ import comfy_host
 pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
-MODES = ("t2i", "t2v", "t2av", "i2v", "v2v")
+MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v")
+REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
 PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
                  "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
 FRONTEND_ONLY = {"Note", "MarkdownNote"}  # virtual frontend nodes: never part of the API graph
+PREVIEW_NODES = ("PreviewAny",)  # output nodes that only show text in the UI (no file)
 REAL_CHECKPOINT = "Cosmos3-Nano"
 TINY_NANO = "cosmos3-tiny-nano"
 TINY_EDGE = "cosmos3-tiny-edge"
+TINY_NANO_VLM = "cosmos3-tiny-nano-vlm"  # + vision_encoder/ and processor files (the reasoner can look at images)
+TINY_EDGE_VLM = "cosmos3-tiny-edge-vlm"
 TEST_IMAGE = "cosmos3_test_image.png"
 TEST_CLIP = "cosmos3_test_clip.mp4"
 # combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
@@ -56,8 +62,13 @@ def load_api(mode: str) -> dict:
 
 
 def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
-    """Tiny Nano (with sound) and Edge checkpoints under ``models_dir`` (built once; ~1 s)."""
+    """Tiny Nano (with sound) and Edge checkpoints under ``models_dir``, each also with the reasoner's parts
+    (``vision_encoder/``, processor files) as ``*-vlm``; built once (~2 s in all)."""
+    import shutil
+    import uuid
+
     from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     out = {}
     for name, variant in ((TINY_NANO, "nano"), (TINY_EDGE, "edge")):
@@ -65,7 +76,26 @@ def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
         if not (path / "model_index.json").is_file():  # written last by build_tiny_checkpoint
             build_tiny_checkpoint(path, variant=variant, seed=0)
         out[name] = path
+    for name, variant in ((TINY_NANO_VLM, "nano"), (TINY_EDGE_VLM, "edge")):
+        path = Path(models_dir) / name
+        if not path.is_dir():  # built aside and renamed into place: a folder here is complete
+            tmp = Path(models_dir) / f".{name}.{uuid.uuid4().hex[:8]}.part"
+            try:
+                build_tiny_reasoner_checkpoint(tmp, variant=variant, seed=0)
+                tmp.rename(path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        out[name] = path
     return out
+
+
+def tiny_checkpoint_for(api: dict, variant: str = "nano") -> str:
+    """The tiny checkpoint a graph runs on: the ``*-vlm`` one when a reasoner looks at an image."""
+    looks = any(n["class_type"] == "Cosmos3Reasoner" and source_node(api, n["inputs"].get("image")) is not None
+                for n in api.values())
+    if variant == "nano":
+        return TINY_NANO_VLM if looks else TINY_NANO
+    return TINY_EDGE_VLM if looks else TINY_EDGE
 
 
 def write_test_inputs(input_dir: Path, clip_frames: int = 13, fps: int = 24) -> None:
@@ -121,15 +151,19 @@ def _set(api: dict, node_id: str, name: str, value) -> None:
         api[src]["inputs"]["value"] = value
 
 
-def shrink_api(api: dict, *, checkpoint: str = TINY_NANO, width: int = 96, height: int = 64, frames: int = 9,
+def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, height: int = 64, frames: int = 9,
                steps: int = 2, image: str = TEST_IMAGE, video: str = TEST_CLIP, prefix: str | None = None,
-               seed: int | None = None, prompt_suffix: str = "") -> dict:
+               seed: int | None = None, prompt_suffix: str = "", max_new_tokens: int = 8) -> dict:
     """A copy of a shipped API graph that runs in a second on the tiny checkpoint.
 
-    Sizes go through the PrimitiveInt nodes when width/height are linked (one source of truth stays one).
-    Text-to-image (num_frames 1) stays one frame.
+    ``checkpoint`` None: the tiny Nano, with reasoner parts when a reasoner looks at an image
+    (``tiny_checkpoint_for``). Sizes go through the PrimitiveInt nodes when width/height are linked (one source of
+    truth stays one). Text-to-image (num_frames 1) stays one frame. A reasoner writes ``max_new_tokens`` tokens at
+    most; ``prompt_suffix`` goes to the text encode's prompt, or to the reasoner's when the prompt is its caption.
     """
     g = json.loads(json.dumps(api))
+    if checkpoint is None:
+        checkpoint = tiny_checkpoint_for(g)
     for nid, node in g.items():
         ct, inp = node["class_type"], node["inputs"]
         if ct == "Cosmos3Loader":
@@ -140,7 +174,13 @@ def shrink_api(api: dict, *, checkpoint: str = TINY_NANO, width: int = 96, heigh
             if ct == "Cosmos3TextEncode":
                 if inp["num_frames"] != 1:
                     inp["num_frames"] = frames
-                inp["prompt"] = inp["prompt"] + prompt_suffix
+                src = source_node(g, inp["prompt"])
+                if src is None:
+                    inp["prompt"] = inp["prompt"] + prompt_suffix
+                elif g[src]["class_type"] == "Cosmos3Reasoner":
+                    g[src]["inputs"]["prompt"] = g[src]["inputs"]["prompt"] + prompt_suffix
+        elif ct == "Cosmos3Reasoner":
+            inp["max_new_tokens"] = max_new_tokens
         elif ct == "Cosmos3KSamplerUniPCDualTower":
             inp["steps"] = steps
             if seed is not None:
@@ -325,6 +365,8 @@ def test_every_mode_ships_a_ui_and_api_pair():
     readme = (WORKFLOWS_DIR / "README.md").read_text()
     for mode in MODES:
         assert f"cosmos3_{mode}.json" in readme
+    for mode in REASONER_MODES:
+        assert nodes_of(load_api(mode), "Cosmos3Reasoner"), mode
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -362,7 +404,11 @@ def test_ui_and_api_agree(host, mode):
         entry = dnode["inputs"][dst_slot]
         assert entry["link"] == lid, f"link {lid}: node {dst} input {dst_slot} says link {entry['link']}"
         assert lid in (snode["outputs"][src_slot]["links"] or []), f"link {lid} missing on node {src} output"
-        assert entry["type"] == typ == snode["outputs"][src_slot]["type"], (lid, entry, typ)
+        # the frontend stores the input's type on the link: "*" for an any-type input (PreviewAny's source)
+        assert entry["type"] == typ and typ in (snode["outputs"][src_slot]["type"], "*"), (lid, entry, typ)
+        if entry.get("widget"):  # a widget converted to an input: same name, and the schema has that widget
+            assert entry["widget"] == {"name": entry["name"]}, (lid, entry)
+            assert entry["name"] in {name for name, _ in widget_slots(node_info(host, dnode["type"]))}, (lid, entry)
         key = (str(dst), entry["name"])
         assert api_links.get(key) == (str(src), src_slot), f"link {lid} {key} not in the API twin"
         seen.add(key)
@@ -388,8 +434,13 @@ def test_ui_and_api_agree(host, mode):
             elif kind == "upload":
                 assert value == "image", (nid, name, value)  # what the frontend stores for its upload button
             elif name in linked_widgets:
-                assert source_node(api, api_inputs[name]) is not None, f"{nid}.{name} linked in UI, literal in API"
-                assert same_value(resolve(api, nid, name), value), f"{nid}.{name}: stale widget value {value!r}"
+                src = source_node(api, api_inputs[name])
+                assert src is not None, f"{nid}.{name} linked in UI, literal in API"
+                if api[src]["class_type"].startswith("Primitive"):  # the frontend mirrors a primitive's value
+                    assert same_value(resolve(api, nid, name), value), f"{nid}.{name}: stale widget value {value!r}"
+                else:  # fed by a computed value (the reasoner's caption): the hidden widget keeps a plain value
+                    s_type = schema_inputs(node_info(host, n["type"]))[name]["type"]
+                    assert s_type != "STRING" or isinstance(value, str), (nid, name, value)
             else:
                 assert name in api_inputs, f"{nid}.{name} missing in the API twin"
                 assert same_value(api_inputs[name], value), \
@@ -445,14 +496,28 @@ def test_shipped_real_use_defaults(mode):
     (te,) = nodes_of(api, "Cosmos3TextEncode")
     t = api[te]["inputs"]
     assert (resolve(api, te, "width"), resolve(api, te, "height")) == (1280, 720)
-    assert len(t["prompt"]) > 80 and t["negative_prompt"] == ""
+    assert t["negative_prompt"] == ""
+    if mode in REASONER_MODES:  # the prompt is the reasoner's caption of the start image, also shown as text
+        (rs,) = nodes_of(api, "Cosmos3Reasoner")
+        r = api[rs]["inputs"]
+        assert t["prompt"] == [rs, 0], t["prompt"]
+        assert {k: v for k, v in r.items() if k not in ("model", "image", "prompt")} == dict(
+            task="caption", max_new_tokens=512, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.0,
+            seed=42, fps=24.0), r
+        assert isinstance(r["prompt"], str) and r["model"] == t["model"]
+        (ec,) = nodes_of(api, "Cosmos3VAEEncodeCond")
+        assert r["image"] == api[ec]["inputs"]["image"], "the reasoner must caption the start frame itself"
+        previews = nodes_of(api, "PreviewAny")
+        assert [api[p]["inputs"]["source"] for p in previews] == [[rs, 0]], previews
+    else:
+        assert len(t["prompt"]) > 80
     assert t["num_frames"] == (1 if mode == "t2i" else 189) and t["fps"] == 24.0
     (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
     k = api[ks]["inputs"]
     assert (k["seed"], k["steps"], k["cfg"], k["schedule"], k["shift"]) == \
         (42, 50 if mode == "t2i" else 35, 6.0, "flow_shift", 0.0)
     assert k["sound"] is (mode == "t2av")
-    assert ("condition" in k) is (mode in ("i2v", "v2v"))
+    assert ("condition" in k) is (mode in ("i2v", "v2v") + REASONER_MODES)
     if mode == "t2i":
         assert nodes_of(api, "SaveImage") and not nodes_of(api, "SaveVideo")
     else:
@@ -461,7 +526,7 @@ def test_shipped_real_use_defaults(mode):
         (cv,) = nodes_of(api, "CreateVideo")
         assert api[cv]["inputs"]["fps"] == t["fps"], "Create Video fps must equal the Text Encode fps"
         assert ("audio" in api[cv]["inputs"]) is (mode == "t2av")
-    if mode in ("i2v", "v2v"):
+    if mode in ("i2v", "v2v") + REASONER_MODES:
         (ec,) = nodes_of(api, "Cosmos3VAEEncodeCond")
         for name in ("width", "height"):  # one source of truth: the same PrimitiveInt feeds both nodes
             a, b = api[te]["inputs"][name], api[ec]["inputs"][name]
@@ -469,7 +534,7 @@ def test_shipped_real_use_defaults(mode):
             assert api[a[0]]["class_type"] == "PrimitiveInt"
         loaders = nodes_of(api, "LoadImage") + nodes_of(api, "LoadVideo")
         assert [api[i]["inputs"].get("image", api[i]["inputs"].get("file")) for i in loaders] == \
-            (["example.png"] if mode == "i2v" else ["example.mp4"])
+            (["example.mp4"] if mode == "v2v" else ["example.png"])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -478,7 +543,7 @@ def test_api_validates_in_host(host, mode):
     api = load_api(mode)
     as_shipped = json.loads(json.dumps(api))  # shipped sizes and steps; only the real-world names replaced
     for node in as_shipped.values():
-        replace = {"Cosmos3Loader": ("checkpoint", TINY_NANO), "LoadImage": ("image", TEST_IMAGE),
+        replace = {"Cosmos3Loader": ("checkpoint", tiny_checkpoint_for(api)), "LoadImage": ("image", TEST_IMAGE),
                    "LoadVideo": ("file", TEST_CLIP)}.get(node["class_type"])
         if replace:
             node["inputs"][replace[0]] = replace[1]
@@ -486,7 +551,9 @@ def test_api_validates_in_host(host, mode):
         ok, err, outputs, node_errors = host.validate(graph)
         assert ok, f"{mode}: {json.dumps(err, indent=1)}\n{json.dumps(node_errors, indent=1, default=str)}"
         saves = nodes_of(graph, "SaveImage") + nodes_of(graph, "SaveVideo")
-        assert sorted(outputs) == sorted(saves)
+        previews = [nid for p in PREVIEW_NODES for nid in nodes_of(graph, p)]
+        assert sorted(outputs) == sorted(saves + previews)
+        assert len(previews) == (1 if mode in REASONER_MODES else 0), previews
     # and the host really rejects a graph naming a node it lacks (the check above is not vacuous)
     bad = shrink_api(api)
     bad["99"] = {"class_type": "Cosmos3NoSuchNode", "inputs": {}}
