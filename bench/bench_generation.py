@@ -71,6 +71,21 @@ def step_flops(num_tokens: int, text_lengths: list[int]) -> float:
     return total
 
 
+def random_bf16_weights(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Materialize a meta-built Cosmos3 transformer on ``device`` in bf16 with seeded random weights (norm weights
+    ≈ 1, the rest N(0, 0.02)); the time embedder stays fp32 as in real checkpoints."""
+    model = model.to(torch.bfloat16).to_empty(device=device)
+    g = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and "norm" in name:
+                p.copy_(1.0 + 0.05 * torch.randn(p.shape, generator=g, device=device))
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    model.time_embedder.float()
+    return model.eval().requires_grad_(False)
+
+
 def build_models(device: str):
     from diffusers import Cosmos3OmniTransformer
 
@@ -79,16 +94,7 @@ def build_models(device: str):
 
     with torch.device("meta"):
         ref = Cosmos3OmniTransformer(**NANO)
-    ref = ref.to(torch.bfloat16).to_empty(device=device)
-    g = torch.Generator(device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if p.ndim == 1 and "norm" in name:
-                p.copy_(1.0 + 0.05 * torch.randn(p.shape, generator=g, device=device))
-            else:
-                p.normal_(0.0, 0.02, generator=g)
-    ref.time_embedder.float()
-    ref.eval().requires_grad_(False)
+    ref = random_bf16_weights(ref, device)
     config = Cosmos3Config.from_dict(NANO)
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):

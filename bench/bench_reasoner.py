@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generation import NANO, sync  # noqa: E402
+from bench_generation import NANO, random_bf16_weights, sync  # noqa: E402
 
 EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_attention_heads=16,
             num_key_value_heads=8, head_dim=128, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
@@ -36,16 +36,7 @@ def build(values: dict, device: str):
 
     with torch.device("meta"):
         model = Cosmos3Transformer(Cosmos3Config.from_dict(values))
-    model = model.to(torch.bfloat16).to_empty(device=device)
-    g = torch.Generator(device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1 and "norm" in name:
-                p.copy_(1.0 + 0.05 * torch.randn(p.shape, generator=g, device=device))
-            else:
-                p.normal_(0.0, 0.02, generator=g)
-    model.time_embedder.float()
-    return model.eval().requires_grad_(False)
+    return random_bf16_weights(model, device)
 
 
 def run(reasoner, prepared, params) -> tuple[float, float, int]:
