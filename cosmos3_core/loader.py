@@ -71,11 +71,16 @@ def load_transformer(
     device: torch.device | str = "cpu",
     skip_modules: Sequence[str] = (),
     config: Cosmos3Config | None = None,
+    linear: type[torch.nn.Linear] = torch.nn.Linear,
 ) -> Cosmos3Transformer:
-    """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` in ``dtype`` on ``device``."""
+    """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` in ``dtype`` on ``device``.
+
+    ``linear`` is the class of every linear layer: a host may pass a subclass of ``nn.Linear`` with the same
+    parameters (e.g. ComfyUI's ``comfy.ops.disable_weight_init.Linear``, which can stream its weights from the
+    offload device when VRAM is short)."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
     with torch.device("meta"):
-        model = Cosmos3Transformer(config, skip_modules=skip_modules)
+        model = Cosmos3Transformer(config, skip_modules=skip_modules, linear=linear)
     expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
     files = weight_files(checkpoint_dir)
     wanted = {name: path for name, path in files.items() if not _skipped(name, skip_modules)}

@@ -139,12 +139,15 @@ class Cosmos3Pipeline:
         device: torch.device | str = "cpu",
         vae_dtype: torch.dtype | None = None,
         with_sound: bool = True,
+        linear: type[torch.nn.Linear] = torch.nn.Linear,
     ) -> "Cosmos3Pipeline":
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist.")
         config = Cosmos3Config.from_checkpoint(root)
-        transformer = load_transformer(root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config)
+        transformer = load_transformer(
+            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear
+        )
         vae = load_vae(root, dtype=vae_dtype or dtype, device=device)
         sound = None
         if with_sound and config.sound_gen and (root / "sound_tokenizer").is_dir():

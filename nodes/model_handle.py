@@ -19,6 +19,7 @@ import torch
 
 import comfy.model_management as mm
 import comfy.model_patcher
+import comfy.ops
 
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
 from ..cosmos3_core.towers import prefill_memory_required, step_memory_required, tower_module
@@ -40,7 +41,9 @@ class Cosmos3ModelHandle:
     def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str) -> "Cosmos3ModelHandle":
         offload = mm.unet_offload_device()
         load_device = mm.get_torch_device() if device_choice == "default" else torch.device("cpu")
-        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=offload)
+        # ComfyUI's Linear: when a tower does not fit in VRAM, ModelPatcher loads it partially and these layers
+        # stream their weights from the offload device at each call (weight streaming, "lowvram").
+        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=offload, linear=comfy.ops.disable_weight_init.Linear)
         model = pipe.transformer
 
         def patcher(module, device, offload_device):

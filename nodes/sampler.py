@@ -14,6 +14,7 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
+from ..cosmos3_core.layout import patch_grid
 from ..cosmos3_core.sampling import SCHEDULES
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
@@ -87,8 +88,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                     f"{text.num_frames}-frame clip has only {latent_frames}; nothing would be generated. Lower "
                     "clean_latent_frames on Cosmos3 VAE Encode (Condition) or raise num_frames."
                 )
-        latent_shape = pipe.vae.latent_shape(text.num_frames, text.height, text.width)
-        grid_tokens = latent_shape[2] * -(-latent_shape[3] // 2) * -(-latent_shape[4] // 2)
+        t, ph, pw = patch_grid(pipe.vae.latent_shape(text.num_frames, text.height, text.width)[2:], pipe.config.latent_patch_size)
+        grid_tokens = t * ph * pw
         branches = [text.cond.length] + ([text.uncond.length] if cfg != 1.0 else [])
         model.load_generation_tower(grid_tokens, branches)
 
