@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RESOLUTIONS = {"256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
 COND_TOKENS, UNCOND_TOKENS = 1500, 60
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
+FP8 = False  # --fp8: also time the approximate FP8-GEMM fast mode
+SKIP_REFERENCE = False  # --skip-reference: time ours only (diffusers' numbers taken from an earlier run)
 NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
             num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
             action_gen=True, action_dim=64,
@@ -153,15 +155,29 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
         compiled = dict(compile_warmup_s=round(time.perf_counter() - start, 1),
                         ours_compiled_step_s=round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 4))
         ours.compile_generation_layers(False)
+    if FP8:
+        from cosmos3_core.fp8 import disable_fp8, enable_fp8
+
+        enable_fp8(ours)
+        compiled["ours_fp8_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 4)
+        if COMPILE:
+            ours.compile_generation_layers(True)
+            ours.denoise_step(latents, t, kvs, layout)
+            compiled["ours_fp8_compiled_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 4)
+            ours.compile_generation_layers(False)
+        disable_fp8(ours)
     del kvs, layout
     gc.collect()
     torch.cuda.empty_cache()
 
-    inputs = [reference_inputs(ref, ids, latents, 24.0, 900) for ids in (cond, uncond)]
-    torch.cuda.reset_peak_memory_stats()
-    with torch.no_grad():
-        ref_s = timed(lambda: [ref(**kw) for kw in inputs])
-    ref_peak = torch.cuda.max_memory_allocated()
+    ref_s, ref_peak = float("nan"), 0
+    if not SKIP_REFERENCE:
+        inputs = [reference_inputs(ref, ids, latents, 24.0, 900) for ids in (cond, uncond)]
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            ref_s = timed(lambda: [ref(**kw) for kw in inputs])
+        ref_peak = torch.cuda.max_memory_allocated()
+        del inputs
     tokens = shape[2] * -(-shape[3] // 2) * -(-shape[4] // 2)
     flops = step_flops(tokens, [COND_TOKENS, UNCOND_TOKENS])
     results["steps"][name] = dict(
@@ -172,7 +188,6 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
         **compiled,
     )
     print(name, results["steps"][name], flush=True)
-    del inputs
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -283,6 +298,37 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     text_tower.to(device)
 
 
+def bench_fp8_quality(ours, files, vae, audio, tokenizer, name: str, results: dict) -> None:
+    """Exact bf16 vs FP8 fast mode on the same prompt and seed: latent cosine, PSNR of decoded frames, step time."""
+    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.fp8 import disable_fp8, enable_fp8
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae import Cosmos3VAE
+
+    h, w, frames = RESOLUTIONS[name]
+    pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
+    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0)
+    out = {}
+    for mode in ("exact", "fp8"):
+        if mode == "fp8":
+            enable_fp8(ours)
+        sync()
+        t0 = time.perf_counter()
+        res = pipe.sample(text, seed=0, steps=35, guidance=6.0)
+        sync()
+        out[mode] = (res.latents.float(), pipe.decode_video(res.latents), time.perf_counter() - t0)
+        if mode == "fp8":
+            disable_fp8(ours)
+    a, b = out["exact"][0].flatten(), out["fp8"][0].flatten()
+    mse = torch.mean((out["exact"][1] - out["fp8"][1]) ** 2).item()
+    results.setdefault("fp8_quality", {})[name] = dict(
+        latent_cosine=round(torch.nn.functional.cosine_similarity(a, b, dim=0).item(), 5),
+        frames_psnr_db=round(10 * torch.log10(torch.tensor(1.0 / max(mse, 1e-12))).item(), 2),
+        exact_35_steps_s=round(out["exact"][2], 2), fp8_35_steps_s=round(out["fp8"][2], 2),
+    )
+    print("fp8 quality", name, results["fp8_quality"][name], flush=True)
+
+
 def bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name: str, results: dict) -> None:
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
@@ -312,6 +358,9 @@ def main() -> None:
     p.add_argument("--e2e", default="480p")
     p.add_argument("--e2e-diffusers", default="")
     p.add_argument("--compile", action="store_true", help="also time the compiled generation layer")
+    p.add_argument("--fp8", action="store_true", help="also time the FP8-GEMM fast mode")
+    p.add_argument("--skip-reference", action="store_true", help="do not time diffusers' step (saves device time)")
+    p.add_argument("--fp8-quality", default="", help="exact vs FP8 on the same seed, 35 steps, at these shapes")
     p.add_argument("--attention", default="", help="attention backend micro-benchmark at these shapes")
     p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
@@ -330,8 +379,8 @@ def main() -> None:
         diffusers=diffusers.__version__, transformers=transformers.__version__, python=platform.python_version(),
         cond_tokens=COND_TOKENS, uncond_tokens=UNCOND_TOKENS, steps={}, e2e_ours={}, e2e_diffusers={},
     )
-    global COMPILE
-    COMPILE = args.compile
+    global COMPILE, FP8, SKIP_REFERENCE
+    COMPILE, FP8, SKIP_REFERENCE = args.compile, args.fp8, args.skip_reference
     for name in filter(None, args.attention.split(",")):
         bench_attention(name, results)
     t0 = time.perf_counter()
@@ -344,6 +393,9 @@ def main() -> None:
         files, vae, audio, tokenizer = make_components(device, Path(tmp))
         for name in filter(None, args.e2e_diffusers.split(",")):
             bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name, results)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        for name in filter(None, args.fp8_quality.split(",")):
+            bench_fp8_quality(ours, files, vae, audio, tokenizer, name, results)
             Path(args.out).write_text(json.dumps(results, indent=1))
         del ref  # ours keeps only the weights it uses; the text tower can now really leave the GPU
         gc.collect()
