@@ -111,14 +111,22 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     return timings
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_reporting_user_errors(run_fn, args: argparse.Namespace):
+    """``(True, run_fn(args))``, or ``(False, None)`` after printing one ``error:`` line for a user mistake
+    (bad argument, missing or damaged file) — never a traceback for those. Shared by the package's CLIs."""
     from .config import CheckpointError
 
-    args = build_parser().parse_args(argv)
     try:
-        timings = run(args)
+        return True, run_fn(args)
     except (ValueError, FileNotFoundError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return False, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ok, timings = run_reporting_user_errors(run, args)
+    if not ok:
         return 2
     for name in ("model_load", "preprocess", "inference", "to_cpu", "encode"):
         print(f"{name:>10}: {timings[name]:8.2f} s")

@@ -82,13 +82,10 @@ def run(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import CheckpointError
+    from .generate import run_reporting_user_errors
 
-    args = build_parser().parse_args(argv)
-    try:
-        text = run(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    ok, text = run_reporting_user_errors(run, build_parser().parse_args(argv))
+    if not ok:
         return 2
     print(text)
     return 0

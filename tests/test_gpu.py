@@ -55,27 +55,9 @@ def test_cuda_attention_route_matches_cpu_gqa():
     assert rel(got.float(), expected) <= 2e-2
 
 
-def test_compiled_generation_layer_matches_eager(checkpoint):
-    from cosmos3_core.layout import build_layout
-    from cosmos3_core.loader import load_transformer
-
-    model = load_transformer(checkpoint, dtype=torch.bfloat16, device="cuda")
-    kvs = [model.prefill(list(range(1, 40))), model.prefill(list(range(2, 9)))]
-    layout = build_layout(model.config, [kv.length for kv in kvs], (3, 4, 6), 24.0, device="cuda",
-                          dtype=torch.bfloat16)
-    x = torch.randn(1, 48, 3, 4, 6, device="cuda")
-    eager = model.denoise_step(x, torch.tensor(900, device="cuda"), kvs, layout).vision
-    model.compile_generation_layers(True)
-    try:
-        compiled = model.denoise_step(x, torch.tensor(900, device="cuda"), kvs, layout).vision
-    finally:
-        model.compile_generation_layers(False)
-    assert rel(compiled.float(), eager.float()) <= 2e-2  # bf16: fused kernels round intermediates differently
-
-
-def test_fp8_fast_mode_stays_close_to_exact(checkpoint):
-    """Approximate mode: FP8 GEMMs in the generation tower keep the velocity close to bf16 exact mode."""
-    from cosmos3_core.fp8 import disable_fp8, enable_fp8
+@pytest.fixture()
+def bf16_step(checkpoint):
+    """A bf16 CUDA model and one guided step's inputs: ``step()`` runs ``denoise_step`` → vision velocity."""
     from cosmos3_core.layout import build_layout
     from cosmos3_core.loader import load_transformer
 
@@ -85,11 +67,30 @@ def test_fp8_fast_mode_stays_close_to_exact(checkpoint):
                           dtype=torch.bfloat16)
     x = torch.randn(1, 48, 3, 4, 6, device="cuda")
     t = torch.tensor(900, device="cuda")
-    exact = model.denoise_step(x, t, kvs, layout).vision.float()
+    return model, lambda: model.denoise_step(x, t, kvs, layout).vision.float()
+
+
+def test_compiled_generation_layer_matches_eager(bf16_step):
+    model, step = bf16_step
+    eager = step()
+    model.compile_generation_layers(True)
+    try:
+        compiled = step()
+    finally:
+        model.compile_generation_layers(False)
+    assert rel(compiled, eager) <= 2e-2  # bf16: fused kernels round intermediates differently
+
+
+def test_fp8_fast_mode_stays_close_to_exact(bf16_step):
+    """Approximate mode: FP8 GEMMs in the generation tower keep the velocity close to bf16 exact mode."""
+    from cosmos3_core.fp8 import disable_fp8, enable_fp8
+
+    model, step = bf16_step
+    exact = step()
     assert enable_fp8(model) == 2 * 7  # 4 attention + 3 MLP projections per layer
-    fast = model.denoise_step(x, t, kvs, layout).vision.float()
+    fast = step()
     disable_fp8(model)
-    again = model.denoise_step(x, t, kvs, layout).vision.float()
+    again = step()
     cos = torch.nn.functional.cosine_similarity(exact.flatten(), fast.flatten(), dim=0)
     assert cos > 0.99 and rel(fast, exact) > 0  # close, and really a different (FP8) computation
     assert torch.equal(again, exact)  # disable_fp8 restores exact mode
