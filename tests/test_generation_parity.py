@@ -54,6 +54,7 @@ MODES = {
     "i2v": (F, "image", False),
     "v2v": (13, "video", False),
     "t2av": (F, None, True),
+    "i2av": (F, "image", True),
 }
 
 
