@@ -126,6 +126,33 @@ def reference_inputs(ref, ids: list[int], latents: torch.Tensor, fps: float, tim
     )
 
 
+def time_ours(ours, step) -> tuple[float, int, dict]:
+    """Eager step time and peak memory, then (per flags) compiled, FP8 and FP8-compiled step times."""
+    torch.cuda.reset_peak_memory_stats()
+    eager_s = timed(step)
+    peak = torch.cuda.max_memory_allocated()
+    extra = {}
+    if COMPILE:
+        ours.compile_generation_layers(True)
+        start = time.perf_counter()
+        step()
+        sync()
+        extra = dict(compile_warmup_s=round(time.perf_counter() - start, 1), ours_compiled_step_s=round(timed(step), 4))
+        ours.compile_generation_layers(False)
+    if FP8:
+        from cosmos3_core.fp8 import disable_fp8, enable_fp8
+
+        enable_fp8(ours)
+        extra["ours_fp8_step_s"] = round(timed(step), 4)
+        if COMPILE:
+            ours.compile_generation_layers(True)
+            step()
+            extra["ours_fp8_compiled_step_s"] = round(timed(step), 4)
+            ours.compile_generation_layers(False)
+        disable_fp8(ours)
+    return eager_s, peak, extra
+
+
 def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
     from cosmos3_core.layout import build_layout
 
@@ -143,30 +170,7 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
     sync()
     prefill_s = time.perf_counter() - start
     layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device=device, dtype=torch.bfloat16)
-    torch.cuda.reset_peak_memory_stats()
-    ours_s = timed(lambda: ours.denoise_step(latents, t, kvs, layout))
-    ours_peak = torch.cuda.max_memory_allocated()
-    compiled = {}
-    if COMPILE:
-        ours.compile_generation_layers(True)
-        start = time.perf_counter()
-        ours.denoise_step(latents, t, kvs, layout)
-        sync()
-        compiled = dict(compile_warmup_s=round(time.perf_counter() - start, 1),
-                        ours_compiled_step_s=round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 4))
-        ours.compile_generation_layers(False)
-    if FP8:
-        from cosmos3_core.fp8 import disable_fp8, enable_fp8
-
-        enable_fp8(ours)
-        compiled["ours_fp8_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 4)
-        if COMPILE:
-            ours.compile_generation_layers(True)
-            ours.denoise_step(latents, t, kvs, layout)
-            compiled["ours_fp8_compiled_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 4)
-            ours.compile_generation_layers(False)
-        disable_fp8(ours)
-    del kvs, layout
+    ours_s, ours_peak, compiled = time_ours(ours, lambda: ours.denoise_step(latents, t, kvs, layout))
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -210,7 +214,7 @@ def bench_attention(name: str, results: dict) -> None:
                                      ("flash_gqa", SDPBackend.FLASH_ATTENTION, False),
                                      ("efficient_expanded", SDPBackend.EFFICIENT_ATTENTION, True),
                                      ("default_expanded", None, True), ("default_gqa", None, False)]:
-        def run():
+        def run(expanded=expanded, backend=backend):
             kk, vv = (ke, ve) if expanded else (k, v)
             if backend is None:
                 return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=not expanded)
@@ -228,10 +232,8 @@ def bench_attention(name: str, results: dict) -> None:
 def make_components(device: str, tmp: Path):
     from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
-    from cosmos3_core.audio import Cosmos3SoundDecoder
     from cosmos3_core.prompt import load_tokenizer
     from cosmos3_core.tiny import build_tiny_checkpoint
-    from cosmos3_core.vae import Cosmos3VAE
 
     files = build_tiny_checkpoint(tmp / "files", variant="nano", seed=0)  # tokenizer, scheduler, model_index
     vae = AutoencoderKLWan(**WAN22_VAE).to(device=device, dtype=torch.bfloat16).eval().requires_grad_(False)

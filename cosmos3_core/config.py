@@ -105,9 +105,9 @@ class Cosmos3Config:
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "<dict>") -> "Cosmos3Config":
-        known = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+        known = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
         kwargs: dict[str, Any] = {}
-        for name, f in known.items():
+        for name in known:
             if name not in values:
                 continue
             value = values[name]

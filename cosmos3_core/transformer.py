@@ -176,7 +176,6 @@ class Cosmos3Transformer(nn.Module):
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
-        cfg = self.config
         b = len(text)
         x = self._embed_generation_tokens(latents, timestep, layout, sound, action)
         x = x.unsqueeze(0).expand(b, -1, -1)  # [B, N, D]: branches differ only through their text K/V and RoPE

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from cosmos3_core.loader import load_transformer  # noqa: E402
 from cosmos3_core.reasoner import (  # noqa: E402
-    Cosmos3Reasoner, SamplingParams, build_messages, load_text_tower, postprocess, process_logits, sample_token)
+    Cosmos3Reasoner, SamplingParams, build_messages, postprocess, process_logits, sample_token)
 from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint  # noqa: E402
 from cosmos3_core.towers import tower_module  # noqa: E402
 from cosmos3_core.vision import load_processor, load_vision_encoder, mrope_position_ids  # noqa: E402
