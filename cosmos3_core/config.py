@@ -21,6 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+
+# Weight dtypes by the names the CLIs and nodes offer.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
 
 class CheckpointError(ValueError):
     """A checkpoint folder or file is missing, damaged or belongs to another model."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from .config import DTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,21 +50,27 @@ def _check_args(args: argparse.Namespace) -> None:
     from .pipeline import validate_shape
 
     validate_shape(args.num_frames, args.height, args.width, args.fps, "generate")
-    ckpt = Path(args.checkpoint)
-    if not ckpt.is_dir():
-        raise ValueError(f"--checkpoint {ckpt} is not a folder; give the downloaded Cosmos3 checkpoint folder.")
+    ckpt = check_common_args(args)
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
     out = Path(args.out)
     want = ".png" if args.num_frames == 1 else ".mp4"
     if out.suffix.lower() != want:
         raise ValueError(f"--out {out}: with --num-frames {args.num_frames} the output is a {want} file.")
+
+
+def check_common_args(args: argparse.Namespace) -> Path:
+    """Checks shared by the package's CLIs (--checkpoint, --device, --image/--video); returns the checkpoint path."""
+    ckpt = Path(args.checkpoint)
+    if not ckpt.is_dir():
+        raise ValueError(f"--checkpoint {ckpt} is not a folder; give the downloaded Cosmos3 checkpoint folder.")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible; use --device cpu.")
     for name in ("image", "video"):
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
             raise ValueError(f"--{name} {path} does not exist.")
+    return ckpt
 
 
 def run(args: argparse.Namespace) -> dict[str, float]:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from .config import DTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,15 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_args(args: argparse.Namespace):
     from .reasoner import SamplingParams
 
-    ckpt = Path(args.checkpoint)
-    if not ckpt.is_dir():
-        raise ValueError(f"--checkpoint {ckpt} is not a folder; give the downloaded Cosmos3 checkpoint folder.")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible; use --device cpu.")
-    for name in ("image", "video"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            raise ValueError(f"--{name} {path} does not exist.")
+    from .generate import check_common_args
+
+    ckpt = check_common_args(args)
     if args.task == "caption" and args.image is None and args.video is None:
         raise ValueError("--task caption needs --image or --video.")
     if (args.image or args.video) and not (ckpt / "vision_encoder").is_dir():

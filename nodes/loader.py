@@ -11,12 +11,12 @@ import comfy.model_management as mm
 import folder_paths
 from comfy_api.latest import io
 
+from ..cosmos3_core.config import DTYPES
 from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 
 FOLDER_KEYS = ("cosmos3", "diffusers")
 NONE_FOUND = "(no Cosmos3 checkpoint found)"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def register_model_folder() -> None:
