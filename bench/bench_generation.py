@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RESOLUTIONS = {"256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
 COND_TOKENS, UNCOND_TOKENS = 1500, 60
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
-FP8 = False  # --fp8: also time the approximate FP8-GEMM fast mode
+FP8 = False  # --fp8: also time the approximate fast mode (FP8 GEMMs; FP8 GEMMs + 8-bit attention)
 SKIP_REFERENCE = False  # --skip-reference: time ours only (diffusers' numbers taken from an earlier run)
 NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
             num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
@@ -139,17 +139,19 @@ def time_ours(ours, step) -> tuple[float, int, dict]:
         sync()
         extra = dict(compile_warmup_s=round(time.perf_counter() - start, 1), ours_compiled_step_s=round(timed(step), 4))
         ours.compile_generation_layers(False)
-    if FP8:
+    if FP8:  # approximate fast mode: FP8 GEMMs alone, then FP8 GEMMs + 8-bit attention (the mode users get)
         from cosmos3_core.fp8 import disable_fp8, enable_fp8
 
-        enable_fp8(ours)
-        extra["ours_fp8_step_s"] = round(timed(step), 4)
-        if COMPILE:
-            ours.compile_generation_layers(True)
-            step()
-            extra["ours_fp8_compiled_step_s"] = round(timed(step), 4)
-            ours.compile_generation_layers(False)
-        disable_fp8(ours)
+        for label, attention in (("fp8", False), ("fast", True)):
+            enable_fp8(ours, attention=attention)
+            if not COMPILE:
+                extra[f"ours_{label}_step_s"] = round(timed(step), 4)
+            else:
+                ours.compile_generation_layers(True)
+                step()
+                extra[f"ours_{label}_compiled_step_s"] = round(timed(step), 4)
+                ours.compile_generation_layers(False)
+            disable_fp8(ours)
     return eager_s, peak, extra
 
 
@@ -225,8 +227,77 @@ def bench_attention(name: str, results: dict) -> None:
             routes[label] = dict(ms=round(seconds * 1e3, 2), tflops=round(flops / seconds / 1e12, 1))
         except RuntimeError as exc:
             routes[label] = dict(error=str(exc).splitlines()[0][:120])
+    routes.update(bench_attention_8bit(q, k, v, flops))
     results.setdefault("attention", {})[name] = routes
     print("attention", name, routes, flush=True)
+
+
+ATTENTION_8BIT_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 4, 2),
+                          (64, 128, 4, 3), (128, 64, 4, 4), (128, 128, 8, 4), (256, 64, 8, 3)]
+
+
+def bench_attention_8bit(q, k, v, flops: float) -> dict:
+    """cosmos3_core.attention_8bit: kernel alone per launch config, then quantize + kernel (eager and compiled),
+    and its error against SDPA on these (random) inputs."""
+    import math
+
+    import torch.nn.functional as F
+
+    from cosmos3_core.attention_8bit import attention_8bit, attention_8bit_quantized, quantize_for_attention
+
+    routes = {}
+    quantized = quantize_for_attention(q, k, v, 1.0 / math.sqrt(q.shape[-1]))
+    best = None
+    for bm, bn, warps, stages in ATTENTION_8BIT_CONFIGS:
+        launch = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+        try:
+            seconds = timed(lambda launch=launch: attention_8bit_quantized(*quantized, **launch), warmup=2, iters=5)
+        except Exception as exc:  # a config that does not fit shared memory/registers: record, go on
+            routes[f"int8qk_fp8pv_kernel_{bm}x{bn}_w{warps}_s{stages}"] = dict(error=str(exc).splitlines()[0][:120])
+            continue
+        routes[f"int8qk_fp8pv_kernel_{bm}x{bn}_w{warps}_s{stages}"] = dict(
+            ms=round(seconds * 1e3, 2), tflops=round(flops / seconds / 1e12, 1))
+        if best is None or seconds < best[0]:
+            best = (seconds, launch)
+    if best is None:
+        return routes
+    launch = best[1]
+    seconds = timed(lambda: attention_8bit(q, k, v, **launch), warmup=2, iters=5)
+    routes["int8qk_fp8pv_with_quantize_eager"] = dict(ms=round(seconds * 1e3, 2), tflops=round(flops / seconds / 1e12, 1),
+                                                      launch=launch)
+    compiled = torch.compile(lambda a, b, c: attention_8bit(a, b, c, **launch))
+    seconds = timed(lambda: compiled(q, k, v), warmup=2, iters=5)
+    routes["int8qk_fp8pv_with_quantize_compiled"] = dict(ms=round(seconds * 1e3, 2),
+                                                         tflops=round(flops / seconds / 1e12, 1))
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).float()
+    out = attention_8bit(q, k, v, **launch).float()
+    routes["int8qk_fp8pv_error_vs_sdpa"] = dict(
+        relative_l2=round(((out - ref).norm() / ref.norm()).item(), 5),
+        cosine=round(F.cosine_similarity(out.flatten(), ref.flatten(), dim=0).item(), 6))
+    return routes
+
+
+def bench_gemm_fusion(name: str, results: dict) -> None:
+    """Fused q/k/v and gate/up GEMMs (one weight concatenated at load) vs the checkpoint's separate ones, both
+    branches' tokens stacked as in the batched step."""
+    h, w, frames = RESOLUTIONS[name]
+    m = 2 * ((frames - 1) // 4 + 1) * -(-h // 32) * -(-w // 32)
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    wq, wk, wv = (torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16) * 0.02 for n in (4096, 1024, 1024))
+    wg, wu = (torch.randn(12288, 4096, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2))
+    wqkv, wgu = torch.cat([wq, wk, wv]), torch.cat([wg, wu])
+    mm = torch.nn.functional.linear
+    out = {}
+    for label, fn, flop in [
+        ("qkv_separate", lambda: (mm(x, wq), mm(x, wk), mm(x, wv)), 2 * m * 4096 * 6144),
+        ("qkv_fused", lambda: mm(x, wqkv).split([4096, 1024, 1024], dim=-1), 2 * m * 4096 * 6144),
+        ("gate_up_separate", lambda: (mm(x, wg), mm(x, wu)), 2 * m * 4096 * 24576),
+        ("gate_up_fused", lambda: mm(x, wgu).chunk(2, dim=-1), 2 * m * 4096 * 24576),
+    ]:
+        seconds = timed(fn, warmup=3, iters=10)
+        out[label] = dict(ms=round(seconds * 1e3, 3), tflops=round(flop / seconds / 1e12, 1))
+    results.setdefault("gemm_fusion", {})[name] = out
+    print("gemm fusion", name, out, flush=True)
 
 
 def make_components(device: str, tmp: Path):
@@ -360,10 +431,11 @@ def main() -> None:
     p.add_argument("--e2e", default="480p")
     p.add_argument("--e2e-diffusers", default="")
     p.add_argument("--compile", action="store_true", help="also time the compiled generation layer")
-    p.add_argument("--fp8", action="store_true", help="also time the FP8-GEMM fast mode")
+    p.add_argument("--fp8", action="store_true", help="also time the approximate fast modes")
     p.add_argument("--skip-reference", action="store_true", help="do not time diffusers' step (saves device time)")
     p.add_argument("--fp8-quality", default="", help="exact vs FP8 on the same seed, 35 steps, at these shapes")
     p.add_argument("--attention", default="", help="attention backend micro-benchmark at these shapes")
+    p.add_argument("--gemm-fusion", default="", help="fused vs separate q/k/v and gate/up GEMMs at these shapes")
     p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
     if args.render:
@@ -385,6 +457,10 @@ def main() -> None:
     COMPILE, FP8, SKIP_REFERENCE = args.compile, args.fp8, args.skip_reference
     for name in filter(None, args.attention.split(",")):
         bench_attention(name, results)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    for name in filter(None, args.gemm_fusion.split(",")):
+        bench_gemm_fusion(name, results)
+        Path(args.out).write_text(json.dumps(results, indent=1))
     t0 = time.perf_counter()
     ref, ours = build_models(device)
     results["init_s"] = round(time.perf_counter() - t0, 1)

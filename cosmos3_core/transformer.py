@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .attention import attention
+from .attention_8bit import attention_8bit
 from .config import Cosmos3Config
 from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder
 from .layout import GenLayout, patchify, unpatchify
@@ -226,11 +227,12 @@ def generation_layer(
     q = apply_rope(q, cos, sin).transpose(1, 2)  # [B, H, N, hd]
     k = apply_rope(k, cos, sin).transpose(1, 2)  # [B, KV, N, hd]
     v = v.transpose(1, 2)
+    attend = attention_8bit if attn.eight_bit_attention else attention
     outs = []
     for j in range(b):  # each branch attends to its own prompt's K/V only
         keys = torch.cat([text_keys[j], k[j]], dim=1)[None]  # [1, KV, L_j + N, hd]
         vals = torch.cat([text_values[j], v[j]], dim=1)[None]
-        outs.append(attention(q[j : j + 1], keys, vals))
+        outs.append(attend(q[j : j + 1], keys, vals))
     out = torch.cat(outs).transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
     x = x + attn.to_add_out(out)
     return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))
