@@ -48,22 +48,27 @@ def available() -> bool:
 
 
 def quantize_for_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, scores_int8: bool = True
 ) -> tuple[torch.Tensor, ...]:
     """bf16/fp32 q, k, v → (int8 q, q_scale, int8 k, k_scale, e4m3 vᵀ, v_scale) as the kernel reads them.
 
     ``q_scale`` carries ``sm_scale·log2 e``; ``v8ᵀ`` is ``[B, KV, hd, Sk]``; ``v_scale`` carries the 1/448 of the
     probabilities' cast. Plain tensor ops, so ``torch.compile`` fuses them into the preceding norm/RoPE kernels.
     """
+    top = INT8_MAX if scores_int8 else E4M3_MAX
+
+    def to_8bit(x: torch.Tensor) -> torch.Tensor:
+        return x.round().to(torch.int8) if scores_int8 else x.to(torch.float8_e4m3fn)
+
     qf = q.float()
     q_amax = qf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
-    q8 = (qf * (INT8_MAX / q_amax)).round().to(torch.int8)
-    q_scale = (q_amax / INT8_MAX * (sm_scale * LOG2E)).squeeze(-1)  # [B, H, Sq]
+    q8 = to_8bit(qf * (top / q_amax))
+    q_scale = (q_amax / top * (sm_scale * LOG2E)).squeeze(-1)  # [B, H, Sq]
     kf = k.float()
     kf = kf - kf.mean(dim=2, keepdim=True)
     k_amax = kf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
-    k8 = (kf * (INT8_MAX / k_amax)).round().to(torch.int8)
-    k_scale = (k_amax / INT8_MAX).squeeze(-1)  # [B, KV, Sk]
+    k8 = to_8bit(kf * (top / k_amax))
+    k_scale = (k_amax / top).squeeze(-1)  # [B, KV, Sk]
     vf = v.float()
     v_amax = vf.abs().amax(dim=2, keepdim=True).clamp_min(1e-12)  # [B, KV, 1, hd]
     v8t = (vf * (E4M3_MAX / v_amax)).to(torch.float8_e4m3fn).transpose(2, 3).contiguous()
@@ -76,12 +81,16 @@ if triton is not None:
     @triton.jit
     def _score_tile(q, k_ptrs, ks_ptrs, row_scale, cols, seq_k, MASKED: tl.constexpr):
         if MASKED:
-            k = tl.load(k_ptrs, mask=(cols < seq_k)[:, None], other=0)
+            k = tl.load(k_ptrs, mask=(cols < seq_k)[:, None], other=0.0)
             ks = tl.load(ks_ptrs, mask=cols < seq_k, other=0.0)
         else:
             k = tl.load(k_ptrs)
             ks = tl.load(ks_ptrs)
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * row_scale[:, None] * ks[None, :]
+        if k.dtype == tl.int8:
+            s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * row_scale[:, None] * ks[None, :]
         if MASKED:
             s = tl.where((cols < seq_k)[None, :], s, float("-inf"))
         return s
@@ -121,7 +130,7 @@ if triton is not None:
         row_ok = rows < seq_q
 
         q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qs + dims[None, :],
-                    mask=row_ok[:, None], other=0)
+                    mask=row_ok[:, None], other=0.0)
         row_scale = tl.load(QS + pid_bh * seq_q + rows, mask=row_ok, other=0.0)
         k_ptrs = K + b * stride_kb + kv * stride_kh + cols[:, None] * stride_ks + dims[None, :]
         ks_ptrs = KS + (b * (num_heads // group) + kv) * seq_k + cols

@@ -39,11 +39,18 @@ class Cosmos3ModelHandle:
 
     @classmethod
     def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str) -> "Cosmos3ModelHandle":
-        offload = mm.unet_offload_device()
-        load_device = mm.get_torch_device() if device_choice == "default" else torch.device("cpu")
         # ComfyUI's Linear: when a tower does not fit in VRAM, ModelPatcher loads it partially and these layers
         # stream their weights from the offload device at each call (weight streaming, "lowvram").
-        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=offload, linear=comfy.ops.disable_weight_init.Linear)
+        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(),
+                                    linear=comfy.ops.disable_weight_init.Linear)
+        return cls.from_pipeline(name, path, dtype, pipe, device_choice)
+
+    @classmethod
+    def from_pipeline(cls, name: str, path: Path, dtype: torch.dtype, pipe: Cosmos3Pipeline,
+                      device_choice: str = "default") -> "Cosmos3ModelHandle":
+        """Wrap a pipeline already on the offload device (its transformer built with ``comfy.ops`` Linear)."""
+        offload = mm.unet_offload_device()
+        load_device = mm.get_torch_device() if device_choice == "default" else torch.device("cpu")
         model = pipe.transformer
 
         def patcher(module, device, offload_device):
