@@ -250,7 +250,7 @@ def bench_attention_8bit(q, k, v, flops: float) -> dict:
     fp8_scores = quantize_for_attention(q, k, v, 1.0 / math.sqrt(q.shape[-1]), scores_int8=False)
     for bm, bn, warps, stages in ATTENTION_8BIT_CONFIGS[:4]:  # diagnostic: e4m3 scores instead of INT8
         launch = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
-        seconds = timed(lambda launch=launch: attention_8bit_quantized(*fp8_scores, **launch), warmup=2, iters=5)
+        seconds = timed(lambda launch=launch, qs=fp8_scores: attention_8bit_quantized(*qs, **launch), warmup=2, iters=5)
         routes[f"fp8qk_fp8pv_kernel_{bm}x{bn}_w{warps}_s{stages}"] = dict(
             ms=round(seconds * 1e3, 2), tflops=round(flops / seconds / 1e12, 1))
     del fp8_scores
