@@ -102,7 +102,8 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
         result = fn()
         torch.cuda.synchronize()
         out[label] = dict(seconds=round(time.perf_counter() - t0, 2),
-                          peak_gib=gib(torch.cuda.max_memory_allocated() - hold))
+                          peak_gib=gib(torch.cuda.max_memory_allocated() - hold),
+                          peak_reserved_gib=gib(torch.cuda.max_memory_reserved() - hold))
         return result
 
     try:
@@ -132,6 +133,7 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
             handle.load_vae(result.latents.shape)
             return pipe.decode_video(result.latents)
 
+        out["vae_decode_memory_required_gib"] = gib(pipe.vae.memory_required(result.latents.shape))
         video = phase("vae_decode", decode)
         out["vae_decode"]["generation_tower_after"] = resident(handle.generation_patcher)
 
@@ -145,6 +147,10 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
         out["fits"] = out["peak_gib"] <= vram_gib - CONTEXT_GIB
     except Exception as exc:  # an out-of-memory or placement error is the finding: report it
         out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        out["at_error"] = dict(
+            allocated_gib=gib(torch.cuda.memory_allocated() - hold), reserved_gib=gib(torch.cuda.memory_reserved() - hold),
+            text_tower=resident(handle.text_patcher), generation_tower=resident(handle.generation_patcher),
+            vae=resident(handle.vae_patcher))
     finally:
         del block
         mm.unload_all_models()

@@ -1,14 +1,14 @@
-"""Fast mode (approximate, opt-in): FP8 (e4m3) GEMMs for the generation tower's linear layers, 8-bit attention.
+"""Fast mode (approximate, opt-in): FP8 (e4m3) GEMMs for the generation tower's linear layers.
 
 Not a reference behaviour: diffusers 0.42.1 runs bf16 (its FP8 path is a W8A16 checkpoint schedule). Here each
 bias-free linear layer of the generation tower (``add_q/k/v_proj``, ``to_add_out``, ``mlp_moe_gen``) gets an FP8
 copy of its weight with one scale per output channel, and each call quantizes its input with one scale per token,
-then runs ``torch._scaled_mm`` (Hopper FP8 tensor cores, bf16 output). The generation attention runs through
-``attention_8bit`` (INT8 ``Q·Kᵀ``, FP8 ``P·V``). The text tower, norms, the modality heads and the time embedder
-stay bf16/fp32. Outputs differ from exact mode at FP8 rounding level;
+then runs ``torch._scaled_mm`` (Hopper FP8 tensor cores, bf16 output). The text tower, norms, the attention core,
+the modality heads and the time embedder stay bf16/fp32 (an 8-bit attention kernel of ours, INT8 scores and FP8
+values in Triton, measured 1.6x *slower* than cuDNN's bf16 attention on the H200 and was dropped: BENCHMARKS.md). Outputs differ from exact mode at FP8 rounding level;
 BENCHMARKS.md reports the quality check (latent cosine, PSNR of decoded frames on the same seed).
 
-``enable_fp8(model, attention=True)`` swaps the modules in place (the bf16 originals are kept, so ``disable_fp8`` restores exact
+``enable_fp8(model)`` swaps the modules in place (the bf16 originals are kept, so ``disable_fp8`` restores exact
 mode without reloading); it needs a CUDA device with FP8 support (compute capability ≥ 8.9).
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention_8bit import available as attention_8bit_available
 from .transformer import Cosmos3Transformer
 
 E4M3_MAX = 448.0
@@ -67,16 +66,11 @@ def _targets(model: Cosmos3Transformer):
                 yield layer.mlp_moe_gen, name
 
 
-def enable_fp8(model: Cosmos3Transformer, attention: bool = True) -> int:
-    """Swap the generation tower's linear layers for ``Fp8Linear`` and, with ``attention``, route its attention
-    through ``attention_8bit`` (INT8 scores, FP8 values); returns how many linear layers were converted."""
+def enable_fp8(model: Cosmos3Transformer) -> int:
+    """Swap the generation tower's linear layers for ``Fp8Linear``; returns how many were converted."""
     device = model.device
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         raise ValueError("fp8 fast mode needs a CUDA GPU with FP8 tensor cores (Ada/Hopper or newer).")
-    if attention and not attention_8bit_available():
-        raise ValueError("fp8 fast mode: 8-bit attention needs Triton, which this PyTorch build lacks.")
-    for layer in model.layers:
-        layer.self_attn.eight_bit_attention = attention
     count = 0
     for parent, name in _targets(model):
         module = getattr(parent, name)
@@ -87,9 +81,7 @@ def enable_fp8(model: Cosmos3Transformer, attention: bool = True) -> int:
 
 
 def disable_fp8(model: Cosmos3Transformer) -> None:
-    """Back to exact mode: restore the bf16 modules and SDPA attention."""
-    for layer in model.layers:
-        layer.self_attn.eight_bit_attention = False
+    """Back to exact mode: restore the bf16 modules."""
     for parent, name in _targets(model):
         module = getattr(parent, name)
         if isinstance(module, Fp8Linear):

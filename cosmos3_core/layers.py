@@ -91,7 +91,6 @@ class MoTAttention(nn.Module):
         self.to_add_out = linear(config.q_width, d, bias=bias)
         self.norm_added_q = RMSNorm(hd, eps, kind)
         self.norm_added_k = RMSNorm(hd, eps, kind)
-        self.eight_bit_attention = False  # fast mode (fp8.py): generation attention on 8-bit tensor cores
 
 
 class DecoderLayer(nn.Module):

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from .attention import attention
-from .attention_8bit import attention_8bit
 from .config import Cosmos3Config
 from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder
 from .layout import GenLayout, patchify, unpatchify
@@ -59,6 +58,7 @@ class Cosmos3Transformer(nn.Module):
         self.skip_modules = tuple(skip_modules)
         self._compiled_layer = None
         self._compiled_fn = None
+        self.execution_device: torch.device | None = None
         d, kind, eps = config.hidden_size, config.norm_kind, config.rms_norm_eps
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.layers = nn.ModuleList(DecoderLayer(config, linear) for _ in range(config.num_hidden_layers))
@@ -86,8 +86,10 @@ class Cosmos3Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        """Where the generation tower runs (the text tower may live elsewhere, see ``towers.py``)."""
-        return self.proj_in.weight.device
+        """Where the generation tower runs (the text tower may live elsewhere, see ``towers.py``): the
+        ``execution_device`` a model manager set (its layers may then stream weights from elsewhere), else where
+        ``proj_in`` lives."""
+        return self.execution_device or self.proj_in.weight.device
 
     def keep_fp32(self) -> "Cosmos3Transformer":
         """Re-assert the fp32 modules after a ``.to(dtype)`` (a bf16 time embedder degrades video)."""
@@ -227,12 +229,11 @@ def generation_layer(
     q = apply_rope(q, cos, sin).transpose(1, 2)  # [B, H, N, hd]
     k = apply_rope(k, cos, sin).transpose(1, 2)  # [B, KV, N, hd]
     v = v.transpose(1, 2)
-    attend = attention_8bit if attn.eight_bit_attention else attention
     outs = []
     for j in range(b):  # each branch attends to its own prompt's K/V only
         keys = torch.cat([text_keys[j], k[j]], dim=1)[None]  # [1, KV, L_j + N, hd]
         vals = torch.cat([text_values[j], v[j]], dim=1)[None]
-        outs.append(attend(q[j : j + 1], keys, vals))
+        outs.append(attention(q[j : j + 1], keys, vals))
     out = torch.cat(outs).transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
     x = x + attn.to_add_out(out)
     return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))

@@ -25,6 +25,23 @@ from ..cosmos3_core.pipeline import Cosmos3Pipeline
 from ..cosmos3_core.towers import prefill_memory_required, step_memory_required, tower_module
 
 
+def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
+    """ComfyUI's partial ("lowvram") load leaves a module that does not fit its budget on the offload device; only
+    ``comfy.ops`` layers can then stream their weights per call. The core's other modules — RMSNorm weights,
+    embeddings, the loose modality parameters, a few KB to MB each — cannot, so their own tensors follow the
+    tower to the load device (ComfyUI's unload moves the whole tower back)."""
+    device = patcher.load_device
+    for module in patcher.model.modules():
+        if hasattr(module, "comfy_cast_weights"):
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            if param.device != device:
+                param.data = param.data.to(device)
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and buf.device != device:
+                module._buffers[name] = buf.to(device)
+
+
 @dataclass
 class Cosmos3ModelHandle:
     name: str
@@ -75,10 +92,14 @@ class Cosmos3ModelHandle:
         mm.load_models_gpu(
             [self.text_patcher], memory_required=prefill_memory_required(self.pipeline.config, text_length, self.dtype)
         )
+        _place_unstreamable(self.text_patcher)
 
     def load_generation_tower(self, num_tokens: int, text_lengths: list[int]) -> None:
         needed = step_memory_required(self.pipeline.config, num_tokens, text_lengths, self.dtype)
         mm.load_models_gpu([self.generation_patcher], memory_required=needed)
+        _place_unstreamable(self.generation_patcher)
+        # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
+        self.pipeline.transformer.execution_device = self.generation_patcher.load_device
 
     def load_vae(self, latent_shape) -> None:
         mm.load_models_gpu([self.vae_patcher], memory_required=self.pipeline.vae.memory_required(latent_shape))
