@@ -347,7 +347,7 @@ def bench_fp8_quality(ours, files, vae, audio, tokenizer, name: str, results: di
         sync()
         t0 = time.perf_counter()
         res = pipe.sample(text, seed=0, steps=35, guidance=6.0, compile=mode == "exact_compiled",
-                          callback=lambda step, total, x0: first.append(x0.float().flatten()) if not first else None)
+                          callback=lambda step, total, x0, first=first: first.append(x0.float().flatten()) if not first else None)
         sync()
         out[mode] = (res.latents.float().flatten(), pipe.decode_video(res.latents), time.perf_counter() - t0, first[0])
         if mode == "fp8":
