@@ -10,7 +10,11 @@ linear layers streaming their weights from pinned CPU memory at every call (``co
 Reports, per phase, peak GPU memory *of this process* (the held block excluded), how much of each tower was
 resident, and seconds (denoising steps after the first averaged and extrapolated to 35 where fewer are run).
 
-    python bench/bench_lowvram.py --comfyui ~/.cache/cosmos3/venv/ComfyUI --vram-gib 24,16 --out lowvram.json
+    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+        python bench/bench_lowvram.py --comfyui ~/.cache/cosmos3/venv/ComfyUI --vram-gib 24,16 --out lowvram.json
+
+Set the allocator in the environment as ComfyUI would (its ``main.py`` picks ``backend:cudaMallocAsync`` on CUDA
+builds of torch unless told otherwise); torch reads it when it loads.
 """
 
 from __future__ import annotations
@@ -166,11 +170,7 @@ def main() -> None:
     p.add_argument("--resolution", default="480p", choices=sorted(RESOLUTIONS))
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--out", default="lowvram.json")
-    p.add_argument("--alloc", default="backend:cudaMallocAsync",
-                   help="PYTORCH_CUDA_ALLOC_CONF; ComfyUI's main.py sets cudaMallocAsync on CUDA builds of torch")
     args = p.parse_args()
-    if args.alloc:  # before the first CUDA allocation
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc
 
     sys.path.insert(0, str(Path(args.comfyui).resolve()))
     sys.argv = sys.argv[:1]  # ComfyUI's argument parser reads sys.argv at import
@@ -186,7 +186,7 @@ def main() -> None:
         pipe = random_nano_pipeline(files, comfy.ops.disable_weight_init.Linear)
         handle = handle_cls.from_pipeline("nano-random", files, torch.bfloat16, pipe)
         results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, resolution=args.resolution,
-                       allocator=args.alloc or "native",
+                       allocator=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "native"),
                        init_s=round(time.perf_counter() - t0, 1), runs=[])
         for vram in [float(v) for v in args.vram_gib.split(",")]:
             results["runs"].append(run(handle, mm, args.resolution, vram, args.steps))
