@@ -30,12 +30,14 @@ the module-level ``unpatchify`` and ``WanCausalConv3d`` (cache slots = number of
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 OnChunk = Callable[[int, int], None]
+_log = logging.getLogger(__name__)
 
 
 def load_vae(checkpoint_dir, dtype: torch.dtype = torch.float32, device="cpu") -> "Cosmos3VAE":
@@ -149,6 +151,7 @@ class Cosmos3VAE(torch.nn.Module):
         tile_sample_stride: int | None = None,
         on_chunk: OnChunk | None = None,
         out_device="cpu",
+        tile_on_oom: bool = True,
     ) -> torch.Tensor:
         """Normalized latents ``[1,C,T,h,w]`` (or ``[C,T,h,w]``, any float dtype) -> frames ``[F,H,W,3]`` fp32 in [0,1].
 
@@ -157,7 +160,9 @@ class Cosmos3VAE(torch.nn.Module):
         ``on_chunk(done_latent_frames, total_latent_frames)``; an exception raised there aborts the decode (the
         VAE is left clean). ``tile=True`` uses diffusers' spatial tiling (``tile_sample_size``/``_stride`` in
         pixels, default: the module's ``enable_tiling`` values, 256/192); it only kicks in when the latent is
-        larger than one tile, exactly as ``AutoencoderKLWan._decode``.
+        larger than one tile, exactly as ``AutoencoderKLWan._decode``. An untiled decode that runs out of GPU memory
+        is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
+        card what else is resident decides, and tiling needs about half the activations (BENCHMARKS.md).
         """
         if latents.ndim == 4:
             latents = latents.unsqueeze(0)
@@ -173,20 +178,41 @@ class Cosmos3VAE(torch.nn.Module):
         mean, inv_std = self._stats()
         z = latents.to(device=self.device, dtype=self.dtype) / inv_std + mean  # raw VAE latents, VAE dtype
 
-        grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tile else None
         num_frames = self.num_pixel_frames(t_lat)
         out = torch.empty(num_frames, h_lat * self.spatial_scale, w_lat * self.spatial_scale, 3,
                           dtype=torch.float32, device=out_device)
+        out_of_memory = False
         try:
-            with torch.autocast(self.device.type, enabled=False):  # WanVAE runs without AMP
-                self._decode_into(out, z, grid, chunk_latent_frames, on_chunk)
+            grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tile else None
+            self._decode_into(out, z, grid, chunk_latent_frames, on_chunk)
+            return out
+        except torch.OutOfMemoryError:
+            if tile or not tile_on_oom:
+                raise
+            out_of_memory = True  # retried below, once this frame's tensors are released
         finally:
             self.vae.clear_cache()  # our caches are locals of _decode_into; this resets the module's own
+        if out_of_memory:
+            _log.warning("Cosmos3VAE.decode: out of GPU memory decoding %dx%d untiled; retrying with spatial "
+                         "tiles (slightly different blending at tile seams).", w_lat * self.spatial_scale,
+                         h_lat * self.spatial_scale)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # hand the failed attempt's blocks back (also to cudaMallocAsync's pool)
+            grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride)
+            try:
+                self._decode_into(out, z, grid, chunk_latent_frames, on_chunk)
+            finally:
+                self.vae.clear_cache()
         return out
 
     def _decode_into(self, out: torch.Tensor, z: torch.Tensor, grid: dict | None, chunk: int,
                      on_chunk: OnChunk | None) -> None:
         """The chunk loop: decode, post-process and copy each chunk into ``out``, then report progress."""
+        with torch.autocast(z.device.type, enabled=False):  # WanVAE runs without AMP
+            self._decode_chunks(out, z, grid, chunk, on_chunk)
+
+    def _decode_chunks(self, out: torch.Tensor, z: torch.Tensor, grid: dict | None, chunk: int,
+                       on_chunk: OnChunk | None) -> None:
         t_lat = z.shape[2]
         if grid is None:
             x = self.vae.post_quant_conv(z)  # 1x1x1 conv: whole clip at once, as AutoencoderKLWan._decode

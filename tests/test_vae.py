@@ -157,3 +157,31 @@ def test_normalize_inverts_denormalize_and_matches_pipeline_decode_input(tmp_pat
     raw = vae.denormalize(z)
     assert torch.allclose(raw, z / inv_std + mean, atol=1e-6)
     assert torch.allclose(vae.normalize(raw), z, atol=1e-5)
+
+
+def test_untiled_decode_out_of_memory_retries_tiled(vae, monkeypatch, caplog):
+    """A GPU OOM in the untiled decode is retried with spatial tiles (warned), like ComfyUI's own VAE decode; an
+    OOM in a decode that was already tiled, or with the retry switched off, reaches the caller."""
+    lat = _latents(2, h=5, w=5, seed=3)
+    want = vae.decode(lat, tile=True, tile_sample_size=64, tile_sample_stride=48)
+    real = Cosmos3VAE._decode_chunks
+    calls = []
+
+    def out_of_memory_untiled(self, out, z, grid, chunk, on_chunk):
+        calls.append(grid is not None)
+        if grid is None:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(self, out, z, grid, chunk, on_chunk)
+
+    monkeypatch.setattr(Cosmos3VAE, "_decode_chunks", out_of_memory_untiled)
+    with caplog.at_level("WARNING", logger="cosmos3_core.vae"):
+        got = vae.decode(lat, tile_sample_size=64, tile_sample_stride=48)
+    assert calls == [False, True]
+    assert torch.equal(got, want)
+    assert "retrying with spatial tiles" in caplog.text
+    with pytest.raises(torch.OutOfMemoryError):
+        vae.decode(lat, tile_on_oom=False)
+    monkeypatch.setattr(Cosmos3VAE, "_decode_chunks",
+                        lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")))
+    with pytest.raises(torch.OutOfMemoryError):
+        vae.decode(lat, tile=True)
