@@ -25,21 +25,33 @@ from ..cosmos3_core.pipeline import Cosmos3Pipeline
 from ..cosmos3_core.towers import prefill_memory_required, step_memory_required, tower_module
 
 
-def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
-    """ComfyUI's partial ("lowvram") load leaves a module that does not fit its budget on the offload device; only
-    ``comfy.ops`` layers can then stream their weights per call. The core's other modules — RMSNorm weights,
-    embeddings, the loose modality parameters, a few KB to MB each — cannot, so their own tensors follow the
-    tower to the load device (ComfyUI's unload moves the whole tower back)."""
+def _unstreamable_tensors(patcher: comfy.model_patcher.ModelPatcher):
+    """(module, "parameter" | "buffer", name, tensor) for the tower's tensors that cannot stream and are not on the
+    patcher's load device: those of modules without ``comfy_cast_weights`` (RMSNorm weights, embeddings, the loose
+    modality parameters — a few KB to MB each)."""
     device = patcher.load_device
     for module in patcher.model.modules():
         if hasattr(module, "comfy_cast_weights"):
             continue
         for name, param in module.named_parameters(recurse=False):
             if param.device != device:
-                param.data = param.data.to(device)
+                yield module, "parameter", name, param
         for name, buf in module.named_buffers(recurse=False):
             if buf is not None and buf.device != device:
-                module._buffers[name] = buf.to(device)
+                yield module, "buffer", name, buf
+
+
+def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
+    """ComfyUI's partial ("lowvram") load leaves a module that does not fit its budget on the offload device; only
+    ``comfy.ops`` layers can then stream their weights per call. The core's other modules cannot, so their own
+    tensors follow the tower to the load device (in place: the model and the tower view share the Parameter
+    objects; ComfyUI's unload moves the whole tower back)."""
+    device = patcher.load_device
+    for module, kind, name, tensor in list(_unstreamable_tensors(patcher)):
+        if kind == "parameter":
+            tensor.data = tensor.data.to(device)
+        else:
+            module._buffers[name] = tensor.to(device)
 
 
 @dataclass

@@ -417,3 +417,42 @@ def test_partially_loaded_generation_tower_streams_weights_and_matches(host):
     finally:
         patcher.unpatch_model(patcher.offload_device)
     assert torch.allclose(partial.latents, full.latents, rtol=1e-5, atol=1e-6)
+
+
+def test_partial_load_brings_unstreamable_modules_along(host):
+    """ComfyUI's partial load leaves whatever does not fit on the offload device; only comfy.ops layers can stream
+    from there. The handle picks the rest (norms, embeddings, loose parameters) to follow the tower to the load
+    device. A real ModelPatcher whose load device is "meta" shows the choice on the CPU (the move itself, and the
+    streamed run it enables, were checked on the H200: BENCHMARKS.md "Small GPUs")."""
+    import sys
+
+    import comfy.model_patcher
+    import comfy.ops
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.towers import tower_module
+    from cosmos3_core.transformer import Cosmos3Transformer
+
+    handle_module = sys.modules[type(host.node_class_mappings["Cosmos3Loader"].execute(
+        checkpoint=TINY_NANO, dtype="fp32", device="default").args[0]).__module__]
+    model = Cosmos3Transformer(Cosmos3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                             vocab_size=100, rope_scaling={"mrope_section": [4, 2, 2]}),
+                               linear=comfy.ops.disable_weight_init.Linear)
+    holder = torch.nn.Module()
+    holder.add_module("inner", tower_module(model, "generation"))
+    patcher = comfy.model_patcher.ModelPatcher(holder, load_device=torch.device("meta"),
+                                               offload_device=torch.device("cpu"))
+    chosen = {id(t) for *_, t in handle_module._unstreamable_tensors(patcher)}
+    streamable = unstreamable = 0
+    for module in holder.modules():
+        for param in module.parameters(recurse=False):
+            if hasattr(module, "comfy_cast_weights"):
+                assert id(param) not in chosen, type(module).__name__  # left to ComfyUI (it streams these)
+                streamable += 1
+            else:
+                assert id(param) in chosen, type(module).__name__
+                unstreamable += 1
+    assert streamable >= 14 and unstreamable >= 8, (streamable, unstreamable)
+    assert id(model.norm_moe_gen.weight) in chosen  # the tower view shares the model's own parameters
+    patcher.load_device = torch.device("cpu")  # everything already where it should be: nothing to move
+    assert not list(handle_module._unstreamable_tensors(patcher))
