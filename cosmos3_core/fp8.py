@@ -5,8 +5,9 @@ bias-free linear layer of the generation tower (``add_q/k/v_proj``, ``to_add_out
 copy of its weight with one scale per output channel, and each call quantizes its input with one scale per token,
 then runs ``torch._scaled_mm`` (Hopper FP8 tensor cores, bf16 output). The text tower, norms, the attention core,
 the modality heads and the time embedder stay bf16/fp32 (an 8-bit attention kernel of ours, INT8 scores and FP8
-values in Triton, measured 1.6x *slower* than cuDNN's bf16 attention on the H200 and was dropped: BENCHMARKS.md). Outputs differ from exact mode at FP8 rounding level;
-BENCHMARKS.md reports the quality check (latent cosine, PSNR of decoded frames on the same seed).
+values in Triton, measured 1.6x *slower* than cuDNN's bf16 attention on the H200 and was dropped). Outputs differ
+from exact mode at FP8 rounding level; BENCHMARKS.md reports the quality check (first-step x0 cosine, latent cosine
+and PSNR of decoded frames on the same seed, calibrated against bf16 rounding alone).
 
 ``enable_fp8(model)`` swaps the modules in place (the bf16 originals are kept, so ``disable_fp8`` restores exact
 mode without reloading); it needs a CUDA device with FP8 support (compute capability ≥ 8.9).

@@ -181,29 +181,22 @@ class Cosmos3VAE(torch.nn.Module):
         num_frames = self.num_pixel_frames(t_lat)
         out = torch.empty(num_frames, h_lat * self.spatial_scale, w_lat * self.spatial_scale, 3,
                           dtype=torch.float32, device=out_device)
-        out_of_memory = False
-        try:
-            grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tile else None
-            self._decode_into(out, z, grid, chunk_latent_frames, on_chunk)
-            return out
-        except torch.OutOfMemoryError:
-            if tile or not tile_on_oom:
-                raise
-            out_of_memory = True  # retried below, once this frame's tensors are released
-        finally:
-            self.vae.clear_cache()  # our caches are locals of _decode_into; this resets the module's own
-        if out_of_memory:
+        for tiled in (True,) if tile else (False, True) if tile_on_oom else (False,):
+            grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tiled else None
+            try:
+                self._decode_into(out, z, grid, chunk_latent_frames, on_chunk)
+                return out
+            except torch.OutOfMemoryError:
+                if tiled or not tile_on_oom:
+                    raise
+            finally:
+                self.vae.clear_cache()  # our caches are locals of _decode_into; this resets the module's own
+            # only after an untiled attempt ran out of memory; its tensors are released by now
             _log.warning("Cosmos3VAE.decode: out of GPU memory decoding %dx%d untiled; retrying with spatial "
                          "tiles (slightly different blending at tile seams).", w_lat * self.spatial_scale,
                          h_lat * self.spatial_scale)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # hand the failed attempt's blocks back (also to cudaMallocAsync's pool)
-            grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride)
-            try:
-                self._decode_into(out, z, grid, chunk_latent_frames, on_chunk)
-            finally:
-                self.vae.clear_cache()
-        return out
 
     def _decode_into(self, out: torch.Tensor, z: torch.Tensor, grid: dict | None, chunk: int,
                      on_chunk: OnChunk | None) -> None:
