@@ -54,6 +54,13 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
             module._buffers[name] = tensor.to(device)
 
 
+def _load(patcher: comfy.model_patcher.ModelPatcher, memory_required: int = 0) -> None:
+    """``load_models_gpu`` with room for the work ahead, then whatever of the model cannot stream joins it (the VAE
+    and sound decoder are diffusers modules: if ComfyUI ever loads them partially, all of their layers move)."""
+    mm.load_models_gpu([patcher], memory_required=memory_required)
+    _place_unstreamable(patcher)
+
+
 @dataclass
 class Cosmos3ModelHandle:
     name: str
@@ -101,24 +108,19 @@ class Cosmos3ModelHandle:
 
     # ------------------------------------------------------------------ placement
     def load_text_tower(self, text_length: int) -> None:
-        mm.load_models_gpu(
-            [self.text_patcher], memory_required=prefill_memory_required(self.pipeline.config, text_length, self.dtype)
-        )
-        _place_unstreamable(self.text_patcher)
+        _load(self.text_patcher, prefill_memory_required(self.pipeline.config, text_length, self.dtype))
 
     def load_generation_tower(self, num_tokens: int, text_lengths: list[int]) -> None:
-        needed = step_memory_required(self.pipeline.config, num_tokens, text_lengths, self.dtype)
-        mm.load_models_gpu([self.generation_patcher], memory_required=needed)
-        _place_unstreamable(self.generation_patcher)
+        _load(self.generation_patcher, step_memory_required(self.pipeline.config, num_tokens, text_lengths, self.dtype))
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
 
     def load_vae(self, latent_shape) -> None:
-        mm.load_models_gpu([self.vae_patcher], memory_required=self.pipeline.vae.memory_required(latent_shape))
+        _load(self.vae_patcher, self.pipeline.vae.memory_required(latent_shape))
 
     def load_sound_decoder(self) -> None:
         if self.sound_patcher is not None:
-            mm.load_models_gpu([self.sound_patcher])
+            _load(self.sound_patcher)
 
     def get_reasoner(self):
         """The checkpoint's ``cosmos3_core.reasoner.Cosmos3Reasoner`` over this handle's transformer (no second copy
