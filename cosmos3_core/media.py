@@ -100,69 +100,130 @@ def _stereo48k(audio, sample_rate: int) -> np.ndarray:
 
 
 class _AudioEncoder:
-    """AAC 48 kHz stereo stream fed in 1024-sample frames, so its packets can interleave with the video's."""
+    """AAC 48 kHz stereo stream fed in 1024-sample frames, so its packets can interleave with the video's.
 
-    def __init__(self, container, a: np.ndarray):
-        self.container, self.a, self.pos = container, a, 0
+    Samples arrive in pieces (``push``); ``feed_until`` encodes the whole frames available up to a sample index,
+    ``finish`` the rest (a last partial frame included)."""
+
+    def __init__(self, container):
+        self.container, self.pos = container, 0
+        self.pending = np.zeros((2, 0), np.float32)
         self.stream = container.add_stream("aac", rate=AUDIO_RATE, layout="stereo")
         self.stream.bit_rate = 192_000
 
-    def feed_until(self, end: int) -> None:
+    def push(self, a: np.ndarray) -> None:
+        self.pending = np.concatenate([self.pending, a], axis=1)
+
+    def _encode(self, chunk) -> None:
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(chunk), format="fltp", layout="stereo")
+        frame.sample_rate, frame.pts = AUDIO_RATE, self.pos
+        self.pos += chunk.shape[1]
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+
+    def feed_until(self, end: int, *, final: bool = False) -> None:
         frame_size = self.stream.codec_context.frame_size or 1024
-        end = min(end, self.a.shape[1])
-        while self.pos < end:
-            chunk = np.ascontiguousarray(self.a[:, self.pos:self.pos + frame_size])
-            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
-            frame.sample_rate, frame.pts = AUDIO_RATE, self.pos
-            self.pos += chunk.shape[1]
-            for packet in self.stream.encode(frame):
-                self.container.mux(packet)
+        while self.pos < end and (self.pending.shape[1] >= frame_size or (final and self.pending.shape[1])):
+            n = min(frame_size, self.pending.shape[1])
+            chunk, self.pending = self.pending[:, :n], self.pending[:, n:]
+            self._encode(chunk)
 
     def finish(self) -> None:
-        self.feed_until(self.a.shape[1])
+        self.feed_until(self.pos + self.pending.shape[1], final=True)
         for packet in self.stream.encode(None):
             self.container.mux(packet)
+
+
+class VideoWriter:
+    """An mp4 written while it is produced: ``append(frames, audio=None)`` any number of times, then ``close()``.
+
+    Same encoding as ``write_video`` (which is this writer fed once). Each ``append`` encodes and muxes its frames
+    at once, so memory does not grow with the video's length; ``close`` (also on an exception, via ``with``)
+    flushes the encoders and writes the index, so whatever was appended before a cancel is a playable file.
+    ``audio=True`` declares the AAC track up front (an mp4 cannot add a stream once packets are written); its
+    samples then come with each ``append``.
+    """
+
+    def __init__(self, path, fps, width: int, height: int, *, audio: bool = False, sample_rate: int = AUDIO_RATE,
+                 crf: int = DEFAULT_CRF):
+        self.path = Path(path)
+        if height % 2 or width % 2:
+            raise ValueError(f"write_video: H.264 yuv420p needs even height and width, got {height}x{width}; "
+                             "crop or pad to even sizes (Cosmos3 sizes are multiples of 16).")
+        self.rate = as_fraction(fps)
+        self.width, self.height, self.sample_rate = width, height, sample_rate
+        self.frames_written = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.container = av.open(str(self.path), mode="w")
+            vs = self.container.add_stream("libx264", rate=self.rate)
+            vs.width, vs.height, vs.pix_fmt = width, height, "yuv420p"
+            vs.codec_context.time_base = 1 / self.rate  # one tick per frame: pts = frame index
+            vs.options = {"crf": str(crf), "preset": "medium"}
+            cc = vs.codec_context  # tag what we convert to: BT.709, limited range (HD default of players)
+            cc.colorspace, cc.color_primaries, cc.color_trc, cc.color_range = _BT709, _BT709, _BT709, ColorRange.MPEG
+        except av.FFmpegError as e:
+            raise ValueError(f"write_video: could not write {self.path}: {e}") from e
+        self.stream = vs
+        self.audio = _AudioEncoder(self.container) if audio else None
+
+    def append(self, frames, audio=None) -> None:
+        """Encode ``frames`` ``[F, H, W, 3]`` (float [0, 1] or uint8) and, with an audio track, their samples."""
+        x = _to_numpy(frames, "write_video: frames")
+        if x.ndim != 4 or x.shape[-1] != 3 or x.shape[1:3] != (self.height, self.width):
+            raise ValueError(f"write_video: frames must be [F, {self.height}, {self.width}, 3], got shape "
+                             f"{tuple(x.shape)}.")
+        if audio is not None:
+            if self.audio is None:
+                raise ValueError("write_video: audio given, but the writer was opened without an audio track.")
+            self.audio.push(_stereo48k(audio, self.sample_rate))
+        try:
+            for frame_rgb in x:
+                frame = av.VideoFrame.from_ndarray(_to_uint8(frame_rgb, "write_video"), format="rgb24").reformat(
+                    format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG,
+                    dst_color_trc=_BT709, dst_color_primaries=_BT709)
+                frame.pts = self.frames_written
+                for packet in self.stream.encode(frame):
+                    self.container.mux(packet)
+                self.frames_written += 1
+                if self.audio is not None:  # audio up to the end of this frame
+                    self.audio.feed_until(math.ceil(self.frames_written * AUDIO_RATE / self.rate))
+        except av.FFmpegError as e:
+            raise ValueError(f"write_video: could not write {self.path}: {e}") from e
+
+    def close(self) -> Path:
+        if self.container is None:
+            return self.path
+        try:
+            for packet in self.stream.encode(None):
+                self.container.mux(packet)
+            if self.audio is not None:
+                self.audio.finish()
+        finally:
+            self.container.close()
+            self.container = None
+        return self.path
+
+    def __enter__(self) -> "VideoWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def write_video(path, frames, fps, audio=None, sample_rate: int = AUDIO_RATE, *, crf: int = DEFAULT_CRF) -> Path:
     """Write ``frames`` ``[F, H, W, 3]`` (float [0, 1] or uint8) as H.264 yuv420p at ``fps`` (int, float or
     Fraction), plus an AAC 48 kHz stereo track when ``audio`` ``[C, N]`` is given. Returns the path."""
-    path = Path(path)
     x = _to_numpy(frames, "write_video: frames")
     if x.ndim != 4 or x.shape[-1] != 3 or x.shape[0] < 1:
         raise ValueError(f"write_video: frames must be [F, H, W, 3] with F >= 1, got shape {tuple(x.shape)}.")
-    f, h, w, _ = x.shape
-    if h % 2 or w % 2:
-        raise ValueError(f"write_video: H.264 yuv420p needs even height and width, got {h}x{w}; "
-                         "crop or pad to even sizes (Cosmos3 sizes are multiples of 16).")
-    rate = as_fraction(fps)
-    a = None if audio is None else _stereo48k(audio, sample_rate)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with av.open(str(path), mode="w") as container:
-            vs = container.add_stream("libx264", rate=rate)
-            vs.width, vs.height, vs.pix_fmt = w, h, "yuv420p"
-            vs.codec_context.time_base = 1 / rate  # one tick per frame: pts = frame index
-            vs.options = {"crf": str(crf), "preset": "medium"}
-            cc = vs.codec_context  # tag what we convert to: BT.709, limited range (HD default of players)
-            cc.colorspace, cc.color_primaries, cc.color_trc, cc.color_range = _BT709, _BT709, _BT709, ColorRange.MPEG
-            audio_enc = None if a is None else _AudioEncoder(container, a)
-            for i in range(f):
-                frame = av.VideoFrame.from_ndarray(_to_uint8(x[i], "write_video"), format="rgb24").reformat(
-                    format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG,
-                    dst_color_trc=_BT709, dst_color_primaries=_BT709)
-                frame.pts = i
-                for packet in vs.encode(frame):
-                    container.mux(packet)
-                if audio_enc is not None:  # audio up to the end of this frame
-                    audio_enc.feed_until(math.ceil((i + 1) * AUDIO_RATE / rate))
-            for packet in vs.encode(None):
-                container.mux(packet)
-            if audio_enc is not None:
-                audio_enc.finish()
-    except av.FFmpegError as e:
-        raise ValueError(f"write_video: could not write {path}: {e}") from e
-    return path
+    as_fraction(fps)  # a bad rate fails before the file is created
+    if audio is not None:
+        _stereo48k(audio, sample_rate)  # likewise a bad track
+    with VideoWriter(path, fps, x.shape[2], x.shape[1], audio=audio is not None, sample_rate=sample_rate,
+                     crf=crf) as writer:
+        writer.append(x, audio=audio)
+    return Path(path)
 
 
 def write_png(path, frame) -> Path:
