@@ -5,7 +5,10 @@ Mirrors the packing of diffusers 0.42.1 ``Cosmos3OmniPipeline._prepare_{vision,s
 fixed for a whole generation (it depends on the prompt lengths and the latent shape, never on the step), so it is
 built once, before the first step, and the step itself does no host-side work.
 
-Generation stream of one branch: ``[vision T·ph·pw | sound Ts | action Ta]``. Vision tokens are 2×2 latent
+Generation stream of one branch: ``[prefix n·T·ph·pw | vision T·ph·pw | sound Ts | action Ta]``. The optional
+prefix holds clean vision items packed before the target at the target's own positions (the same mRoPE offset),
+as diffusers' modular ``Cosmos3TransferPackSequenceStep`` packs the control latents ``[ctrl_1 … ctrl_n, target]``;
+prefix tokens get no timestep embedding and no velocity is read from them. Vision tokens are 2×2 latent
 patches in raster (t, h, w) order with features ordered (dy, dx, c), channel fastest; an odd latent height or
 width is zero-padded to the patch size (the padded patches still get ``proj_in``'s bias and the timestep
 embedding, as in the reference, and are cropped from the output).
@@ -44,6 +47,11 @@ class GenLayout:
     cos: torch.Tensor  # [B, N_gen, head_dim] rotary tables, one row per branch
     sin: torch.Tensor
     text_lengths: tuple[int, ...]
+    prefix: torch.Tensor | None = None  # [n, C, T, h, w] clean vision items packed before the target
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 0 if self.prefix is None else self.prefix.shape[0] * self.num_vision_tokens
 
     @property
     def num_branches(self) -> int:
@@ -56,7 +64,7 @@ class GenLayout:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_vision_tokens + self.sound_len + self.action_len
+        return self.num_prefix_tokens + self.num_vision_tokens + self.sound_len + self.action_len
 
 
 def patch_grid(latent_shape: Sequence[int], patch: int) -> tuple[int, int, int]:
@@ -75,10 +83,14 @@ def build_layout(
     action_len: int = 0,
     clean_actions: Sequence[int] = (),
     domain_id: int | None = None,
+    prefix: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> GenLayout:
-    """Build the layout for branches whose prompts have ``text_lengths`` tokens (cond first, then uncond)."""
+    """Build the layout for branches whose prompts have ``text_lengths`` tokens (cond first, then uncond).
+
+    ``prefix`` ``[n, C, T, h, w]``: clean vision items (Transfer's control latents) of the target's latent shape,
+    packed before it at the same positions."""
     if len(text_lengths) not in (1, 2):
         raise ValueError(f"build_layout: 1 or 2 guidance branches are supported, got {len(text_lengths)}.")
     if sound_len and not config.sound_gen:
@@ -92,10 +104,16 @@ def build_layout(
         if not 0 <= idx < t:
             raise ValueError(f"build_layout: clean frame index {idx} is outside the latent's {t} frames.")
         noisy[idx] = False
+    if prefix is not None:
+        if prefix.ndim != 5 or tuple(prefix.shape[2:]) != tuple(int(s) for s in latent_shape):
+            raise ValueError(f"build_layout: prefix items {tuple(prefix.shape)} must be [n, C, "
+                             f"{', '.join(str(int(s)) for s in latent_shape)}] (the target's latent shape).")
+        prefix = prefix.to(device)
+    items = 1 + (0 if prefix is None else prefix.shape[0])
     positions = []
     for length in text_lengths:
         offset = generation_offset(int(length), config)
-        parts = [vision_position_ids(grid, offset, fps, config)]
+        parts = [vision_position_ids(grid, offset, fps, config)] * items
         if sound_len:
             parts.append(sound_position_ids(sound_len, offset, config))
         if action_len:
@@ -118,6 +136,7 @@ def build_layout(
         cos=cos,
         sin=sin,
         text_lengths=tuple(int(n) for n in text_lengths),
+        prefix=prefix,
     )
 
 

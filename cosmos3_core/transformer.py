@@ -150,6 +150,9 @@ class Cosmos3Transformer(nn.Module):
         vision = vision.view(t, ph * pw, -1)
         vision = torch.where(layout.noisy_frames.view(t, 1, 1), vision + t_emb, vision).view(t * ph * pw, -1)
         parts = [vision]
+        if layout.prefix is not None:  # clean items at the target's positions: no timestep embedding
+            parts.insert(0, torch.cat([self.proj_in(patchify(item.to(dtype), cfg.latent_patch_size))
+                                       for item in layout.prefix]))
         if layout.sound_len:
             if sound is None:
                 raise ValueError("denoise_step: the layout has a sound stream but no sound latent was given.")
@@ -199,6 +202,7 @@ class Cosmos3Transformer(nn.Module):
 
     def _heads(self, x: torch.Tensor, layout: GenLayout) -> StepOutput:
         cfg = self.config
+        x = x[:, layout.num_prefix_tokens:]  # velocities are read from the target only
         nv = layout.num_vision_tokens
         vision = unpatchify(self.proj_out(x[:, :nv]), layout, cfg.latent_channel, cfg.latent_patch_size)
         vision = vision.masked_fill(~layout.noisy_frames.view(1, 1, -1, 1, 1), 0.0)

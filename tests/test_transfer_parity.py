@@ -1,0 +1,111 @@
+"""Transfer (control videos, windowed) == diffusers 0.42.1 modular Cosmos3 Transfer pipeline on one tiny checkpoint.
+
+The reference is ``Cosmos3OmniBlocks`` (modular_pipelines/cosmos) run with ``control_videos``: its chunk loop
+(``Cosmos3TransferChunkDenoiseStep``) is observed from outside — every transformer call's inputs and output through a
+forward hook, every chunk's final latents at ``Cosmos3TransferDecodeChunkStep`` — and its stitched frames are its
+``output_type="np"`` result. fp32 on the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+from diffusers.modular_pipelines.cosmos import Cosmos3OmniBlocks
+from diffusers.modular_pipelines.cosmos import decoders as ref_decoders
+
+from cosmos3_core.layout import build_layout
+from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.tiny import build_tiny_checkpoint
+
+H, W, SEED, SHIFT = 32, 48, 11, 3.0
+PROMPT = "a robot arm picks up a red cup on the table"
+NEGATIVE = "blurry low quality video"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_transfer"), variant="nano", sound=False, seed=5)
+
+
+@pytest.fixture(scope="module")
+def ours(checkpoint):
+    return Cosmos3Pipeline.load(checkpoint, dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    std = Cosmos3OmniPipeline.from_pretrained(checkpoint, enable_safety_checker=False, torch_dtype=torch.float32)
+    pipe = Cosmos3OmniBlocks().init_pipeline()
+    pipe.update_components(**{k: v for k, v in std.components.items() if v is not None})
+    pipe.disable_safety_checker()
+    pipe.scheduler = UniPCMultistepScheduler.from_config(
+        std.scheduler.config, flow_shift=SHIFT, use_karras_sigmas=False
+    )
+    return pipe
+
+
+def control_clip(seed: int, frames: int) -> np.ndarray:
+    """A smooth random clip ``[F, H, W, 3]`` in [0, 1] (ComfyUI IMAGE layout) at the generation size."""
+    rng = np.random.default_rng(seed)
+    base = rng.random((1, H // 8, W // 8, 3), dtype=np.float32)
+    drift = rng.random((frames, 1, 1, 3), dtype=np.float32) * 0.3
+    clip = np.clip(base + drift * np.linspace(0, 1, frames, dtype=np.float32)[:, None, None, None], 0, 1)
+    return np.repeat(np.repeat(clip, 8, axis=1), 8, axis=2)
+
+
+def rel(a, b) -> float:
+    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def run_reference(reference, monkeypatch, controls: dict, **kwargs):
+    """Run the modular Transfer pipeline; return (stitched frames, per-chunk latents, transformer calls)."""
+    chunks, calls = [], []
+    real_decode_chunk = ref_decoders.Cosmos3TransferDecodeChunkStep.__call__
+
+    def recording_decode_chunk(self, components, state):
+        chunks.append(state.get("latents").detach().clone())
+        return real_decode_chunk(self, components, state)
+
+    monkeypatch.setattr(ref_decoders.Cosmos3TransferDecodeChunkStep, "__call__", recording_decode_chunk)
+
+    def hook(_module, _args, kw, out):
+        calls.append(({k: v for k, v in kw.items()}, out[0][-1].detach().clone()))
+
+    handle = reference.transformer.register_forward_hook(hook, with_kwargs=True)
+    try:
+        out = reference(
+            prompt=PROMPT, negative_prompt=NEGATIVE, control_videos=controls, height=H, width=W,
+            generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", output="videos", **kwargs,
+        )
+    finally:
+        handle.remove()
+    return out, chunks, calls
+
+
+def test_packed_control_step_matches_diffusers_forward(ours, reference, monkeypatch):
+    """One transformer pass over [text | ctrl_1 … ctrl_n | target] == diffusers' forward on the sequence its own
+    ``Cosmos3TransferPackSequenceStep`` packed (two controls, a seeded later chunk, with and without controls)."""
+    controls = {"edge": control_clip(1, 9), "depth": control_clip(2, 9)}
+    _, _, calls = run_reference(
+        reference, monkeypatch, controls, num_video_frames_per_chunk=5, num_conditional_frames=1,
+        num_inference_steps=1, guidance_scale=6.0, control_guidance=2.0,
+    )
+    assert len(calls) == 2 * 3  # 2 chunks × (cond_full, cond_no_control, uncond_full)
+    model = ours.transformer
+    seen_prefix = set()
+    for kw, ref_v in calls:
+        items = kw["vision_tokens"]
+        target = items[-1]
+        noisy = kw["vision_noisy_frame_indexes"][-1].tolist()
+        clean = [i for i in range(target.shape[2]) if i not in noisy]
+        prefix = torch.cat(items[:-1]) if len(items) > 1 else None
+        seen_prefix.add((len(items) - 1, tuple(clean)))
+        text = model.prefill(kw["input_ids"].tolist())
+        layout = build_layout(model.config, [text.length], target.shape[2:], 24.0, clean_frames=clean, prefix=prefix)
+        out = model.denoise_step(target, kw["vision_timesteps"][0], [text], layout)
+        assert rel(out.vision[0], ref_v[0]) <= 1e-5
+    assert seen_prefix == {(2, ()), (0, ()), (2, (0,)), (0, (0,))}
