@@ -35,7 +35,7 @@ from .rope import (
 
 @dataclass(frozen=True)
 class GenLayout:
-    """Static description of one generation's token stream for 1 or 2 guidance branches."""
+    """Static description of one generation's token stream for its guidance branches (cond first)."""
 
     latent_shape: tuple[int, int, int]  # (T, h, w) of the video latent
     grid: tuple[int, int, int]  # (T, ph, pw) patch grid
@@ -48,6 +48,12 @@ class GenLayout:
     sin: torch.Tensor
     text_lengths: tuple[int, ...]
     prefix: torch.Tensor | None = None  # [n, C, T, h, w] clean vision items packed before the target
+    prefix_hidden: tuple[bool, ...] = ()  # per branch: True = this branch does not attend to the prefix
+
+    def key_starts(self) -> list[int]:
+        """Per branch, the first own generation token its attention reads (past the prefix when it is hidden)."""
+        hidden = self.prefix_hidden or (False,) * self.num_branches
+        return [self.num_prefix_tokens if h else 0 for h in hidden]
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -84,15 +90,18 @@ def build_layout(
     clean_actions: Sequence[int] = (),
     domain_id: int | None = None,
     prefix: torch.Tensor | None = None,
+    prefix_hidden: Sequence[bool] = (),
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> GenLayout:
     """Build the layout for branches whose prompts have ``text_lengths`` tokens (cond first, then uncond).
 
     ``prefix`` ``[n, C, T, h, w]``: clean vision items (Transfer's control latents) of the target's latent shape,
-    packed before it at the same positions."""
-    if len(text_lengths) not in (1, 2):
-        raise ValueError(f"build_layout: 1 or 2 guidance branches are supported, got {len(text_lengths)}.")
+    packed before it at the same positions. ``prefix_hidden[j]`` hides the prefix from branch ``j``'s attention:
+    its target tokens then see only the text and the target, exactly a pass without the prefix (Transfer's
+    no-control branch) while all branches still run as one batch (the prefix tokens' own outputs are unused)."""
+    if len(text_lengths) < 1:
+        raise ValueError("build_layout: at least one guidance branch is needed.")
     if sound_len and not config.sound_gen:
         raise ValueError("build_layout: this checkpoint has no sound head (sound_gen is false); generate without sound.")
     if action_len and not config.action_gen:
@@ -109,6 +118,8 @@ def build_layout(
             raise ValueError(f"build_layout: prefix items {tuple(prefix.shape)} must be [n, C, "
                              f"{', '.join(str(int(s)) for s in latent_shape)}] (the target's latent shape).")
         prefix = prefix.to(device)
+    if prefix_hidden and (prefix is None or len(prefix_hidden) != len(text_lengths)):
+        raise ValueError(f"build_layout: prefix_hidden {tuple(prefix_hidden)} needs a prefix and one flag per branch.")
     items = 1 + (0 if prefix is None else prefix.shape[0])
     positions = []
     for length in text_lengths:
@@ -137,6 +148,7 @@ def build_layout(
         sin=sin,
         text_lengths=tuple(int(n) for n in text_lengths),
         prefix=prefix,
+        prefix_hidden=tuple(bool(h) for h in prefix_hidden),
     )
 
 
@@ -168,4 +180,5 @@ def select_branch(layout: GenLayout, index: int) -> GenLayout:
         cos=layout.cos[index : index + 1],
         sin=layout.sin[index : index + 1],
         text_lengths=(layout.text_lengths[index],),
+        prefix_hidden=layout.prefix_hidden[index : index + 1],
     )

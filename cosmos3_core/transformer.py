@@ -1,5 +1,5 @@
 """The Cosmos3 Mixture-of-Transformers, run as two entry points: ``prefill`` (text tower, once per prompt) and
-``denoise_step`` (generation tower, once per step, for 1 or 2 guidance branches in one batch).
+``denoise_step`` (generation tower, once per step, for all guidance branches in one batch).
 
 Mirrors diffusers 0.42.1 ``Cosmos3OmniTransformer.forward`` (models/transformers/transformer_cosmos3.py). That
 forward packs ``[text | vision | sound | action]`` into one sequence and runs both towers every step; here the
@@ -186,8 +186,10 @@ class Cosmos3Transformer(nn.Module):
         x = self._embed_generation_tokens(latents, timestep, layout, sound, action)
         x = x.unsqueeze(0).expand(b, -1, -1)  # [B, N, D]: branches differ only through their text K/V and RoPE
         layer_fn = self._compiled_layer or generation_layer
+        starts = layout.key_starts()
         for i, layer in enumerate(self.layers):
-            x = layer_fn(layer, x, layout.cos, layout.sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text])
+            x = layer_fn(layer, x, layout.cos, layout.sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text],
+                         starts)
         x = self.norm_moe_gen(x)
         return self._heads(x, layout)
 
@@ -222,8 +224,10 @@ def generation_layer(
     sin: torch.Tensor,
     text_keys: list[torch.Tensor],
     text_values: list[torch.Tensor],
+    key_starts: list[int] | None = None,
 ) -> torch.Tensor:
-    """One generation-tower layer over ``x`` ``[B, N, D]``; branch ``j`` attends to ``[text_keys[j] | its own K]``."""
+    """One generation-tower layer over ``x`` ``[B, N, D]``; branch ``j`` attends to ``[text_keys[j] | its own K]``
+    (its own keys from ``key_starts[j]`` on: past a prefix hidden from it)."""
     attn = layer.self_attn
     b, n, _ = x.shape
     y = layer.input_layernorm_moe_gen(x)
@@ -235,8 +239,9 @@ def generation_layer(
     v = v.transpose(1, 2)
     outs = []
     for j in range(b):  # each branch attends to its own prompt's K/V only
-        keys = torch.cat([text_keys[j], k[j]], dim=1)[None]  # [1, KV, L_j + N, hd]
-        vals = torch.cat([text_values[j], v[j]], dim=1)[None]
+        s = key_starts[j] if key_starts else 0
+        keys = torch.cat([text_keys[j], k[j, :, s:]], dim=1)[None]  # [1, KV, L_j + N − s, hd]
+        vals = torch.cat([text_values[j], v[j, :, s:]], dim=1)[None]
         outs.append(attention(q[j : j + 1], keys, vals))
     out = torch.cat(outs).transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
     x = x + attn.to_add_out(out)

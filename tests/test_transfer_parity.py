@@ -109,3 +109,30 @@ def test_packed_control_step_matches_diffusers_forward(ours, reference, monkeypa
         out = model.denoise_step(target, kw["vision_timesteps"][0], [text], layout)
         assert rel(out.vision[0], ref_v[0]) <= 1e-5
     assert seen_prefix == {(2, ()), (0, ()), (2, (0,)), (0, (0,))}
+
+
+def test_three_branches_in_one_batch_match_the_three_reference_passes(ours, reference, monkeypatch):
+    """cond_full, cond_no_control and uncond_full as one batched step (the control prefix hidden from the middle
+    branch's attention) == the reference's three separate passes of each step."""
+    controls = {"blur": control_clip(3, 9)}
+    _, _, calls = run_reference(
+        reference, monkeypatch, controls, num_video_frames_per_chunk=5, num_conditional_frames=1,
+        num_inference_steps=2, guidance_scale=4.0, control_guidance=1.5,
+    )
+    assert len(calls) == 2 * 2 * 3
+    model = ours.transformer
+    for start in range(0, len(calls), 3):
+        (full, v_full), (noctrl, v_noctrl), (uncond, v_uncond) = calls[start : start + 3]
+        assert len(full["vision_tokens"]) == len(uncond["vision_tokens"]) == 2 and len(noctrl["vision_tokens"]) == 1
+        target = full["vision_tokens"][-1]
+        noisy = full["vision_noisy_frame_indexes"][-1].tolist()
+        clean = [i for i in range(target.shape[2]) if i not in noisy]
+        cond_kv, uncond_kv = model.prefill(full["input_ids"].tolist()), model.prefill(uncond["input_ids"].tolist())
+        layout = build_layout(
+            model.config, [cond_kv.length, cond_kv.length, uncond_kv.length], target.shape[2:], 24.0,
+            clean_frames=clean, prefix=full["vision_tokens"][0], prefix_hidden=(False, True, False),
+        )
+        out = model.denoise_step(target, full["vision_timesteps"][0], [cond_kv, cond_kv, uncond_kv], layout)
+        for j, ref_v in enumerate((v_full, v_noctrl, v_uncond)):
+            assert rel(out.vision[j], ref_v[0]) <= 1e-5
+        assert rel(v_full, v_noctrl) > 1e-3  # the control really changes the prediction
