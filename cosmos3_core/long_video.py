@@ -40,6 +40,13 @@ from .windows import WindowGeometry, clean_latent_frames, seed_pixels, window_ge
 # progress(window, num_windows, step, steps, x0_preview)
 WindowProgress = Callable[[int, int, int, int, torch.Tensor], None]
 LatentSink = Callable[[int, torch.Tensor], None]
+# prepare(part, need) before each use of a model part: ("text", token count), ("generation", plan),
+# ("vae", latent shape), ("sound", None) — a model manager loads the part there (ComfyUI); default: nothing
+Prepare = Callable[[str, Any], None]
+
+
+def _no_prepare(part: str, need: Any) -> None:
+    return None
 
 
 @dataclass
@@ -132,12 +139,13 @@ def plan_windows(req: LongVideoRequest, who: str = "generate") -> tuple[WindowGe
 class _TextCache:
     """Text K/V per distinct token-id list: the text tower runs once per distinct prompt of the whole video."""
 
-    def __init__(self, pipe):
-        self.pipe, self.cache = pipe, {}
+    def __init__(self, pipe, prepare: Prepare):
+        self.pipe, self.prepare, self.cache = pipe, prepare, {}
 
     def __call__(self, ids: list[int]) -> TextKV:
         key = tuple(ids)
         if key not in self.cache:
+            self.prepare("text", len(ids))
             self.cache[key] = self.pipe._prefill(ids)
         return self.cache[key]
 
@@ -145,7 +153,7 @@ class _TextCache:
 def generate_long(
     pipe, req: LongVideoRequest, sinks: Sequence[Sink] = (), *, progress: WindowProgress | None = None,
     latents_sink: LatentSink | None = None, device: torch.device | str | None = None, who: str = "generate",
-    **decode_kwargs,
+    prepare: Prepare = _no_prepare, **decode_kwargs,
 ) -> LongVideoResult:
     """Generate ``req`` window by window; every window's new frames (and sound) go to ``sinks`` once decoded.
 
@@ -159,7 +167,7 @@ def generate_long(
     prompts = [req.prompt] * geometry.num_windows if isinstance(req.prompt, str) else list(req.prompt)
     if len(prompts) == 1:
         prompts = prompts * geometry.num_windows
-    text_kv = _TextCache(pipe)
+    text_kv = _TextCache(pipe, prepare)
     steps = req.steps or defaults.STEPS_VIDEO
     shift = req.shift if req.shift is not None else defaults.default_shift(req.height, req.width)
     chunk = geometry.chunk_frames
@@ -175,6 +183,7 @@ def generate_long(
 
     for k in range(geometry.num_windows):
         start = time.perf_counter()
+        prepare("vae", latent_shape)
         # clean latents of the window's seed: the previous tail, or the optional image / video for window 0
         if k == 0 and req.image is not None:
             x0 = pipe.vae.encode(preprocess_image(req.image, req.height, req.width).unsqueeze(2))
@@ -212,12 +221,17 @@ def generate_long(
             plan = pipe.plan(text, seed=req.seed, generator=generator, steps=steps, guidance=req.guidance,
                              schedule=req.schedule, shift=shift, sound=req.sound, x0=x0, clean_frames=clean,
                              guidance_interval=req.guidance_interval, device=device, who=who)
+        prepare("generation", plan)
         result = pipe.run(plan, callback=on_step, compile=req.compile)
         timings["denoise"].append(time.perf_counter() - start)
         start = time.perf_counter()
         if latents_sink is not None:
             latents_sink(k, result.latents)
-        waveform = pipe.decode_sound(result.sound, chunk, req.fps) if result.sound is not None else None
+        waveform = None
+        if result.sound is not None:
+            prepare("sound", None)
+            waveform = pipe.decode_sound(result.sound, chunk, req.fps)
+        prepare("vae", latent_shape)
         decoder.commit(k, result.latents, waveform)
         timings["decode"].append(time.perf_counter() - start)
     return LongVideoResult(geometry, decoder.frames_done, timings)

@@ -70,3 +70,11 @@ class FrameCollector:
 
     def waveform(self) -> torch.Tensor | None:
         return torch.cat(self.audio, dim=1) if self.audio else None
+
+
+def preview_image(frames: torch.Tensor):
+    """The last of ``frames`` ``[f, H, W, 3]`` in [0, 1] as a PIL image (a finished window's preview)."""
+    from PIL import Image
+
+    last = frames[-1].float().clamp(0, 1).mul(255).round().to(torch.uint8).cpu().numpy()
+    return Image.fromarray(last)

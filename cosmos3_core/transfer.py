@@ -68,7 +68,7 @@ def prepare_controls(controls: Mapping[str, object], height: int, width: int, *,
         raise ValueError(f"{who}: {arg} key {unknown[0]!r} is not a Cosmos3 Transfer control; use one of "
                          f"{', '.join(CONTROL_KEYS)}.")
     shapes = {}
-    for key in controls:
+    for key in [k for k in CONTROL_KEYS if k in controls]:  # canonical order: messages name the same pair each time
         clip = controls[key]
         shape = tuple(getattr(clip, "shape", ()))
         if len(shape) != 4 or shape[-1] != 3 or shape[0] < 1:

@@ -30,6 +30,9 @@ pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
 MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v")
+# long video (Cosmos3LongVideo writes its own mp4; tests/test_long_video_nodes.py runs these end to end)
+LONG_MODES = ("long_t2v", "transfer")
+ALL_WORKFLOWS = MODES + LONG_MODES
 REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
 PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
                  "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
@@ -189,6 +192,14 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
             inp["image"] = image
         elif ct == "LoadVideo":
             inp["file"] = video
+        elif ct == "Cosmos3LongVideo":  # windows of `frames`; two or more windows (a control clip sets its own)
+            inp.update(width=width, height=height, frames_per_chunk=frames, steps=steps, prompt=inp["prompt"] + prompt_suffix)
+            if inp["num_frames"]:
+                inp["num_frames"] = 2 * frames - 1
+            if seed is not None:
+                inp["seed"] = seed
+            if prefix is not None:
+                inp["filename_prefix"] = prefix
         elif ct in ("SaveImage", "SaveVideo") and prefix is not None:
             inp["filename_prefix"] = prefix
     return g
@@ -352,9 +363,9 @@ def host():
 
 def test_every_mode_ships_a_ui_and_api_pair():
     names = sorted(p.name for p in WORKFLOWS_DIR.glob("*.json"))
-    want = sorted([f"cosmos3_{m}.json" for m in MODES] + [f"cosmos3_{m}.api.json" for m in MODES])
+    want = sorted([f"cosmos3_{m}.json" for m in ALL_WORKFLOWS] + [f"cosmos3_{m}.api.json" for m in ALL_WORKFLOWS])
     assert names == want, "every workflow JSON must be a UI/API pair covered by MODES (add new modes there)"
-    for mode in MODES:
+    for mode in ALL_WORKFLOWS:
         ui, api = load_ui(mode), load_api(mode)
         assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
         assert all(isinstance(k, str) and k.isdigit() and "class_type" in v and "inputs" in v for k, v in api.items())
@@ -363,13 +374,13 @@ def test_every_mode_ships_a_ui_and_api_pair():
         assert len({n["id"] for n in ui["nodes"]}) == len(ui["nodes"]), "duplicate node ids"
         assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
     readme = (WORKFLOWS_DIR / "README.md").read_text()
-    for mode in MODES:
+    for mode in ALL_WORKFLOWS:
         assert f"cosmos3_{mode}.json" in readme
     for mode in REASONER_MODES:
         assert nodes_of(load_api(mode), "Cosmos3Reasoner"), mode
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_ui_and_api_agree(host, mode):
     """(a) Same ids, class types, links and widget values (mapped through the live schemas)."""
     ui, api = load_ui(mode), load_api(mode)
@@ -450,7 +461,7 @@ def test_ui_and_api_agree(host, mode):
             assert name in widget_names or (str(nid), name) in api_links, f"API {nid}.{name} has no UI counterpart"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_nodes_and_inputs_exist_in_host(host, mode):
     """(b) Node types, input names, required inputs, combo options, ranges and link types vs the live host."""
     api = load_api(mode)
@@ -537,7 +548,7 @@ def test_shipped_real_use_defaults(mode):
             (["example.mp4"] if mode == "v2v" else ["example.png"])
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_api_validates_in_host(host, mode):
     """(c) ``execution.validate_prompt`` accepts the graphs with the tiny checkpoint and test inputs."""
     api = load_api(mode)
@@ -550,7 +561,7 @@ def test_api_validates_in_host(host, mode):
     for graph in (as_shipped, shrink_api(api)):
         ok, err, outputs, node_errors = host.validate(graph)
         assert ok, f"{mode}: {json.dumps(err, indent=1)}\n{json.dumps(node_errors, indent=1, default=str)}"
-        saves = nodes_of(graph, "SaveImage") + nodes_of(graph, "SaveVideo")
+        saves = nodes_of(graph, "SaveImage") + nodes_of(graph, "SaveVideo") + nodes_of(graph, "Cosmos3LongVideo")
         previews = [nid for p in PREVIEW_NODES for nid in nodes_of(graph, p)]
         assert sorted(outputs) == sorted(saves + previews)
         assert len(previews) == (1 if mode in REASONER_MODES else 0), previews

@@ -1,0 +1,151 @@
+"""Cosmos3LongVideo: a video past one clip — windowed text/image-to-video, or Transfer from control videos —
+written to an mp4 in ComfyUI's output folder while it is generated.
+
+Glue only: ``cosmos3_core.long_video.generate_long`` decides and runs every window; this node places the model
+parts through the handle (ComfyUI model management), streams each finished window into the mp4, shows it as a
+preview, reports progress per window and step (the cancel point: a cancel leaves a playable mp4 of the finished
+windows) and returns the file as a VIDEO (what SaveVideo and the other video nodes take) instead of a giant IMAGE
+batch (60 s of 720p would be ~16 GB of float32 frames on the host).
+"""
+
+from __future__ import annotations
+
+import os
+
+import comfy.model_management as mm
+import comfy.utils
+import folder_paths
+from comfy_api.latest import InputImpl, io, ui
+
+from ..cosmos3_core import defaults
+from ..cosmos3_core.long_video import LongVideoRequest, generate_long
+from ..cosmos3_core.media import VideoWriter
+from ..cosmos3_core.stream_decode import preview_image
+from ..cosmos3_core.transfer import CONTROL_KEYS
+from .preview import make_previewer
+from .types import CATEGORY, Cosmos3Model
+
+NODE = "Cosmos3LongVideo"
+PROMPT_SEPARATOR = "---"
+
+
+class Cosmos3LongVideo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        controls = [io.Image.Input(key, optional=True, tooltip=f"Transfer: a {key} control video (IMAGE batch, e.g. "
+                                   "from ComfyUI's preprocessors); all controls must have the same frames and size.")
+                    for key in CONTROL_KEYS]
+        return io.Schema(
+            node_id=NODE,
+            display_name="Cosmos3 Long Video (windows → mp4)",
+            category=CATEGORY,
+            description="Generates a video of any length as overlapping windows, each seeded by the previous "
+                        "window's last frames, and writes it to an mp4 while it runs. With control videos connected "
+                        "it is Cosmos3 Transfer (steered by edge/blur/depth/seg/wsm maps).",
+            inputs=[
+                Cosmos3Model.Input("model"),
+                io.String.Input("prompt", multiline=True, default="",
+                                tooltip=f"What to generate. One prompt for the whole video, or one per window "
+                                        f"separated by lines holding only {PROMPT_SEPARATOR}."),
+                io.String.Input("negative_prompt", multiline=True, default="",
+                                tooltip="Empty: the checkpoint's negative prompt (text/image-to-video) or none "
+                                        "(Transfer, as the reference)."),
+                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16),
+                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16),
+                io.Int.Input("num_frames", default=defaults.LONG_NUM_FRAMES, min=0, max=defaults.MAX_LONG_FRAMES,
+                             step=4, tooltip="Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: a cap "
+                                             "on their length (0 = all of it)."),
+                io.Int.Input("frames_per_chunk", default=defaults.NUM_FRAMES, min=5, max=defaults.MAX_FRAMES, step=4,
+                             tooltip="Frames generated per window, 4k+1 (one Cosmos3 clip: up to 189)."),
+                io.Int.Input("conditional_frames", default=-1, min=-1, max=defaults.MAX_FRAMES,
+                             tooltip=f"Frames each window takes from the previous window's end (-1: "
+                                     f"{defaults.LONG_CONDITIONAL_FRAMES} for text/image-to-video, "
+                                     f"{defaults.TRANSFER_CONDITIONAL_FRAMES} for Transfer)."),
+                io.Float.Input("fps", default=defaults.FPS, min=1.0, max=120.0, step=0.5),
+                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True),
+                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS),
+                io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
+                               round=0.01),
+                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE),
+                io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
+                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
+                io.Boolean.Input("sound", default=False,
+                                 tooltip="Each window also generates its own sound track (Nano/Super; not with "
+                                         "control videos). Tracks are cut at the window seams."),
+                io.Float.Input("control_guidance", default=defaults.CONTROL_GUIDANCE, min=0.0,
+                               max=defaults.MAX_GUIDANCE, step=0.1, round=0.01,
+                               tooltip="Transfer: strength of the controls (1 = as given; other values add a pass "
+                                       "without them and extrapolate)."),
+                io.String.Input("filename_prefix", default="cosmos3/long_video"),
+                io.Image.Input("image", optional=True, tooltip="Image-to-video: the first window starts from it."),
+                io.Image.Input("video", optional=True,
+                               tooltip="Its first conditional_frames frames seed the first window."),
+                *controls,
+            ],
+            outputs=[io.Video.Output(display_name="video")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, model, prompt: str, negative_prompt: str, width: int, height: int, num_frames: int,
+                frames_per_chunk: int, conditional_frames: int, fps: float, seed: int, steps: int, cfg: float,
+                schedule: str, shift: float, sound: bool, control_guidance: float, filename_prefix: str,
+                image=None, video=None, **control_inputs) -> io.NodeOutput:
+        controls = {k: v for k, v in control_inputs.items() if k in CONTROL_KEYS and v is not None} or None
+        prompts = [p.strip() for p in prompt.split(f"\n{PROMPT_SEPARATOR}\n")]
+        if num_frames == 0 and controls is None:
+            raise ValueError(f"{NODE}: num_frames=0 means 'the control videos' length', but no control video is "
+                             "connected; set num_frames (4k+1, e.g. 721 for 30 s at 24 fps).")
+        if not all(prompts):
+            raise ValueError(f"{NODE}: prompt is empty (or one window's prompt between {PROMPT_SEPARATOR} lines is); "
+                             "describe what to generate.")
+        if sound and controls is not None:
+            raise ValueError(f"{NODE}: sound=true with control videos: Transfer generates no sound; set sound to "
+                             "false or disconnect the controls.")
+        request = LongVideoRequest(
+            prompt=prompts[0] if len(prompts) == 1 else prompts,
+            negative_prompt=negative_prompt if negative_prompt.strip() else None,
+            num_frames=num_frames or None, frames_per_chunk=frames_per_chunk,
+            conditional_frames=None if conditional_frames < 0 else conditional_frames, height=height, width=width,
+            fps=fps, steps=steps, guidance=cfg, seed=seed, schedule=schedule, shift=shift or None, sound=sound,
+            image=None if image is None else image[0], video=video, controls=controls,
+            control_guidance=control_guidance,
+        )
+        pipe = model.pipeline
+        if sound and not pipe.supports_sound:
+            raise ValueError(f"{NODE}: sound=true but checkpoint {model.name!r} has no sound_tokenizer/ (Edge has no "
+                             "sound head); set sound to false or load a Nano/Super checkpoint.")
+
+        def prepare(part: str, need) -> None:
+            if part == "text":
+                model.load_text_tower(text_length=need)
+            elif part == "generation":
+                model.load_generation_tower(need.memory_required)
+            elif part == "vae":
+                model.load_vae(need)
+            elif part == "sound":
+                model.load_sound_decoder()
+
+        bar = comfy.utils.ProgressBar(1)
+        latent_preview = make_previewer(model)
+
+        def progress(k: int, windows: int, step: int, total: int, x0) -> None:
+            mm.throw_exception_if_processing_interrupted()
+            bar.update_absolute(k * total + step, windows * total, latent_preview(x0) if latent_preview else None)
+
+        folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(
+            filename_prefix, folder_paths.get_output_directory(), width, height)
+        file = f"{filename}_{counter:05}_.mp4"
+        path = os.path.join(folder, file)
+        with VideoWriter(path, fps, width, height, audio=sound) as writer:  # closed (playable) on a cancel too
+            generate_long(pipe, request, [writer.append, _window_preview(bar)], progress=progress,
+                          device=model.generation_device, who=NODE, prepare=prepare)
+        return io.NodeOutput(InputImpl.VideoFromFile(path),
+                             ui=ui.PreviewVideo([ui.SavedResult(file, subfolder, io.FolderType.output)]))
+
+
+def _window_preview(bar):
+    """A sink showing each finished window's last frame on the node's progress bar."""
+    def sink(frames, _audio) -> None:
+        bar.update_absolute(bar.current, bar.total, ("JPEG", preview_image(frames), 512))
+    return sink
