@@ -60,3 +60,12 @@ def latent_frames(num_frames: int) -> int:
 def pixel_frames(num_latent_frames: int) -> int:
     """Pixel frames that ``num_latent_frames`` latents decode to (inverse of ``latent_frames``)."""
     return 1 + VAE_TEMPORAL_STRIDE * (num_latent_frames - 1) if num_latent_frames > 0 else 0
+
+
+# ---------------------------------------------------------------------------------------------- long video
+# Windowed generation (long_video.py) and Transfer (transfer.py): the modular Transfer pipeline's defaults.
+LONG_NUM_FRAMES = 721  # 30 s at 24 fps (the long-video node's default length)
+MAX_LONG_FRAMES = 24 * 60 * 10 + 1  # 10 minutes at 24 fps
+TRANSFER_CONDITIONAL_FRAMES = 1  # num_conditional_frames of the modular Transfer pipeline
+LONG_CONDITIONAL_FRAMES = 5  # windowed T2V/I2V: 2 clean latent frames, as the reference's V2V default (0, 1)
+CONTROL_GUIDANCE = 1.0  # control_guidance of the modular Transfer pipeline (1: no no-control branch)

@@ -211,7 +211,7 @@ def generate_long(
                 guidance_interval=req.guidance_interval, control_guidance_interval=req.control_guidance_interval,
                 device=device, dtype=pipe.transformer.dtype,
             )
-            pipe._check_memory(plan, who)
+            pipe._check_memory(plan.memory_required, plan.num_tokens, plan.device, who)
         else:
             ids = pipe.tokenize(prompts[k], req.negative_prompt, num_frames=chunk, height=req.height, width=req.width,
                                 fps=req.fps, use_system_prompt=req.use_system_prompt)

@@ -251,6 +251,7 @@ class Cosmos3Pipeline:
         text: TextConditioning,
         *,
         seed: int = defaults.SEED,
+        generator: torch.Generator | None = None,
         steps: int | None = None,
         guidance: float = defaults.GUIDANCE,
         schedule: str = defaults.SCHEDULE,
@@ -266,7 +267,8 @@ class Cosmos3Pipeline:
         """Decide the whole run (plan.py) after checking every argument; nothing is computed on the model yet.
 
         ``device``: where the run's latents live (default: where the generation tower runs now); a caller that moves
-        the tower afterwards (ComfyUI's model management) passes the device it will run on.
+        the tower afterwards (ComfyUI's model management) passes the device it will run on. ``generator``: draw the
+        noise from it instead of a fresh generator seeded with ``seed`` (a long video's windows share one).
         """
         check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
                        guidance_interval=guidance_interval, batch_size=1, who=who)
@@ -301,7 +303,7 @@ class Cosmos3Pipeline:
         )
         return make_plan(
             self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps, seed=seed,
-            guidance=float(guidance), vision_stepper=SchedulerStepper(scheduler), x0=x0, clean_frames=clean_frames,
+            generator=generator, guidance=float(guidance), vision_stepper=SchedulerStepper(scheduler), x0=x0, clean_frames=clean_frames,
             sound_len=sound_len, action=action, guidance_interval=guidance_interval, device=device,
             dtype=self.transformer.dtype, who=who,
         )

@@ -163,9 +163,11 @@ def generation_tokens(config: Cosmos3Config, latent_shape: Sequence[int], sound_
     return t * ph * pw + sound_len + action_len
 
 
-def initial_noise(seed: int, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Seeded fp32 noise drawn in the given order from one CPU generator — device independent."""
-    generator = torch.Generator("cpu").manual_seed(int(seed))
+def initial_noise(seed: int, shapes: Sequence[Sequence[int]], generator: torch.Generator | None = None
+                  ) -> list[torch.Tensor]:
+    """Seeded fp32 noise drawn in the given order from one CPU generator — device independent. ``generator``: draw
+    from this (already seeded) one instead, e.g. a long video's, whose windows draw their noise one after another."""
+    generator = generator if generator is not None else torch.Generator("cpu").manual_seed(int(seed))
     return [torch.randn(tuple(shape), generator=generator, dtype=torch.float32) for shape in shapes]
 
 
@@ -179,6 +181,7 @@ def make_plan(
     seed: int,
     guidance: float,
     vision_stepper: SchedulerStepper,
+    generator: torch.Generator | None = None,
     x0: torch.Tensor | None = None,
     clean_frames: Sequence[int] = (),
     sound_len: int = 0,
@@ -216,7 +219,7 @@ def make_plan(
         shapes.append((1, config.sound_dim, sound_len))
     if action is not None:
         shapes.append((1, *action.values.shape))
-    noise = initial_noise(seed, shapes)
+    noise = initial_noise(seed, shapes, generator)
     mask = torch.zeros(t_lat, 1, 1)
     mask[clean_frames] = 1.0
     clean = torch.zeros(latent_shape)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-VAE_TEMPORAL_STRIDE = 4  # TODO(merge): defaults.VAE_TEMPORAL_STRIDE once the Plan commit is on main
+from .defaults import VAE_TEMPORAL_STRIDE
 
 
 @dataclass(frozen=True)
