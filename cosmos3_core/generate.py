@@ -1,6 +1,7 @@
 """Command-line generation: ``python -m cosmos3_core.generate --checkpoint DIR --prompt TEXT --out FILE.mp4``.
 
-Text/image/video to video (with sound on Nano/Super) or, with ``--num-frames 1``, to a PNG. Prints the stage
+Text/image/video to video (with sound on Nano/Super) or, with ``--num-frames 1``, to a PNG. With ``--control`` (Transfer)
+or ``--frames-per-chunk`` the video is generated in windows and streamed to the mp4 (long_video_cli.py). Prints the stage
 timings ``model_load, preprocess, inference, to_cpu, encode`` as the PhyAI generation script does (inference =
 denoising loop + VAE/audio decode; encode = writing the file). A user mistake exits with one ``error:`` line and
 status 2, never a traceback.
@@ -15,17 +16,19 @@ from pathlib import Path
 
 import torch
 
-from . import defaults
+from . import defaults, long_video_cli
 from .config import DTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m cosmos3_core.generate", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="local Cosmos3 checkpoint folder (Hub layout)")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, action="append",
+                   help="what to generate; with windows it may be given once per window (in order)")
     p.add_argument("--out", required=True, help="output .mp4 (video) or .png (with --num-frames 1)")
     p.add_argument("--negative-prompt", default=None, help="default: the checkpoint's assets/negative_prompt.json")
-    p.add_argument("--num-frames", type=int, default=defaults.NUM_FRAMES)
+    p.add_argument("--num-frames", type=int, default=None,
+                   help=f"default {defaults.NUM_FRAMES}; with --control: the control videos' length (this caps it)")
     p.add_argument("--height", type=int, default=defaults.HEIGHT)
     p.add_argument("--width", type=int, default=defaults.WIDTH)
     p.add_argument("--fps", type=float, default=defaults.FPS)
@@ -45,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
+    long_video_cli.add_arguments(p)
     return p
 
 
@@ -52,7 +56,7 @@ def _request(args: argparse.Namespace, image=None, video=None):
     from .pipeline import GenerationRequest
 
     return GenerationRequest(
-        prompt=args.prompt, negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
+        prompt=args.prompt[0], negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
         width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
         schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
         compile=args.compile, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
@@ -60,6 +64,14 @@ def _request(args: argparse.Namespace, image=None, video=None):
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    if len(args.prompt) > 1:
+        raise ValueError(f"--prompt is given {len(args.prompt)} times; one prompt per window needs windows "
+                         "(--frames-per-chunk N); otherwise give --prompt once.")
+    if args.conditional_frames is not None:
+        raise ValueError("--conditional-frames applies to windows only; add --frames-per-chunk N (or --control for "
+                         "Transfer), or drop it.")
+    if args.control_guidance != defaults.CONTROL_GUIDANCE:
+        raise ValueError("--control-guidance applies to Transfer only; add --control KEY=FILE, or drop it.")
     _request(args, image=args.image, video=args.video).check("generate")  # every request check, before any load
     ckpt = check_common_args(args)
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
@@ -88,6 +100,11 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     from . import media
     from .pipeline import Cosmos3Pipeline
 
+    args.num_frames_given = args.num_frames is not None
+    if args.num_frames is None:
+        args.num_frames = defaults.NUM_FRAMES
+    if long_video_cli.wants_windows(args):
+        return long_video_cli.run_windows(args, check_common_args)
     _check_args(args)
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -119,6 +136,11 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         if out.sound_latent is not None:
             tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
         save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
+    if args.frames_out:
+        from safetensors.torch import save_file
+
+        save_file({"frames": out.frames.float().cpu().contiguous()}, args.frames_out,
+                  metadata={"format": "frames [F,H,W,3] float in [0,1]", "fps": str(args.fps)})
     timings["encode"] = time.perf_counter() - start
     return timings
 

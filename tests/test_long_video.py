@@ -28,9 +28,13 @@ COMMON = dict(height=H, width=W, steps=2, seed=SEED, frames_per_chunk=CHUNK, shi
 
 
 @pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
-    path = build_tiny_checkpoint(tmp_path_factory.mktemp("nano_long"), variant="nano", sound=True, seed=9)
-    return Cosmos3Pipeline.load(path, dtype=torch.float32, device="cpu")
+def checkpoint(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_long"), variant="nano", sound=True, seed=9)
+
+
+@pytest.fixture(scope="module")
+def pipe(checkpoint):
+    return Cosmos3Pipeline.load(checkpoint, dtype=torch.float32, device="cpu")
 
 
 def rel(a, b) -> float:
@@ -136,3 +140,31 @@ def test_streamed_mp4_holds_the_stitched_frames_and_cancel_keeps_finished_window
 def test_bad_input_names_the_argument_value_and_fix(pipe, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         run(pipe, **(dict(prompt=PROMPT) | kwargs))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--control", "canny={clip}"], "--control 'canny={clip}': 'canny' is not a Cosmos3 Transfer control"),
+    (["--control", "edge={clip}", "--control", "depth={short}"], "control depth has 5 frames but control edge has 9"),
+    (["--frames-per-chunk", "9", "--num-frames", "21", "--prompt", "b"], "2 prompts were given for 4 windows"),
+    (["--frames-per-chunk", "9", "--num-frames", "21", "--conditional-frames", "9"],
+     "conditional_frames=9 must be smaller than frames_per_chunk=9"),
+    (["--conditional-frames", "3"], "--conditional-frames applies to windows only"),
+])
+def test_cli_bad_input_is_one_error_line(checkpoint, tmp_path, args, message):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    clip = media.write_video(tmp_path / "c.mp4", np.zeros((9, H, W, 3), np.float32), 24.0)
+    short = media.write_video(tmp_path / "s.mp4", np.zeros((5, H, W, 3), np.float32), 24.0)
+    args = [a.format(clip=clip, short=short) for a in args]
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "cosmos3_core.generate", "--checkpoint", str(checkpoint), "--prompt",
+                        "a", "--out", str(tmp_path / "o.mp4"), "--device", "cpu", "--height", str(H), "--width",
+                        str(W), *args], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert message.format(clip=clip) in lines[0], lines[0]
