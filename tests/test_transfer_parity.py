@@ -209,4 +209,5 @@ def test_cli_transfer_latents_and_frames_out_match_modular_pipeline(checkpoint, 
     assert rel(stitched, ref_frames) <= 1e-4
     written, _ = media.read_video(out)
     assert written.shape == (11, H, W, 3)
-    assert np.abs(written - stitched.numpy()).mean() < 0.03  # H.264 of the same frames
+    same = media.read_video(media.write_video(tmp_path / "same.mp4", stitched, 24.0))[0]
+    assert np.array_equal(written, same)  # the streamed mp4 is the stitched frames through the same encoder
