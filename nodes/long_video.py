@@ -99,6 +99,9 @@ class Cosmos3LongVideo(io.ComfyNode):
         if not all(prompts):
             raise ValueError(f"{NODE}: prompt is empty (or one window's prompt between {PROMPT_SEPARATOR} lines is); "
                              "describe what to generate.")
+        if image is not None and image.shape[0] != 1:
+            raise ValueError(f"{NODE}: image holds {image.shape[0]} frames; connect one image for image-to-video "
+                             "(or connect the frames to `video`, whose first frames then seed the first window).")
         if sound and controls is not None:
             raise ValueError(f"{NODE}: sound=true with control videos: Transfer generates no sound; set sound to "
                              "false or disconnect the controls.")
