@@ -79,7 +79,10 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
             print(f"{name}: window {k + 1}/{n}", flush=True)
 
     path = out_dir / f"{name}.mp4"
-    request = LongVideoRequest(prompt="a red robot walks down a busy city street at night, the camera follows",
+    prompt = "a red robot walks down a busy city street at night while the camera follows"
+    if device == "cuda":  # ≈1,500 tokens, like a JSON-upsampled prompt (bench_generation's)
+        from bench_generation import LONG_PROMPT as prompt
+    request = LongVideoRequest(prompt=prompt,
                                num_frames=total, frames_per_chunk=chunk, height=h, width=w, steps=steps,
                                seed=0, sound=sound)
     with VideoWriter(path, 24.0, w, h, audio=sound) as writer:
