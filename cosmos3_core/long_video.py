@@ -230,7 +230,7 @@ def generate_long(
         waveform = None
         if result.sound is not None:
             prepare("sound", None)
-            waveform = pipe.decode_sound(result.sound, chunk, req.fps)
+            waveform = pipe.decode_sound(result.sound[0], chunk, req.fps)  # [1, 64, Ts]: one item
         prepare("vae", latent_shape)
         decoder.commit(k, result.latents, waveform)
         timings["decode"].append(time.perf_counter() - start)
