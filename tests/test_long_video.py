@@ -42,6 +42,16 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def same_encoding(decoded, reference, frames) -> bool:
+    """``decoded`` holds ``frames`` as well as ``reference`` (the same frames through ``write_video``) does: equal
+    files when x264 is deterministic; under heavy CPU load its frame threads may choose differently, so the check
+    is the error against the float frames, not the bytes."""
+    frames = np.asarray(frames)
+    return decoded.shape == reference.shape and (
+        np.array_equal(decoded, reference)
+        or np.abs(decoded - frames).mean() <= 1.25 * np.abs(reference - frames).mean())
+
+
 def run(pipe, **kwargs):
     collector, latents = FrameCollector(), []
     result = generate_long(pipe, LongVideoRequest(**(COMMON | kwargs)), [collector],
@@ -65,16 +75,17 @@ def test_window_one_equals_single_clip_and_later_windows_are_seeded_by_the_tail(
     single = pipe.generate(GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=CHUNK, height=H,
                                              width=W, steps=2, seed=SEED, shift=3.0, image=image))
     assert result.geometry.num_windows == len(latents) == 4
-    assert torch.equal(latents[0], single.latents)
+    # the same computation (bit-identical when run alone; MKL may pick other thread counts on a busy machine)
+    assert rel(latents[0], single.latents) <= 1e-6
     frames = collector.frames()
     assert frames.shape == (21, H, W, 3) and result.frames_written == 21
-    assert torch.equal(frames[:CHUNK], single.frames)
+    assert rel(frames[:CHUNK], single.frames) <= 1e-6
     for k in range(1, 4):  # clean latents 0, 1 of window k = encode(last 5 decoded frames of window k-1)
         tail = pipe.vae.decode(latents[k - 1])[-5:] * 2 - 1
         seed = pipe.vae.encode(tail.permute(3, 0, 1, 2).unsqueeze(0))
         assert rel(latents[k][:, :, :2], seed[:, :, :2]) <= 1e-5
         assert rel(latents[k][:, :, 2:], latents[k - 1][:, :, 2:]) > 1e-2  # new content after the seed
-        assert torch.equal(frames[CHUNK + 4 * (k - 1): CHUNK + 4 * k], pipe.vae.decode(latents[k])[5:])
+        assert rel(frames[CHUNK + 4 * (k - 1): CHUNK + 4 * k], pipe.vae.decode(latents[k])[5:]) <= 1e-6
 
 
 def test_text_tower_runs_once_per_distinct_prompt(pipe):
@@ -107,7 +118,7 @@ def test_streamed_mp4_holds_the_stitched_frames_and_cancel_keeps_finished_window
     whole = media.write_video(tmp_path / "whole.mp4", frames, 24.0)
     streamed, _ = media.read_video(path)
     assert streamed.shape == (17, H, W, 3)
-    assert np.array_equal(streamed, media.read_video(whole)[0])  # same bytes into the same encoder
+    assert same_encoding(streamed, media.read_video(whole)[0], frames)
 
     class Cancel(Exception):
         pass
@@ -116,14 +127,16 @@ def test_streamed_mp4_holds_the_stitched_frames_and_cancel_keeps_finished_window
         if k == 1 and step == 1:
             raise Cancel
 
-    cut = tmp_path / "cut.mp4"
+    cut, finished = tmp_path / "cut.mp4", FrameCollector()
     with pytest.raises(Cancel):
         with media.VideoWriter(cut, 24.0, W, H) as writer:
-            generate_long(pipe, request, [writer.append], progress=cancel_in_window_two)
+            generate_long(pipe, request, [writer.append, finished], progress=cancel_in_window_two)
     kept, _ = media.read_video(cut)
-    assert kept.shape[0] == CHUNK  # window 1, playable
-    window_one = media.write_video(tmp_path / "window_one.mp4", frames[:CHUNK], 24.0)
-    assert np.array_equal(kept, media.read_video(window_one)[0])
+    assert kept.shape[0] == CHUNK and finished.frames().shape[0] == CHUNK  # window 1 only, playable
+    window_one = media.write_video(tmp_path / "window_one.mp4", finished.frames(), 24.0)
+    assert same_encoding(kept, media.read_video(window_one)[0], finished.frames())
+    # (a second generation may differ from the first in the last float bits: MKL picks its threads by load)
+    assert rel(finished.frames(), frames[:CHUNK]) <= 1e-5
 
 
 @pytest.mark.parametrize("kwargs, message", [
