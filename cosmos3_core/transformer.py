@@ -21,7 +21,7 @@ Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetens
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, Timeste
 from .layout import GenLayout, patchify, unpatchify
 from .rope import apply_rope, rope_tables, text_position_ids
 from .text_kv import TextKV
+
+if TYPE_CHECKING:
+    from .parallel.ulysses import SequenceParallel
 
 # Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
 SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
@@ -171,20 +174,28 @@ class Cosmos3Transformer(nn.Module):
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
+        sequence_parallel: "SequenceParallel | None" = None,
     ) -> StepOutput:
         """One generation-tower pass for ``len(text)`` branches sharing the same latents.
 
         ``latents`` ``[1, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
         0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[sound_dim, Ts]``; ``action`` ``[Ta, action_dim]``.
+        ``sequence_parallel`` (``parallel/ulysses.py``): the layers run over this rank's share of the tokens and
+        ``text`` holds this rank's share of the K/V heads; the full stream is gathered back before the heads.
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
         b = len(text)
         x = self._embed_generation_tokens(latents, timestep, layout, sound, action)
         x = x.unsqueeze(0).expand(b, -1, -1)  # [B, N, D]: branches differ only through their text K/V and RoPE
+        cos, sin, sp = layout.cos, layout.sin, sequence_parallel
+        if sp is not None:
+            x, cos, sin = sp.shard_tokens(x), sp.shard_tokens(cos), sp.shard_tokens(sin)
         layer_fn = self._compiled_layer or generation_layer
         for i, layer in enumerate(self.layers):
-            x = layer_fn(layer, x, layout.cos, layout.sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text])
+            x = layer_fn(layer, x, cos, sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text], sp)
+        if sp is not None:
+            x = sp.gather_tokens(x, layout.num_tokens)
         x = self.norm_moe_gen(x)
         return self._heads(x, layout)
 
@@ -218,8 +229,12 @@ def generation_layer(
     sin: torch.Tensor,
     text_keys: list[torch.Tensor],
     text_values: list[torch.Tensor],
+    sequence_parallel: "SequenceParallel | None" = None,
 ) -> torch.Tensor:
-    """One generation-tower layer over ``x`` ``[B, N, D]``; branch ``j`` attends to ``[text_keys[j] | its own K]``."""
+    """One generation-tower layer over ``x`` ``[B, N, D]``; branch ``j`` attends to ``[text_keys[j] | its own K]``.
+
+    With ``sequence_parallel`` ``x`` holds this rank's tokens: attention runs on all tokens of this rank's heads
+    (an all-to-all before and after it); everything else is per token."""
     attn = layer.self_attn
     b, n, _ = x.shape
     y = layer.input_layernorm_moe_gen(x)
@@ -229,11 +244,16 @@ def generation_layer(
     q = apply_rope(q, cos, sin).transpose(1, 2)  # [B, H, N, hd]
     k = apply_rope(k, cos, sin).transpose(1, 2)  # [B, KV, N, hd]
     v = v.transpose(1, 2)
+    if sequence_parallel is not None:
+        q, k, v = sequence_parallel.to_heads(q, k, v)  # all tokens, this rank's heads
     outs = []
     for j in range(b):  # each branch attends to its own prompt's K/V only
         keys = torch.cat([text_keys[j], k[j]], dim=1)[None]  # [1, KV, L_j + N, hd]
         vals = torch.cat([text_values[j], v[j]], dim=1)[None]
         outs.append(attention(q[j : j + 1], keys, vals))
-    out = torch.cat(outs).transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
+    out = torch.cat(outs)
+    if sequence_parallel is not None:
+        out = sequence_parallel.to_tokens(out)  # this rank's tokens, all heads
+    out = out.transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
     x = x + attn.to_add_out(out)
     return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))
