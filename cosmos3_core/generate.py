@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
+    from .parallel.cli import add_arguments as add_parallel_arguments
+
+    add_parallel_arguments(p)  # --cfg-parallel, --ulysses, --parallel-timeout
     return p
 
 
@@ -73,28 +76,48 @@ def check_common_args(args: argparse.Namespace) -> Path:
     return ckpt
 
 
-def run(args: argparse.Namespace) -> dict[str, float]:
-    from . import media
-    from .pipeline import Cosmos3Pipeline, GenerationRequest
+def run(args: argparse.Namespace) -> dict[str, float] | None:
+    from .pipeline import Cosmos3Pipeline
 
+    # ---- more than one GPU: torchrun ... --cfg-parallel / --ulysses K (parallel/cli.py); None on ranks > 0
+    from .parallel import cli as parallel_cli
+
+    if parallel_cli.wanted(args):
+        return parallel_cli.run_parallel(args)
+    # ----
     _check_args(args)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
     timings["model_load"] = time.perf_counter() - start
+    request = request_from_args(args)
+
+    def progress(step: int, total: int, _preview) -> None:
+        print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+
+    out = pipe.generate(request, callback=progress)
+    write_outputs(args, pipe, out, timings)
+    return timings
+
+
+def request_from_args(args: argparse.Namespace):
+    from . import media
+    from .pipeline import GenerationRequest
+
     image = media.read_image(args.image) if args.image else None
     video = media.read_video(args.video)[0] if args.video else None
-    request = GenerationRequest(
+    return GenerationRequest(
         prompt=args.prompt, negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
         width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
         schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
         compile=args.compile, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
     )
 
-    def progress(step: int, total: int, _preview) -> None:
-        print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
 
-    out = pipe.generate(request, callback=progress)
+def write_outputs(args: argparse.Namespace, pipe, out, timings: dict[str, float]) -> None:
+    """Write the clip (and ``--latents-out``); fills the ``preprocess, inference, to_cpu, encode`` timings."""
+    from . import media
+
     timings["preprocess"] = out.timings["preprocess"]
     timings["inference"] = out.timings["inference"] + out.timings["decode"]
     start = time.perf_counter()
@@ -114,7 +137,6 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
         save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
     timings["encode"] = time.perf_counter() - start
-    return timings
 
 
 def run_reporting_user_errors(run_fn, args: argparse.Namespace):
@@ -134,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ok, timings = run_reporting_user_errors(run, args)
     if not ok:
         return 2
+    if timings is None:  # a parallel run's rank > 0: rank 0 reports
+        return 0
     for name in ("model_load", "preprocess", "inference", "to_cpu", "encode"):
         print(f"{name:>10}: {timings[name]:8.2f} s")
     print(f"wrote {args.out}")

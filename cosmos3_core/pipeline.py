@@ -251,8 +251,10 @@ class Cosmos3Pipeline:
         guidance_interval: tuple[float, float] | None = None,
         callback: StepCallback | None = None,
         compile: bool = False,
+        denoiser=None,
     ) -> SampleResult:
-        """Denoise; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up)."""
+        """Denoise; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up).
+        ``denoiser``: runs the steps instead of the transformer, with its ``denoise_step`` contract (parallel/)."""
         self.transformer.compile_generation_layers(compile)
         if sound and not self.supports_sound:
             raise ValueError(
@@ -267,7 +269,7 @@ class Cosmos3Pipeline:
         latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
         sound_len = sound_latent_length(text.num_frames, text.fps) if sound else 0
         return sample(
-            self.transformer, text.cond, text.uncond, scheduler, latent_shape=latent_shape, fps=text.fps, seed=seed,
+            denoiser or self.transformer, text.cond, text.uncond, scheduler, latent_shape=latent_shape, fps=text.fps, seed=seed,
             guidance=guidance, x0=x0, clean_frames=clean_frames, sound_len=sound_len,
             guidance_interval=guidance_interval, callback=callback,
         )
