@@ -38,12 +38,12 @@ class Cosmos3GuidanceOnTwoGPUs(io.ComfyNode):
         first = model.generation_patcher.load_device
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if first.type != "cuda":
-            raise ValueError(f"Cosmos3 Guidance on Two GPUs: the model runs on {first}, not a GPU; this node needs "
+            raise ValueError(f"Cosmos3GuidanceOnTwoGPUs: the model runs on {first}, not a GPU; this node needs "
                              "two local GPUs (remove it, or load the model on a GPU).")
         if second_gpu >= count:
-            raise ValueError(f"Cosmos3 Guidance on Two GPUs: second_gpu={second_gpu}, but this machine has {count} "
+            raise ValueError(f"Cosmos3GuidanceOnTwoGPUs: second_gpu={second_gpu}, but this machine has {count} "
                              f"GPU(s) (indexes 0–{count - 1}); choose another GPU.")
         if second_gpu == (first.index or 0):
-            raise ValueError(f"Cosmos3 Guidance on Two GPUs: second_gpu={second_gpu} is the model's own GPU; "
+            raise ValueError(f"Cosmos3GuidanceOnTwoGPUs: second_gpu={second_gpu} is the model's own GPU; "
                              "choose a different one.")
         return io.NodeOutput(model.with_branch_devices(torch.device("cuda", second_gpu)))

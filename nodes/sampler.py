@@ -90,7 +90,9 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 )
         t, ph, pw = patch_grid(pipe.vae.latent_shape(text.num_frames, text.height, text.width)[2:], pipe.config.latent_patch_size)
         grid_tokens = t * ph * pw
-        branches = [text.cond.length] + ([text.uncond.length] if cfg != 1.0 else [])
+        # Cosmos3GuidanceOnTwoGPUs: the uncond branch runs on the second GPU, this one holds the cond branch only
+        denoiser = model.branch_denoiser() if cfg != 1.0 else None
+        branches = [text.cond.length] + ([text.uncond.length] if cfg != 1.0 and denoiser is None else [])
         model.load_generation_tower(grid_tokens, branches)
 
         bar = comfy.utils.ProgressBar(steps)
@@ -101,7 +103,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
         result = pipe.sample(
             text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-            x0=x0, clean_frames=clean, callback=on_step, compile=compile,
+            x0=x0, clean_frames=clean, callback=on_step, compile=compile, denoiser=denoiser,
         )
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}

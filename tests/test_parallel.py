@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -163,7 +165,7 @@ def single(checkpoint):
         }
     finally:
         torch.set_num_threads(threads)
-    return ours, frames, diffusers_latents
+    return ours, frames, diffusers_latents, pipe
 
 
 def rel(a, b) -> float:
@@ -174,7 +176,7 @@ def rel(a, b) -> float:
 # ---------------------------------------------------------------------------------------------- equality
 def test_parallel_generation_equals_single_process_and_diffusers(spawned, single):
     world, out, _ = spawned
-    ours, _, diffusers_latents = single
+    ours, _, diffusers_latents, _ = single
     for cfg_parallel, ulysses in CONFIGS[world]:
         for mode, sound in MODES.items():
             want = ours[mode]
@@ -273,7 +275,7 @@ def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkp
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.towers import tower_module
 
-    ours, _, diffusers_latents = single
+    ours, _, diffusers_latents, _ = single
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -299,3 +301,26 @@ def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkp
         torch.set_num_threads(threads)
     with pytest.raises(ValueError, match="the two guidance branches need two devices, got 1"):
         BranchDevices(pipe.transformer, ["cpu"])
+
+
+# ---------------------------------------------------------------------------------------------- torchrun CLI
+def test_torchrun_cli_cfg_parallel_writes_the_single_process_clip(checkpoint, single, tmp_path):
+    """The entry point: ``torchrun --nproc-per-node 2 -m cosmos3_core.generate ... --cfg-parallel`` on gloo."""
+    ours, _, _, pipe = single
+    root = Path(__file__).resolve().parents[1]
+    out, latents = tmp_path / "clip.mp4", tmp_path / "latents.safetensors"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
+    args = ["-m", "cosmos3_core.generate", "--checkpoint", str(checkpoint), "--prompt", PROMPT, "--negative-prompt",
+            NEGATIVE, "--num-frames", str(F), "--height", str(H), "--width", str(W), "--steps", str(STEPS),
+            "--seed", str(SEED), "--shift", str(SHIFT), "--device", "cpu", "--dtype", "fp32", "--cfg-parallel",
+            "--out", str(out), "--latents-out", str(latents)]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(torchrun + args, capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("wrote ") == 1  # rank 0 alone reports and writes
+    assert out.stat().st_size > 0
+    got = load_file(latents)["video_latent"]
+    assert rel(got, pipe.vae.denormalize(ours["t2v"].latents)) <= 1e-5
