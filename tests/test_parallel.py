@@ -2,7 +2,8 @@
 
 One spawn of 2 ranks runs CFG-parallel and Ulysses-2; one spawn of 4 ranks runs Ulysses-4 (the tiny checkpoint has
 4 query / 2 key-value heads, so U = 4 also exercises the replicated key/value head) and CFG-parallel × Ulysses-2.
-Each configuration generates T2V and T2AV (fp32, 2 steps) through ``cosmos3_core.parallel.run.generate``; the test
+Each configuration generates T2V, T2AV and T2V with a guidance interval (its second step runs the cond branch alone,
+which CFG-parallel broadcasts) — fp32, 2 steps — through ``cosmos3_core.parallel.run.generate``; the test
 compares every rank's latents with this process's ``Cosmos3Pipeline.generate`` (≤ 1e-5 relative) and with diffusers
 0.42.1 ``Cosmos3OmniPipeline`` (≤ 1e-4, the parity tolerance of test_generation_parity.py). Both spawns also run
 the tile-parallel VAE decode (compared with the one-rank tiled decode, which test_vae.py ties to diffusers'
@@ -35,16 +36,17 @@ H, W, F, STEPS, SEED, SHIFT = 64, 96, 9, 2, 11, 3.0
 PROMPT = "a red robot walking on the street at night"
 NEGATIVE = "blurry low quality video"
 MODES = {"t2v": False, "t2av": True}  # name: sound
+INTERVAL = (990.0, 1000.0)  # "t2v_interval": step 1 (t = 999) guided, step 2 cond only (CFG-parallel: a broadcast)
 CONFIGS = {2: [(True, 1), (False, 2)], 4: [(False, 4), (True, 2)]}  # world: [(cfg_parallel, ulysses)]
 TILE = dict(tile_sample_size=48, tile_sample_stride=32)  # 6 tiles of unequal size on a 4 x 6 latent
 DEATH_STEP = 2
 
 
-def _request(sound: bool, steps: int = STEPS):
+def _request(sound: bool, steps: int = STEPS, interval: tuple[float, float] | None = None):
     from cosmos3_core.pipeline import GenerationRequest
 
     return GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, fps=24.0,
-                             steps=steps, guidance=6.0, seed=SEED, shift=SHIFT, sound=sound)
+                             steps=steps, guidance=6.0, seed=SEED, shift=SHIFT, sound=sound, guidance_interval=interval)
 
 
 def _vae_latents() -> torch.Tensor:
@@ -86,6 +88,8 @@ def _rank_body(rank: int, world: int, port: int, checkpoint: str, out: Path) -> 
             if result.sound_latent is not None:
                 tensors["sound"] = result.sound_latent.contiguous()
             save_file(tensors, out / _name(cfg_parallel, ulysses, mode, rank))
+        result = run.generate(pipe, _request(False, interval=INTERVAL), mesh, decode=False)
+        save_file({"latents": result.latents.contiguous()}, out / _name(cfg_parallel, ulysses, "t2v_interval", rank))
     frames = decode_parallel(pipe.vae, _vae_latents(), **TILE)
     save_file({"frames": frames}, out / f"vae_r{rank}.safetensors")
     if world != 2:
@@ -153,6 +157,7 @@ def single(checkpoint):
     try:
         pipe = Cosmos3Pipeline.load(checkpoint, dtype=torch.float32)
         ours = {mode: pipe.generate(_request(sound), decode=False) for mode, sound in MODES.items()}
+        ours["t2v_interval"] = pipe.generate(_request(False, interval=INTERVAL), decode=False)
         frames = pipe.vae.decode(_vae_latents(), tile=True, **TILE)
         ref = Cosmos3OmniPipeline.from_pretrained(checkpoint, enable_safety_checker=False, torch_dtype=torch.float32)
         ref.scheduler = UniPCMultistepScheduler.from_config(ref.scheduler.config, flow_shift=SHIFT,
@@ -192,6 +197,11 @@ def test_parallel_generation_equals_single_process_and_diffusers(spawned, single
                     assert rel(got["sound"], want.sound_latent) <= 1e-5, where
                 else:
                     assert "sound" not in got, where
+        where = f"cfg_parallel={cfg_parallel} ulysses={ulysses} t2v with a guidance interval"
+        for r in range(world):
+            got = load_file(out / _name(cfg_parallel, ulysses, "t2v_interval", r))["latents"]
+            assert rel(got, ours["t2v_interval"].latents) <= 1e-5, where
+            assert rel(got, ours["t2v"].latents) > 1e-3, where  # the cond-only step really changed the result
 
 
 def test_parallel_vae_decode_equals_single_rank_tiled_decode(spawned, single):
