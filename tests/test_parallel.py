@@ -300,7 +300,7 @@ def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkp
         hook = replica.proj_in.register_forward_hook(lambda *a: calls.append(1))
         for mode, sound in MODES.items():
             text = pipe.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
-            got = pipe.sample(text, seed=SEED, steps=STEPS, shift=SHIFT, sound=sound, denoiser=split)
+            got = pipe.run(pipe.plan(text, seed=SEED, steps=STEPS, shift=SHIFT, sound=sound), denoiser=split)
             assert rel(got.latents, ours[mode].latents) <= 1e-5, mode
             assert rel(got.latents, diffusers_latents[mode]) <= 1e-4, mode
             if sound:

@@ -43,7 +43,7 @@ def run_parallel(args: argparse.Namespace) -> dict[str, float] | None:
 
 def _run(args: argparse.Namespace) -> dict[str, float] | None:
     from ..config import DTYPES, Cosmos3Config
-    from ..generate import _check_args, request_from_args, write_outputs
+    from ..generate import _check_args, read_request, write_outputs
     from ..pipeline import Cosmos3Pipeline
     from .run import generate
 
@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace) -> dict[str, float] | None:
         if writer:
             print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
 
-    out = generate(pipe, request_from_args(args), mesh, callback=progress)
+    out = generate(pipe, read_request(args), mesh, callback=progress)
     if writer:
         write_outputs(args, pipe, out, timings)
     final_barrier(mesh.device)

@@ -104,35 +104,36 @@ class ParallelDenoiser:
         if branches not in (1, 2) or len(text) != branches:
             raise ValueError(f"CFG-parallel: {len(text)} text entries for a layout of {branches} branches; "
                              "CFG-parallel runs 1 or 2 guidance branches.")
-        group = self.mesh.cfg_group
+        group, items = self.mesh.cfg_group, latents.shape[0]  # batch items per branch
         if branches == 2 or mine == 0:
             out = self.model.denoise_step(latents, timestep, [text[mine]], select_branch(layout, mine), sound=sound,
                                           action=action, sequence_parallel=sp)
             flat = _pack(out)
         else:  # a cond-only step: cfg rank 0 runs it, this rank waits for the result
-            flat = torch.empty(_packed_size(self.config, layout), dtype=self.dtype, device=latents.device)
+            flat = torch.empty(_packed_size(self.config, layout, items), dtype=self.dtype, device=latents.device)
         if branches == 1:
             with guarded("CFG-parallel broadcast of the cond velocities"):
                 dist.broadcast(flat, group=group, group_src=0)
-            return _unpack(flat[None], self.config, layout)
+            return _unpack(flat[None], self.config, layout, items)
         parts = [torch.empty_like(flat) for _ in range(2)]
         with guarded("CFG-parallel all-gather of the branch velocities"):
             dist.all_gather(parts, flat, group=group)
-        return _unpack(torch.stack(parts), self.config, layout)
+        return _unpack(torch.stack(parts), self.config, layout, items)
 
 
-def _field_shapes(config, layout: GenLayout) -> list[tuple[int, ...] | None]:
-    """Per-branch shapes of ``StepOutput``'s fields (``None``: absent), as ``Cosmos3Transformer._heads`` makes them."""
+def _field_shapes(config, layout: GenLayout, items: int) -> list[tuple[int, ...] | None]:
+    """One branch's shapes of ``StepOutput``'s fields for ``items`` batch items (``None``: absent), as
+    ``Cosmos3Transformer._heads`` makes them."""
     t, h, w = layout.latent_shape
     return [
-        (config.latent_channel, t, h, w),
-        (config.sound_dim, layout.sound_len) if layout.sound_len else None,
-        (layout.action_len, config.action_dim) if layout.action_len else None,
+        (items, config.latent_channel, t, h, w),
+        (items, config.sound_dim, layout.sound_len) if layout.sound_len else None,
+        (items, layout.action_len, config.action_dim) if layout.action_len else None,
     ]
 
 
-def _packed_size(config, layout: GenLayout) -> int:
-    return sum(math.prod(s) for s in _field_shapes(config, layout) if s is not None)
+def _packed_size(config, layout: GenLayout, items: int) -> int:
+    return sum(math.prod(s) for s in _field_shapes(config, layout, items) if s is not None)
 
 
 def _pack(out: StepOutput) -> torch.Tensor:
@@ -141,14 +142,14 @@ def _pack(out: StepOutput) -> torch.Tensor:
     return torch.cat([f.reshape(-1) for f in fields if f is not None])
 
 
-def _unpack(flat: torch.Tensor, config, layout: GenLayout) -> StepOutput:
-    """``[B, packed]`` → ``StepOutput`` with ``B`` branches."""
+def _unpack(flat: torch.Tensor, config, layout: GenLayout, items: int) -> StepOutput:
+    """``[B, packed]`` → ``StepOutput`` with rows branch-major ``[branch 0 × items | branch 1 × items]``."""
     fields, start = [], 0
-    for shape in _field_shapes(config, layout):
+    for shape in _field_shapes(config, layout, items):
         if shape is None:
             fields.append(None)
             continue
         size = math.prod(shape)
-        fields.append(flat[:, start : start + size].reshape(flat.shape[0], *shape))
+        fields.append(flat[:, start : start + size].reshape(flat.shape[0] * items, *shape[1:]))
         start += size
     return StepOutput(*fields)

@@ -4,7 +4,7 @@ Mirrors ``Cosmos3Pipeline.generate`` stage by stage; only three things differ:
 
 1. text: each rank tokenizes both prompts (cheap, the layout needs both lengths) but runs the text tower only for
    the branch it denoises, and keeps only its heads of that K/V (``ParallelDenoiser.local_text``);
-2. sampling: the pipeline's loop with a ``ParallelDenoiser`` in place of the model;
+2. sampling: the pipeline's plan, run with a ``ParallelDenoiser`` in place of the model;
 3. decode: the tiled VAE decode spread over all ranks (``vae.decode_parallel``); the sound decode (small) runs on
    every rank.
 
@@ -44,9 +44,9 @@ def generate(
     tile_sample_size: int | None = None,
     tile_sample_stride: int | None = None,
 ) -> GenerationOutput:
+    """``Cosmos3Pipeline.generate`` on this rank (the same stages, checks and plan)."""
     r = request
-    if r.image is not None and r.video is not None:
-        raise ValueError("generate: give either an image (image-to-video) or a video (video-to-video), not both.")
+    r.check()
     if mesh.cfg == 2 and r.guidance == 1.0:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")
     denoiser = ParallelDenoiser(pipe.transformer, mesh)
@@ -55,11 +55,11 @@ def generate(
     text = encode_text_local(pipe, denoiser, r)
     x0, clean = pipe.encode_condition(text, image=r.image, video=r.video,
                                       condition_latent_frames=r.condition_latent_frames, keep=r.keep)
+    plan = pipe.plan(text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
+                     sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, who="generate")
     timings["preprocess"] = _now() - start
     start = _now()
-    result = pipe.sample(text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
-                         sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval,
-                         callback=callback, compile=r.compile, denoiser=denoiser)
+    result = pipe.run(plan, callback=callback, compile=r.compile, denoiser=denoiser)
     timings["inference"] = _now() - start
     frames = waveform = None
     if decode:
@@ -69,7 +69,7 @@ def generate(
         if result.sound is not None:
             waveform = pipe.decode_sound(result.sound, r.num_frames, r.fps)
         timings["decode"] = _now() - start
-    return GenerationOutput(result.latents, result.sound, frames, waveform, timings)
+    return GenerationOutput(result.latents, result.sound, frames, waveform, timings, result.action)
 
 
 def _now() -> float:
