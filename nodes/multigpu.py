@@ -2,9 +2,9 @@
 
 Glue only: returns the model handle with a second device set; the sampler then runs the two guidance branches
 through ``cosmos3_core.parallel.devices.BranchDevices`` (cond on the model's GPU, uncond on the second one, both
-at once). Same outputs as one GPU, about half the step time when the GPUs are alike. The replica of the generation
-tower on the second GPU (Nano: ≈14 GiB bf16) is built on the first guided sampling and stays there while the
-handle lives; ComfyUI's model management does not see it.
+at once). Same outputs as one GPU; the speed-up was never measured (no machine with two GPUs was available, see
+README "More than one GPU"). The replica of the generation tower on the second GPU (Nano: ≈14 GiB bf16) is built
+on the first guided sampling and stays there while the handle lives; ComfyUI's model management does not see it.
 """
 
 from __future__ import annotations

@@ -98,6 +98,7 @@ class BranchDevices:
         if layout.num_branches != 2 or len(text) != 2:
             raise ValueError(f"BranchDevices: {len(text)} text entries for {layout.num_branches} branches; "
                              "it runs the two guidance branches.")
+        self.replicas[1]._compiled_layer = self.model._compiled_layer  # follow the model's compile switch
         outs = []
         for j, (replica, device) in enumerate(zip(self.replicas, self.devices)):
             kv = self._on_device(j, "text", text[j], lambda t, d=device: t.to(d))
