@@ -304,7 +304,7 @@ def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkp
             assert rel(got.latents, ours[mode].latents) <= 1e-5, mode
             assert rel(got.latents, diffusers_latents[mode]) <= 1e-4, mode
             if sound:
-                assert rel(got.sound, ours[mode].sound_latent) <= 1e-5
+                assert rel(got.sound[0], ours[mode].sound_latent) <= 1e-5
         hook.remove()
         assert len(calls) == 2 * STEPS  # the replica ran the uncond branch of every step
     finally:

@@ -62,14 +62,16 @@ def generate(
     result = pipe.run(plan, callback=callback, compile=r.compile, denoiser=denoiser)
     timings["inference"] = _now() - start
     frames = waveform = None
+    sound = None if result.sound is None else result.sound[0]  # one item: a request has no batch
     if decode:
         start = _now()
         frames = decode_parallel(pipe.vae, result.latents, tile_sample_size=tile_sample_size,
                                  tile_sample_stride=tile_sample_stride)
-        if result.sound is not None:
-            waveform = pipe.decode_sound(result.sound, r.num_frames, r.fps)
+        if sound is not None:
+            waveform = pipe.decode_sound(sound, r.num_frames, r.fps)
         timings["decode"] = _now() - start
-    return GenerationOutput(result.latents, result.sound, frames, waveform, timings, result.action)
+    action = None if result.action is None else result.action[0]
+    return GenerationOutput(result.latents, sound, frames, waveform, timings, action)
 
 
 def _now() -> float:

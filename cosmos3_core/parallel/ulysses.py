@@ -85,29 +85,29 @@ class SequenceParallel:
 
     # ------------------------------------------------------------------ attention layout
     def to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """``[B, heads, n, hd]`` per rank (its tokens) → ``[B, heads/U, N, hd]`` (every token, its heads);
+        """``[..., heads, n, hd]`` per rank (its tokens) → ``[..., heads/U, N, hd]`` (every token, its heads);
         keys and values are cut to the real stream length."""
         if self._kv_repeat > 1:
-            k = k.repeat_interleave(self._kv_repeat, dim=1)
-            v = v.repeat_interleave(self._kv_repeat, dim=1)
+            k = k.repeat_interleave(self._kv_repeat, dim=-3)
+            v = v.repeat_interleave(self._kv_repeat, dim=-3)
         n = self._num_tokens
-        return self._seq_to_heads(q), self._seq_to_heads(k)[:, :, :n], self._seq_to_heads(v)[:, :, :n]
+        return self._seq_to_heads(q), self._seq_to_heads(k)[..., :n, :], self._seq_to_heads(v)[..., :n, :]
 
     def to_tokens(self, out: torch.Tensor) -> torch.Tensor:
-        """Attention output ``[B, H/U, N_padded, hd]`` → ``[B, H, n, hd]`` (this rank's tokens, every head)."""
-        b, hl, total, hd = out.shape
+        """Attention output ``[..., H/U, N_padded, hd]`` → ``[..., H, n, hd]`` (this rank's tokens, every head)."""
+        *lead, hl, total, hd = out.shape
         u = self.degree
-        send = out.reshape(b, hl, u, total // u, hd).permute(2, 0, 1, 3, 4).contiguous()  # [dest rank, ...]
-        recv = torch.empty_like(send)  # [source rank = head block, B, H/U, n, hd]
+        x = out.reshape(-1, hl, u, total // u, hd).permute(2, 0, 1, 3, 4).contiguous()  # [dest rank, R, H/U, n, hd]
+        recv = torch.empty_like(x)  # [source rank = head block, R, H/U, n, hd]
         with guarded("Ulysses all-to-all (heads to tokens)"):
-            dist.all_to_all_single(recv, send, group=self.group)
-        return recv.permute(1, 0, 2, 3, 4).reshape(b, u * hl, total // u, hd)
+            dist.all_to_all_single(recv, x, group=self.group)
+        return recv.permute(1, 0, 2, 3, 4).reshape(*lead, u * hl, total // u, hd)
 
     def _seq_to_heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, h, n, hd = x.shape
+        *lead, h, n, hd = x.shape
         u = self.degree
-        send = x.reshape(b, u, h // u, n, hd).transpose(0, 1).contiguous()  # [dest rank = head block, B, h/U, n, hd]
-        recv = torch.empty_like(send)  # [source rank = token block, B, h/U, n, hd]
+        send = x.reshape(-1, u, h // u, n, hd).transpose(0, 1).contiguous()  # [dest rank = head block, R, h/U, n, hd]
+        recv = torch.empty_like(send)  # [source rank = token block, R, h/U, n, hd]
         with guarded("Ulysses all-to-all (tokens to heads)"):
             dist.all_to_all_single(recv, send, group=self.group)
-        return recv.permute(1, 2, 0, 3, 4).reshape(b, h // u, u * n, hd)
+        return recv.permute(1, 2, 0, 3, 4).reshape(*lead, h // u, u * n, hd)
