@@ -456,7 +456,18 @@ class Cosmos3Reasoner:
     # ------------------------------------------------------------------ prompts and generation
     def prepare(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
                 system_prompt: str | None = None) -> PreparedPrompt:
-        """Render a task preset (``question`` | ``caption`` | ``expand``) with the checkpoint's chat template."""
+        """Render a task preset (``question`` | ``caption`` | ``expand``) with the checkpoint's chat template.
+
+        A prompt holding a chat control token (``<|image_pad|>``, ``<|im_start|>`` …) is refused, not tokenized as
+        text: the processor expands ``<|image_pad|>``/``<|video_pad|>`` by string replacement before tokenizing, so
+        a typed one would be taken for a real media placeholder (and ``<|im_start|>`` for a new chat turn)."""
+        from .prompt import check_text, control_tokens_in
+
+        check_text(prompt, "prompt")
+        typed = control_tokens_in(self.processor.tokenizer, prompt)
+        if typed:
+            raise ValueError(f"the prompt contains the chat control token(s) {typed}; the reasoner would read them as "
+                             "real image/video placeholders or chat turns. Remove them from the prompt.")
         if image is not None or video is not None:
             if not self.has_vision:
                 self.vision_encoder()  # raises the clear "no vision_encoder/" error
