@@ -4,6 +4,7 @@ issue); the CLI side is tests/test_bad_input.py.
 """
 from __future__ import annotations
 
+import copy
 import shutil
 import uuid
 
@@ -168,9 +169,12 @@ def test_create_video_fps_mismatch_is_refused_before_saving(host):
 def test_replaced_checkpoint_folder_is_loaded_again(host, broken):
     ckpt = broken("cosmos3-swapped")
     g = shrink_api(load_api("t2av"), checkpoint=ckpt.name, prefix="cosmos3_tests/swap")
-    ok, _, messages, _ = run(host, g)
+    ok, _, messages, _ = run(host, copy.deepcopy(g))  # a fresh dict per run, as the server parses each POST anew
     assert ok, comfy_host._execution_error_text(messages)
+    ok, _, messages, _ = run(host, copy.deepcopy(g))
+    assert ok and {"1", "3"} <= set(next(d["nodes"] for e, d in messages if e == "execution_cached")), messages
     shutil.rmtree(ckpt)
     shutil.copytree(host.base_dir / "models" / "diffusers" / TINY_EDGE, ckpt)  # Nano -> Edge, same name
     # the same graph: with the cached Nano it would succeed; the Edge now loaded has no sound
-    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "sound=True", "'cosmos3-swapped'", "set sound to false")
+    _expect_error(host, copy.deepcopy(g), "Cosmos3KSamplerUniPCDualTower", "sound=True", "'cosmos3-swapped'",
+                  "set sound to false")
