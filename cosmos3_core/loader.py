@@ -156,8 +156,9 @@ def load_diffusers_folder(module_cls, folder: Path, what: str, dtype: torch.dtyp
 
 def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
     """A digest of what a loaded checkpoint depends on: the resolved folder, ``transformer/config.json``'s bytes
-    and (name, size, mtime, inode) of every file up to two levels deep. Replacing the folder (another model, a
-    re-download, a copy with preserved mtimes: new inodes) changes it; reading the same folder again does not.
+    and (name, size, mtime, ctime, inode) of every file up to two levels deep. Replacing the folder (another model,
+    a re-download, a copy with preserved mtimes: a new ctime, which no copy can preserve) changes it; reading the
+    same folder again does not.
     Unreadable entries count as such, so the fingerprint itself never raises."""
     root = Path(checkpoint_dir)
     digest = hashlib.sha256(str(root.resolve()).encode())
@@ -172,7 +173,7 @@ def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
             path = Path(dirpath) / name
             try:
                 st = path.stat()
-                entry = f"{path.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+                entry = f"{path.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
             except OSError as exc:
                 entry = f"{path.relative_to(root)}|unreadable {exc.errno}"
             digest.update(entry.encode())

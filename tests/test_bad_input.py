@@ -311,7 +311,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(nano, tmp_path):
     out = tmp_path / "o.mp4"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["--checkpoint", str(nano), "--prompt", "a car", "--height", "64", "--width", "64", "--num-frames", "9",
-            "--steps", "100000", "--device", "cpu", "--dtype", "fp32", "--out", str(out)]
+            "--steps", "200", "--device", "cpu", "--dtype", "fp32", "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "cosmos3_core.generate", *args], stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)
     seen = b""
@@ -326,3 +326,55 @@ def test_ctrl_c_prints_one_line_and_exits_130(nano, tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.rstrip().splitlines()[-1] == "interrupted (Ctrl-C); nothing more was written.", err
     assert not out.exists()
+
+
+# -- 1–4, 12, 13 through the CLI (the checks live in the plan / GenerationRequest.check; tests/test_plan.py covers
+#    the checks themselves, these the CLI's answer: one line, status 2, before any work where no model is needed) -----
+
+def _write_clip(path: Path, frames: int = 17) -> Path:
+    import numpy as np
+
+    from cosmos3_core import media
+
+    rng = np.random.default_rng(0)
+    media.write_video(path, rng.random((frames, 32, 32, 3)).astype(np.float32), 24)
+    return path
+
+
+def test_all_clean_video_to_video_is_refused(nano, tmp_path, capsys):
+    """1: a 17-frame --video with --num-frames 5 keeps both latent frames clean: the output would be the input."""
+    clip = _write_clip(tmp_path / "in.mp4")
+    msg = gen_error(nano, capsys, "--video", str(clip))
+    assert "the condition keeps 2 clean latent frames but a 5-frame clip has only 2; nothing would be generated" in msg
+    assert not (Path(nano).parent / "out.mp4").exists()
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--guidance", "nan"], "error: generate: guidance (cfg)=nan must be a number from 0 to 20"),  # 2
+    (["--guidance", "inf"], "error: generate: guidance (cfg)=inf must be a number from 0 to 20"),  # 2
+    (["--steps", "0"], "error: generate: steps=0 must be an integer from 1 to 200"),  # 3
+    (["--width", "100000"], "error: generate: width=100000 is above the limit of 4096 pixels."),  # 12
+    (["--guidance-interval", "900", "100"],
+     "error: generate: guidance_interval=[900.0, 100.0] must be LOW HIGH with 0 <= LOW <= HIGH <= 1000"),  # 13
+])
+def test_sampling_arguments_are_checked_before_loading(not_a_checkpoint, capsys, extra, expected):
+    assert gen_error(not_a_checkpoint, capsys, *extra).startswith(expected)
+
+
+def test_image_with_one_frame_is_refused(not_a_checkpoint, tmp_path, capsys):
+    """4: --image with --num-frames 1 would be ignored."""
+    import numpy as np
+    from PIL import Image
+
+    img = tmp_path / "in.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(img)
+    msg = gen_error(not_a_checkpoint, capsys, "--num-frames", "1", "--image", str(img), out=str(tmp_path / "o.png"))
+    assert "a conditioning image was given with num_frames=1 (text-to-image), where it would be ignored" in msg, msg
+
+
+def test_clip_too_large_for_the_machine_is_refused_before_sampling(nano, tmp_path, capsys):
+    """12: the largest clip the limits allow needs more than this machine per step: refused up front."""
+    start = time.monotonic()
+    msg = gen_error(nano, capsys, "--width", "4096", "--height", "4096", "--num-frames", "1025")
+    assert "one denoising step of this clip" in msg and "GiB on cpu" in msg and "lower width/height" in msg, msg
+    assert time.monotonic() - start < 60  # no sampling happened

@@ -178,3 +178,38 @@ def test_replaced_checkpoint_folder_is_loaded_again(host, broken):
     # the same graph: with the cached Nano it would succeed; the Edge now loaded has no sound
     _expect_error(host, copy.deepcopy(g), "Cosmos3KSamplerUniPCDualTower", "sound=True", "'cosmos3-swapped'",
                   "set sound to false")
+
+
+# -- 2, 3, 4, 12 through the nodes (the checks live in the plan; 1 is test_nodes.test_condition_covering_the_whole_clip,
+#    13 has no node input) ------------------------------------------------------------------------------------------
+
+def test_cfg_nan_passes_comfy_validation_and_is_refused_by_the_sampler(host):
+    g = t2i_graph()
+    g["3"]["inputs"]["cfg"] = float("nan")  # what JSON NaN in POST /prompt decodes to; NaN < min is False
+    assert host.validate(g)[0]
+    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "guidance (cfg)=nan", "from 0 to 20")
+
+
+def test_steps_zero_is_refused_by_validation(host):
+    g = t2i_graph()
+    g["3"]["inputs"]["steps"] = 0
+    with pytest.raises(comfy_host.PromptValidationError) as e:
+        run(host, g)
+    err = e.value.node_errors["3"]
+    assert err["errors"][0]["details"] == "steps" and "smaller than min of 1" in err["errors"][0]["message"], err
+
+
+def test_condition_with_one_frame_is_refused(host):
+    g = shrink_api(load_api("i2v"))
+    (te,) = nodes_of(g, "Cosmos3TextEncode")
+    g[te]["inputs"]["num_frames"] = 1
+    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "num_frames is 1", "would be ignored", "5 or more frames")
+
+
+def test_largest_clip_is_refused_before_sampling(host):
+    g = t2i_graph()
+    (te,) = nodes_of(g, "Cosmos3TextEncode")
+    g[te]["inputs"].update(width=4096, height=4096, num_frames=1025)
+    assert host.validate(g)[0]  # inside the widgets' limits
+    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "one denoising step of this clip", "GiB on cpu",
+                  "lower width/height or num_frames")

@@ -2,7 +2,8 @@
 interrupts, failures and checkpoint switches in between.
 
 Every cycle queues, in one go: text-to-image and text-to-video on the tiny Nano, text-to-video on the tiny Edge (a
-checkpoint switch), a bad input (width 100), text-to-audio+video, a lone-surrogate prompt sent as JSON ``"\\ud800"``,
+checkpoint switch), bad inputs (cfg NaN sent as JSON ``NaN``, width 100), text-to-audio+video, a lone-surrogate prompt
+sent as JSON ``"\\ud800"``,
 image-to-video on Edge, a missing checkpoint; then a long run that is interrupted with ``POST /interrupt`` while it
 samples, followed by a normal one. Every few cycles the folder ``cosmos3-soak-swap`` is replaced by the other
 model under the same name and run (the loader must notice). Asserted: each run ends as expected (success, the
@@ -10,7 +11,7 @@ expected node's error, or interrupted); the run after every failure succeeds; ``
 per successful run (nothing partial from failed or interrupted runs); the server's temp folder (``TMPDIR``) and
 ComfyUI's ``temp/`` gain no files; the server's RSS after the warm-up cycles stays flat.
 
-``COSMOS3_SOAK_CYCLES`` (default 4 → 50 runs, about a minute of CPU time on 2 cores) sets the length; a long
+``COSMOS3_SOAK_CYCLES`` (default 4 → 54 runs, about a minute of CPU time on 2 cores) sets the length; a long
 opt-in soak is e.g. ``COSMOS3_SOAK_CYCLES=40`` (500 runs). Measured here: RSS 998–1000 MB over 5 cycles.
 """
 from __future__ import annotations
@@ -67,8 +68,15 @@ def surrogate(n):
     return g
 
 
+def cfg_nan(n):
+    g = graph("t2i", n=n)
+    g["3"]["inputs"]["cfg"] = float("nan")  # json.dumps sends the literal NaN, which ComfyUI's parser accepts
+    return g
+
+
 CYCLE = [
     ok("t2i"),
+    ("error", ("Cosmos3KSamplerUniPCDualTower", "guidance (cfg)=nan"), cfg_nan),
     ok("t2v"),
     ok("t2v", TINY_EDGE),
     ("error", ("Cosmos3TextEncode", "width=100"), bad_width),
