@@ -2,11 +2,10 @@
 interrupts, failures and checkpoint switches in between.
 
 Every cycle queues, in one go: text-to-image and text-to-video on the tiny Nano, text-to-video on the tiny Edge (a
-checkpoint switch), bad inputs (cfg NaN sent as JSON ``NaN``, width 100), text-to-audio+video, a lone-surrogate prompt
-sent as JSON ``"\\ud800"``,
-image-to-video on Edge, a missing checkpoint; then a long run that is interrupted with ``POST /interrupt`` while it
-samples, followed by a normal one. Every few cycles the folder ``cosmos3-soak-swap`` is replaced by the other
-model under the same name and run (the loader must notice). Asserted: each run ends as expected (success, the
+checkpoint switch), bad inputs (cfg NaN sent as JSON ``NaN``, width 100, a lone-surrogate prompt sent as JSON
+``"\\ud800"``, a missing checkpoint), text-to-audio+video, image-to-video on Edge; then a long run that is
+interrupted with ``POST /interrupt`` while it samples, followed by a normal one; then the folder
+``cosmos3-soak-swap`` is replaced by the other model under the same name and run (the loader must notice). Asserted: each run ends as expected (success, the
 expected node's error, or interrupted); the run after every failure succeeds; ``output/`` holds exactly one file
 per successful run (nothing partial from failed or interrupted runs); the server's temp folder (``TMPDIR``) and
 ComfyUI's ``temp/`` gain no files; the server's RSS after the warm-up cycles stays flat.
