@@ -5,10 +5,11 @@ Every cycle queues, in one go: text-to-image and text-to-video on the tiny Nano,
 checkpoint switch), bad inputs (cfg NaN sent as JSON ``NaN``, width 100, a lone-surrogate prompt sent as JSON
 ``"\\ud800"``, a missing checkpoint), text-to-audio+video, image-to-video on Edge; then a long run that is
 interrupted with ``POST /interrupt`` while it samples, followed by a normal one; then the folder
-``cosmos3-soak-swap`` is replaced by the other model under the same name and run (the loader must notice). Asserted: each run ends
-as expected (success, the expected node's error, or interrupted); the run after every failure succeeds; ``output/``
-holds exactly one file per successful run (nothing partial from failed or interrupted runs); the server's temp
-folder (``TMPDIR``) and ComfyUI's ``temp/`` gain no files; the server's RSS after the warm-up cycles stays flat.
+``cosmos3-soak-swap`` is replaced by the other model under the same name and run (the loader must notice). Asserted:
+each run ends as expected (success, the expected node's error, or interrupted); the run after every failure
+succeeds; ``output/`` holds exactly one file per successful run (nothing partial from failed or interrupted runs);
+the server's temp folder (``TMPDIR``) and ComfyUI's ``temp/`` gain no files; the server's RSS after the warm-up
+cycles stays flat.
 
 ``COSMOS3_SOAK_CYCLES`` (default 4 → 54 runs, about a minute of CPU time on 2 cores) sets the length; a long
 opt-in soak is e.g. ``COSMOS3_SOAK_CYCLES=40`` (500 runs). Measured here: RSS 998–1000 MB over 5 cycles.
