@@ -176,7 +176,7 @@ def test_replaced_checkpoint_folder_is_loaded_again(host, broken):
     shutil.rmtree(ckpt)
     shutil.copytree(host.base_dir / "models" / "diffusers" / TINY_EDGE, ckpt)  # Nano -> Edge, same name
     # the same graph: with the cached Nano it would succeed; the Edge now loaded has no sound
-    _expect_error(host, copy.deepcopy(g), "Cosmos3KSamplerUniPCDualTower", "sound=True", "'cosmos3-swapped'",
+    _expect_error(host, copy.deepcopy(g), "Cosmos3KSamplerUniPCDualTower", "sound=True", "checkpoint cosmos3-swapped has no",
                   "set sound to false")
 
 
