@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
+    from .parallel.cli import add_arguments as add_parallel_arguments
+
+    add_parallel_arguments(p)  # --cfg-parallel, --ulysses, --parallel-timeout
     return p
 
 
@@ -118,23 +121,43 @@ def check_common_args(args: argparse.Namespace) -> Path:
     return ckpt
 
 
-def run(args: argparse.Namespace) -> dict[str, float]:
-    from . import media
+def run(args: argparse.Namespace) -> dict[str, float] | None:
     from .pipeline import Cosmos3Pipeline
 
+    # ---- more than one GPU: torchrun ... --cfg-parallel / --ulysses K (parallel/cli.py); None on ranks > 0
+    from .parallel import cli as parallel_cli
+
+    if parallel_cli.wanted(args):
+        return parallel_cli.run_parallel(args)
+    # ----
     _check_args(args)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
     timings["model_load"] = time.perf_counter() - start
-    image = media.read_image(args.image) if args.image else None
-    video = media.read_video(args.video)[0] if args.video else None
-    request = _request(args, image=image, video=video)
+    request = read_request(args)
 
     def progress(step: int, total: int, _preview) -> None:
         print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
 
     out = pipe.generate(request, callback=progress)
+    write_outputs(args, pipe, out, timings)
+    return timings
+
+
+def read_request(args: argparse.Namespace):
+    """The request with the ``--image``/``--video`` files read."""
+    from . import media
+
+    image = media.read_image(args.image) if args.image else None
+    video = media.read_video(args.video)[0] if args.video else None
+    return _request(args, image=image, video=video)
+
+
+def write_outputs(args: argparse.Namespace, pipe, out, timings: dict[str, float]) -> None:
+    """Write the clip (and ``--latents-out``); fills the ``preprocess, inference, to_cpu, encode`` timings."""
+    from . import media
+
     timings["preprocess"] = out.timings["preprocess"]
     timings["inference"] = out.timings["inference"] + out.timings["decode"]
     start = time.perf_counter()
@@ -157,7 +180,6 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         with _removed_if_unfinished(args.latents_out):
             save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
     timings["encode"] = time.perf_counter() - start
-    return timings
 
 
 @contextmanager
@@ -191,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ok, timings = run_reporting_user_errors(run, args)
     if not ok:
         return 2
+    if timings is None:  # a parallel run's rank > 0: rank 0 reports
+        return 0
     for name in ("model_load", "preprocess", "inference", "to_cpu", "encode"):
         print(f"{name:>10}: {timings[name]:8.2f} s")
     print(f"wrote {args.out}")

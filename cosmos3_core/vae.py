@@ -271,17 +271,23 @@ class Cosmos3VAE(torch.nn.Module):
         }
 
     def _decode_frames_tiled(self, z: torch.Tensor, start: int, stop: int, caches: dict, g: dict) -> torch.Tensor:
+        tiles = {ij: self._decode_tile(z, ij, start, stop, caches[ij], g) for ij in g["tiles"]}
+        return self._stitch_tiles(tiles, g)
+
+    def _decode_tile(self, z: torch.Tensor, ij: tuple[int, int], start: int, stop: int, cache: list,
+                     g: dict) -> torch.Tensor:
+        """Latent frames [start, stop) of tile ``ij`` through the decoder with the tile's running cache."""
+        vae, (i, j) = self.vae, ij
+        outs = []
+        for k in range(start, stop):
+            tile = vae.post_quant_conv(z[:, :, k:k + 1, i:i + g["lat_h"], j:j + g["lat_w"]])
+            outs.append(vae.decoder(tile, feat_cache=cache, feat_idx=[0], first_chunk=(k == 0)))
+        return torch.cat(outs, dim=2)
+
+    def _stitch_tiles(self, tiles: dict, g: dict) -> torch.Tensor:
+        """Decoded tiles (keyed by their latent corner) → blended frames, as ``AutoencoderKLWan.tiled_decode``."""
         vae = self.vae
-        rows = []
-        for i in g["rows"]:
-            row = []
-            for j in g["cols"]:
-                outs = []
-                for k in range(start, stop):
-                    tile = vae.post_quant_conv(z[:, :, k:k + 1, i:i + g["lat_h"], j:j + g["lat_w"]])
-                    outs.append(vae.decoder(tile, feat_cache=caches[(i, j)], feat_idx=[0], first_chunk=(k == 0)))
-                row.append(torch.cat(outs, dim=2))
-            rows.append(row)
+        rows = [[tiles[(i, j)] for j in g["cols"]] for i in g["rows"]]
         result_rows = []
         for r, row in enumerate(rows):
             kept = []
