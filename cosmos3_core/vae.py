@@ -50,12 +50,9 @@ def load_vae(checkpoint_dir, dtype: torch.dtype = torch.float32, device="cpu") -
             f"Cosmos3 VAE folder not found: {vae_dir}. Expected the checkpoint's 'vae/' subfolder "
             "(config.json + diffusion_pytorch_model.safetensors, as in nvidia/Cosmos3-* on the Hub)."
         )
-    if not (vae_dir / "config.json").is_file():
-        raise FileNotFoundError(
-            f"Cosmos3 VAE config not found: {vae_dir / 'config.json'}. The 'vae/' folder must hold the "
-            "AutoencoderKLWan config.json and its diffusion_pytorch_model*.safetensors weights."
-        )
-    module = AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=dtype, local_files_only=True)
+    from .loader import load_diffusers_folder
+
+    module = load_diffusers_folder(AutoencoderKLWan, vae_dir, "Wan2.2 VAE", dtype)
     return Cosmos3VAE(module).to(device=device).eval()
 
 
