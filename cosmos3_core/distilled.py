@@ -1,0 +1,148 @@
+"""Distilled few-step Cosmos3 checkpoints (NVIDIA's Cosmos3-Super-Text2Image-4Step, -Image2Video-4Step).
+
+Mirrors diffusers 0.42.1 ``Cosmos3DistilledModularPipeline`` (modular_pipelines/cosmos/):
+
+* **Recognition** (``modular_pipeline.py`` + ``ModularPipeline.from_pretrained``): diffusers picks the pipeline
+  class from ``_class_name`` of the checkpoint's ``modular_model_index.json`` and its blocks from
+  ``_blocks_class_name`` (else the class's default blocks). A checkpoint is distilled when that resolves to
+  ``Cosmos3DistilledBlocks``. Its configs ``distilled_sigmas`` (and ``default_use_system_prompt``) come from the
+  same file; without ``modular_model_index.json`` diffusers builds the base Omni pipeline, so the checkpoint is
+  not distilled.
+* **Schedule** (``Cosmos3DistilledSetTimestepsStep``): the checkpoint's ``scheduler/`` (a
+  ``FlowMatchEulerDiscreteScheduler``; diffusers' class itself is used, it is the reference's update rule) with
+  ``set_timesteps(sigmas=distilled_sigmas)``. The step count is ``len(distilled_sigmas)`` and guidance is baked
+  into the weights (one branch, scale 1): another step count or scale is an error, never overridden.
+* **Step** (``Cosmos3DistilledVisionLoopSchedulerStep``): ``scheduler.step(v, t, x, generator=...)`` — with the
+  checkpoint's ``stochastic_sampling`` this is the SDE step ``(1−σ')·(x − σ·v) + σ'·ε`` that draws ``ε`` from the
+  *same* generator as the initial noise, after it (a CPU generator: device-independent). Conditioned latent frames
+  are then re-anchored, ``mask·x0 + (1−mask)·x``, by the plan's anchor.
+* **Text** (``Cosmos3DistilledTextEncoderStep``): the prompt is rendered exactly as for the base model; there is
+  no negative prompt (the reference builds an unused empty one), so only the conditional K/V is computed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+from .config import CheckpointError
+
+MODULAR_INDEX = "modular_model_index.json"
+DISTILLED_BLOCKS = "Cosmos3DistilledBlocks"
+# ModularPipeline subclasses' ``default_blocks_name`` (used when ``_blocks_class_name`` is absent)
+_DEFAULT_BLOCKS = {"Cosmos3DistilledModularPipeline": DISTILLED_BLOCKS, "Cosmos3OmniModularPipeline": "Cosmos3OmniBlocks"}
+SCHEDULER_CLASS = "FlowMatchEulerDiscreteScheduler"
+
+
+@dataclass(frozen=True)
+class DistilledSchedule:
+    """The fixed sampling schedule of a distilled checkpoint, as read from its files."""
+
+    sigmas: tuple[float, ...]
+    scheduler_config: dict
+    default_use_system_prompt: bool | None  # from modular_model_index.json (None: not declared there)
+    name: str  # the checkpoint folder's name, for messages
+
+    @property
+    def steps(self) -> int:
+        return len(self.sigmas)
+
+    def check(self, steps: int | None, guidance: float | None, *, steps_arg: str = "steps",
+              guidance_arg: str = "guidance", who: str = "generate") -> None:
+        """Raise one clear ``ValueError`` when a request asks for another step count or a guidance scale ≠ 1."""
+        if steps is not None and steps != self.steps:
+            raise ValueError(
+                f"{who}: {steps_arg}={steps}, but checkpoint {self.name!r} is distilled with a fixed {self.steps}-step "
+                f"schedule (distilled_sigmas in {MODULAR_INDEX}); set {steps_arg} to {self.steps}."
+            )
+        if guidance is not None and guidance != 1.0:
+            raise ValueError(
+                f"{who}: {guidance_arg}={guidance:g}, but checkpoint {self.name!r} is distilled: guidance is baked into "
+                f"its weights and runs one branch; set {guidance_arg} to 1."
+            )
+
+    def make_scheduler(self, device: torch.device | str | None = None) -> FlowMatchEulerDiscreteScheduler:
+        """The checkpoint's scheduler on the distilled sigmas (``Cosmos3DistilledSetTimestepsStep``)."""
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
+        scheduler.set_timesteps(sigmas=list(self.sigmas), device=device)
+        return scheduler
+
+
+def read_distilled(checkpoint_dir: str | Path) -> DistilledSchedule | None:
+    """``DistilledSchedule`` if ``checkpoint_dir`` is a distilled checkpoint (see module docstring), else ``None``."""
+    root = Path(checkpoint_dir)
+    path = root / MODULAR_INDEX
+    if not path.is_file():
+        return None
+    index = _read_json(path)
+    blocks = index.get("_blocks_class_name") or _DEFAULT_BLOCKS.get(index.get("_class_name"))
+    if blocks != DISTILLED_BLOCKS:
+        return None
+    sigmas = index.get("distilled_sigmas")
+    if not sigmas:
+        raise CheckpointError(
+            f"{path}: names the distilled pipeline ({blocks}) but has no distilled_sigmas; the download is "
+            "incomplete or the file was edited — fetch modular_model_index.json of the checkpoint again."
+        )
+    if not isinstance(sigmas, list) or not all(
+        isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and 0.0 <= s <= 1.0
+        for s in sigmas
+    ):
+        raise CheckpointError(f"{path}: distilled_sigmas={sigmas!r} must be a list of numbers in [0, 1].")
+    scheduler_path = root / "scheduler" / "scheduler_config.json"
+    if not scheduler_path.is_file():
+        raise CheckpointError(f"{scheduler_path} not found: a distilled Cosmos3 checkpoint holds scheduler/.")
+    scheduler_config = _read_json(scheduler_path)
+    if scheduler_config.get("_class_name") != SCHEDULER_CLASS:
+        raise CheckpointError(
+            f"{scheduler_path}: a distilled Cosmos3 checkpoint samples with {SCHEDULER_CLASS}, but this file "
+            f"describes {scheduler_config.get('_class_name')!r}; the scheduler/ folder belongs to another checkpoint."
+        )
+    flag = index.get("default_use_system_prompt")
+    return DistilledSchedule(
+        sigmas=tuple(float(s) for s in sigmas),
+        scheduler_config=scheduler_config,
+        default_use_system_prompt=flag if isinstance(flag, bool) else None,
+        name=root.name,
+    )
+
+
+class DistilledVisionStepper:
+    """``step(velocity, step_index, latents) -> latents``: the reference's distilled scheduler step.
+
+    ``generator`` must be the generator that drew the initial noise (the reference passes one generator to both),
+    left where that draw ended. Latents stay fp32 as in the reference."""
+
+    def __init__(self, scheduler: FlowMatchEulerDiscreteScheduler, generator: torch.Generator):
+        self.scheduler = scheduler
+        self.generator = generator
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        return self.scheduler.timesteps
+
+    @property
+    def sigmas(self) -> torch.Tensor:
+        return self.scheduler.sigmas
+
+    def step(self, velocity: torch.Tensor, step_index: int, latents: torch.Tensor) -> torch.Tensor:
+        t = self.scheduler.timesteps[step_index]
+        return self.scheduler.step(
+            velocity.float().unsqueeze(0), t, latents.float().unsqueeze(0), generator=self.generator,
+            return_dict=False,
+        )[0].squeeze(0)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON ({exc}).") from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object.")
+    return value
