@@ -2,10 +2,10 @@
 
 Mirrors diffusers 0.42.1 ``Cosmos3DistilledModularPipeline`` (modular_pipelines/cosmos/):
 
-* **Recognition** (``modular_pipeline.py`` + ``ModularPipeline.from_pretrained``): diffusers picks the pipeline
+* **Recognition** (``modular_pipeline.py`` + ``ModularPipeline.__init__``): diffusers picks the pipeline
   class from ``_class_name`` of the checkpoint's ``modular_model_index.json`` and its blocks from
-  ``_blocks_class_name`` (else the class's default blocks). A checkpoint is distilled when that resolves to
-  ``Cosmos3DistilledBlocks``. Its configs ``distilled_sigmas`` (and ``default_use_system_prompt``) come from the
+  ``_blocks_class_name`` (a name that is not a diffusers blocks class with blocks falls back to the pipeline
+  class's default blocks). A checkpoint is distilled when that resolves to ``Cosmos3DistilledBlocks``. Its configs ``distilled_sigmas`` (and ``default_use_system_prompt``) come from the
   same file; without ``modular_model_index.json`` diffusers builds the base Omni pipeline, so the checkpoint is
   not distilled.
 * **Schedule** (``Cosmos3DistilledSetTimestepsStep``): the checkpoint's ``scheduler/`` (a
@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import diffusers
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -80,7 +81,11 @@ def read_distilled(checkpoint_dir: str | Path) -> DistilledSchedule | None:
     if not path.is_file():
         return None
     index = _read_json(path)
-    blocks = index.get("_blocks_class_name") or _DEFAULT_BLOCKS.get(index.get("_class_name"))
+    blocks = index.get("_blocks_class_name")
+    if blocks is None:  # diffusers cannot build a pipeline from this file at all
+        raise CheckpointError(f"{path}: no _blocks_class_name; fetch modular_model_index.json of the checkpoint again.")
+    if not getattr(getattr(diffusers, str(blocks), None), "block_classes", None):
+        blocks = _DEFAULT_BLOCKS.get(index.get("_class_name"))
     if blocks != DISTILLED_BLOCKS:
         return None
     sigmas = index.get("distilled_sigmas")
