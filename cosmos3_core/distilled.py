@@ -53,18 +53,39 @@ class DistilledSchedule:
     def steps(self) -> int:
         return len(self.sigmas)
 
-    def check(self, steps: int | None, guidance: float | None, *, steps_arg: str = "steps",
-              guidance_arg: str = "guidance", who: str = "generate") -> None:
-        """Raise one clear ``ValueError`` when a request asks for another step count or a guidance scale ≠ 1."""
+    def check(self, *, steps: int | None, guidance: float | None, shift: float | None = None,
+              schedule: str = "flow_shift", negative_prompt: str | None = None, sound: bool = False,
+              who: str = "generate") -> None:
+        """Refuse, with one clear message, every request value this checkpoint fixes (never overridden silently):
+        another step count, guidance ≠ 1, a shift, the karras schedule, a negative prompt, sound. ``None``
+        means "not given". Messages name the node input first and the CLI flag in parentheses."""
+        head = f"{who}: {{}}, but checkpoint {self.name!r} is distilled"
+        fixed = f"samples on a fixed schedule (distilled_sigmas in {MODULAR_INDEX})"
         if steps is not None and steps != self.steps:
             raise ValueError(
-                f"{who}: {steps_arg}={steps}, but checkpoint {self.name!r} is distilled with a fixed {self.steps}-step "
-                f"schedule (distilled_sigmas in {MODULAR_INDEX}); set {steps_arg} to {self.steps}."
+                head.format(f"steps={steps}") + f" with a fixed {self.steps}-step schedule (distilled_sigmas in "
+                f"{MODULAR_INDEX}); set steps to {self.steps} (CLI: --steps {self.steps}, or leave it out)."
             )
         if guidance is not None and guidance != 1.0:
             raise ValueError(
-                f"{who}: {guidance_arg}={guidance:g}, but checkpoint {self.name!r} is distilled: guidance is baked into "
-                f"its weights and runs one branch; set {guidance_arg} to 1."
+                head.format(f"guidance (cfg)={guidance:g}") + ": guidance is baked into its weights (one branch); "
+                "set cfg to 1 (CLI: --guidance 1, or leave it out)."
+            )
+        if shift is not None:
+            raise ValueError(head.format(f"shift={shift:g}") + f": it {fixed}, which takes no shift; set shift to 0 "
+                             "(CLI: drop --shift).")
+        if schedule != "flow_shift":
+            raise ValueError(head.format(f"schedule={schedule}") + f": it {fixed}; set schedule to flow_shift "
+                             "(CLI: drop --schedule).")
+        if negative_prompt:
+            raise ValueError(
+                head.format("negative_prompt is set") + ": guidance is baked into its weights and there is no "
+                "negative branch; clear negative_prompt (CLI: drop --negative-prompt)."
+            )
+        if sound:
+            raise ValueError(
+                head.format("sound=True") + " and generates vision only (diffusers' distilled pipeline has no sound "
+                "stream); set sound to false (CLI: drop --sound)."
             )
 
     def make_scheduler(self, device: torch.device | str | None = None) -> FlowMatchEulerDiscreteScheduler:

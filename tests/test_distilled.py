@@ -91,3 +91,183 @@ def test_schedule_is_the_checkpoints(checkpoint):
     scheduler = schedule.make_scheduler()
     assert scheduler.config.stochastic_sampling
     assert torch.equal(scheduler.sigmas, torch.tensor(DISTILLED_SIGMAS + [0.0]))
+
+
+# ---------------------------------------------------------------------------------------------- generation parity
+@pytest.fixture(scope="module")
+def ours(checkpoint):
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+
+    pipe = Cosmos3Pipeline.load(checkpoint, dtype=torch.float32, device="cpu")
+    cfg = pipe.config
+    assert cfg.q_width != cfg.hidden_size and cfg.num_attention_heads // cfg.num_key_value_heads == 8  # Super's shape
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    pipe = ModularPipeline.from_pretrained(str(checkpoint))
+    assert type(pipe).__name__ == "Cosmos3DistilledModularPipeline"
+    pipe.load_components(torch_dtype=torch.float32)
+    pipe.disable_safety_checker()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def rel(a, b) -> float:
+    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _image() -> Image.Image:
+    return Image.fromarray(np.random.default_rng(1).integers(0, 256, (80, 100, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("mode, frames, with_image", [("t2i", 1, False), ("t2v", 9, False), ("i2v", 9, True)])
+def test_latents_match_distilled_reference(ours, reference, mode, frames, with_image):
+    """Steps and guidance unset on both sides: each takes them from the checkpoint (4 steps, one branch)."""
+    from cosmos3_core.pipeline import GenerationRequest
+
+    image = _image() if with_image else None
+    ref = reference(prompt=PROMPT, num_frames=frames, height=H, width=W, image=image,
+                    generator=torch.Generator("cpu").manual_seed(SEED), output_type="latent").get("videos")
+    seen = []
+    out = ours.generate(GenerationRequest(prompt=PROMPT, num_frames=frames, height=H, width=W, seed=SEED, image=image),
+                        callback=lambda step, total, _: seen.append((step, total)), decode=False)
+    assert seen == [(i, 4) for i in range(1, 5)]
+    assert out.latents.shape == ref.shape
+    assert rel(out.latents, ref) <= 1e-4
+    if with_image:  # the conditioned frame is re-anchored after every stochastic step: it stays the clean latent
+        x0, _ = ours.encode_condition(ours.encode_text(PROMPT, num_frames=frames, height=H, width=W, fps=24.0),
+                                      image=image)
+        assert torch.equal(out.latents[:, :, 0], x0[:, :, 0].float())
+
+
+def test_seed_changes_the_stochastic_steps(ours):
+    """The SDE steps draw from the seeded generator: the same seed repeats exactly, another seed differs."""
+    from cosmos3_core.pipeline import GenerationRequest
+
+    def run(seed):
+        return ours.generate(GenerationRequest(prompt=PROMPT, num_frames=1, height=H, width=W, seed=seed),
+                             decode=False).latents
+
+    a, b, c = run(3), run(3), run(4)
+    assert torch.equal(a, b) and rel(a, c) > 0.1
+
+
+def test_only_the_conditional_prompt_is_prefilled(ours):
+    before = ours.prefill_count
+    text = ours.encode_text(PROMPT, num_frames=1, height=H, width=W, fps=24.0)
+    assert ours.prefill_count == before + 1 and text.uncond is None
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _cli(*args: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "cosmos3_core.generate", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+CLI_BASE = ["--prompt", "a red car on a street", "--height", "64", "--width", "96", "--device", "cpu", "--dtype", "fp32"]
+
+
+def test_cli_runs_a_distilled_checkpoint_with_its_schedule(checkpoint, tmp_path):
+    png = tmp_path / "t2i.png"
+    r = _cli("--checkpoint", str(checkpoint), *CLI_BASE, "--num-frames", "1", "--out", str(png))
+    assert r.returncode == 0, r.stderr
+    assert "step 4/4" in r.stderr  # the checkpoint's 4-step schedule, with no --steps given
+    assert Image.open(png).size == (96, 64)
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--steps", "8"], ["steps=8", "fixed 4-step schedule", "distilled_sigmas", "--steps 4"]),
+    (["--guidance", "6"], ["guidance (cfg)=6", "baked into", "--guidance 1"]),
+    (["--shift", "5"], ["shift=5", "fixed schedule", "drop --shift"]),
+    (["--schedule", "karras"], ["schedule=karras", "fixed schedule", "drop --schedule"]),
+    (["--negative-prompt", "blurry"], ["negative_prompt", "no negative branch", "drop --negative-prompt"]),
+])
+def test_cli_refuses_what_a_distilled_checkpoint_fixes(checkpoint, tmp_path, extra, needles):
+    r = _cli("--checkpoint", str(checkpoint), *CLI_BASE, "--num-frames", "9", "--out", str(tmp_path / "o.mp4"), *extra)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("error:") == 1, r.stderr
+    for needle in needles:
+        assert needle in r.stderr, (needle, r.stderr)
+
+
+# ---------------------------------------------------------------------------------------------- nodes (real host)
+@pytest.fixture(scope="module")
+def host():
+    import comfy_host
+    from test_workflows import ensure_tiny_checkpoints, write_test_inputs
+
+    h = comfy_host.get_executor()
+    h.assert_pack_loaded()
+    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
+    write_test_inputs(h.base_dir / "input")
+    return h
+
+
+def _distilled_graph(mode: str, **kw) -> dict:
+    from test_workflows import TINY_DISTILLED, load_api, shrink_api, tiny_checkpoint_for
+
+    api = load_api(mode)
+    assert tiny_checkpoint_for(api) == TINY_DISTILLED
+    return shrink_api(api, prefix=f"cosmos3_tests/{mode}", **kw)
+
+
+def _run(host, graph):
+    import comfy_host
+
+    success, outputs, messages = host.run(graph, extra_data={"client_id": "cosmos3-tests"})
+    return success, outputs, messages, comfy_host
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("mode", ["distilled_t2i", "distilled_i2v"])
+def test_distilled_workflows_run_in_the_host(host, mode):
+    from test_workflows import check_outputs
+
+    graph = _distilled_graph(mode)
+    (ks,) = [n for n, v in graph.items() if v["class_type"] == "Cosmos3KSamplerUniPCDualTower"]
+    assert (graph[ks]["inputs"]["steps"], graph[ks]["inputs"]["cfg"]) == (4, 1.0)
+    success, outputs, messages, comfy_host = _run(host, graph)
+    assert success, comfy_host._execution_error_text(messages)
+    check_outputs(host.base_dir, mode.removeprefix("distilled_"), graph, outputs)
+
+
+SAMPLER = "Cosmos3KSamplerUniPCDualTower"
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("node, name, value, needles", [
+    (SAMPLER, "steps", 35, ["steps=35", "fixed 4-step schedule", "set steps to 4"]),
+    (SAMPLER, "cfg", 6.0, ["guidance (cfg)=6", "baked into", "set cfg to 1"]),
+    (SAMPLER, "shift", 5.0, ["shift=5", "fixed schedule", "set shift to 0"]),
+    (SAMPLER, "schedule", "karras", ["schedule=karras", "fixed schedule", "set schedule to flow_shift"]),
+    (SAMPLER, "sound", True, ["sound=True", "vision only", "set sound to false"]),
+    ("Cosmos3TextEncode", "negative_prompt", "blurry", ["negative_prompt", "no negative branch",
+                                                        "clear negative_prompt"]),
+])
+def test_node_refuses_what_a_distilled_checkpoint_fixes(host, node, name, value, needles):
+    from test_workflows import TINY_DISTILLED, check_outputs
+
+    graph = _distilled_graph("distilled_t2i")
+    (nid,) = [n for n, v in graph.items() if v["class_type"] == node]
+    graph[nid]["inputs"][name] = value
+    success, _, messages, _ = _run(host, graph)
+    assert not success
+    (err,) = [d for e, d in messages if e == "execution_error"]
+    msg = err["exception_message"]
+    assert err["node_type"] == node and msg.startswith(node), err
+    assert TINY_DISTILLED in msg, msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    ok_graph = _distilled_graph("distilled_t2i", seed=9)  # the next run works
+    success, outputs, messages, comfy_host = _run(host, ok_graph)
+    assert success, comfy_host._execution_error_text(messages)
+    check_outputs(host.base_dir, "t2i", ok_graph, outputs)
