@@ -14,8 +14,9 @@ Mirrors diffusers 0.42.1 ``Cosmos3DistilledModularPipeline`` (modular_pipelines/
   into the weights (one branch, scale 1): another step count or scale is an error, never overridden.
 * **Step** (``Cosmos3DistilledVisionLoopSchedulerStep``): ``scheduler.step(v, t, x, generator=...)`` — with the
   checkpoint's ``stochastic_sampling`` this is the SDE step ``(1−σ')·(x − σ·v) + σ'·ε`` that draws ``ε`` from the
-  *same* generator as the initial noise, after it (a CPU generator: device-independent). Conditioned latent frames
-  are then re-anchored, ``mask·x0 + (1−mask)·x``, by the plan's anchor.
+  *same* generator as the initial noise, after it (a CPU generator: device-independent). ``make_stepper`` returns
+  that generator for the plan to draw the initial noise from; the plan re-anchors conditioned latent frames after
+  every step, ``mask·x0 + (1−mask)·x``.
 * **Text** (``Cosmos3DistilledTextEncoderStep``): the prompt is rendered exactly as for the base model; there is
   no negative prompt (the reference builds an unused empty one), so only the conditional K/V is computed.
 """
@@ -31,7 +32,9 @@ import diffusers
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from . import defaults
 from .config import CheckpointError
+from .schedulers import SchedulerStepper
 
 MODULAR_INDEX = "modular_model_index.json"
 DISTILLED_BLOCKS = "Cosmos3DistilledBlocks"
@@ -74,7 +77,7 @@ class DistilledSchedule:
         if shift is not None:
             raise ValueError(head.format(f"shift={shift:g}") + f": it {fixed}, which takes no shift; set shift to 0 "
                              "(CLI: drop --shift).")
-        if schedule != "flow_shift":
+        if schedule != defaults.SCHEDULE:
             raise ValueError(head.format(f"schedule={schedule}") + f": it {fixed}; set schedule to flow_shift "
                              "(CLI: drop --schedule).")
         if negative_prompt:
@@ -93,6 +96,12 @@ class DistilledSchedule:
         scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
         scheduler.set_timesteps(sigmas=list(self.sigmas), device=device)
         return scheduler
+
+    def make_stepper(self, seed: int) -> tuple[SchedulerStepper, torch.Generator]:
+        """The vision stepper of one run and its seeded CPU generator, which must also draw the initial noise
+        (first) — the reference passes one generator to the noise draw and to every scheduler step."""
+        generator = torch.Generator("cpu").manual_seed(int(seed))
+        return SchedulerStepper(self.make_scheduler(), step_kwargs={"generator": generator}), generator
 
 
 def read_distilled(checkpoint_dir: str | Path) -> DistilledSchedule | None:
@@ -136,32 +145,6 @@ def read_distilled(checkpoint_dir: str | Path) -> DistilledSchedule | None:
         default_use_system_prompt=flag if isinstance(flag, bool) else None,
         name=root.name,
     )
-
-
-class DistilledVisionStepper:
-    """``step(velocity, step_index, latents) -> latents``: the reference's distilled scheduler step.
-
-    ``generator`` must be the generator that drew the initial noise (the reference passes one generator to both),
-    left where that draw ended. Latents stay fp32 as in the reference."""
-
-    def __init__(self, scheduler: FlowMatchEulerDiscreteScheduler, generator: torch.Generator):
-        self.scheduler = scheduler
-        self.generator = generator
-
-    @property
-    def timesteps(self) -> torch.Tensor:
-        return self.scheduler.timesteps
-
-    @property
-    def sigmas(self) -> torch.Tensor:
-        return self.scheduler.sigmas
-
-    def step(self, velocity: torch.Tensor, step_index: int, latents: torch.Tensor) -> torch.Tensor:
-        t = self.scheduler.timesteps[step_index]
-        return self.scheduler.step(
-            velocity.float().unsqueeze(0), t, latents.float().unsqueeze(0), generator=self.generator,
-            return_dict=False,
-        )[0].squeeze(0)
 
 
 def _read_json(path: Path) -> dict:

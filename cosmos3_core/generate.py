@@ -30,8 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=defaults.WIDTH)
     p.add_argument("--fps", type=float, default=defaults.FPS)
     p.add_argument("--steps", type=int, default=None,
-                   help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video")
-    p.add_argument("--guidance", type=float, default=defaults.GUIDANCE)
+                   help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video "
+                        "(a distilled checkpoint: its fixed schedule's length)")
+    p.add_argument("--guidance", type=float, default=None,
+                   help=f"default: {defaults.GUIDANCE:g} (a distilled checkpoint: 1, guidance is baked in)")
     p.add_argument("--seed", type=int, default=defaults.SEED)
     p.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.SCHEDULE)
     p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")

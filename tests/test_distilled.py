@@ -161,6 +161,32 @@ def test_only_the_conditional_prompt_is_prefilled(ours):
     assert ours.prefill_count == before + 1 and text.uncond is None
 
 
+@pytest.mark.parametrize("change, needles", [
+    (dict(steps=8), ["steps=8", "fixed 4-step schedule", "set steps to 4"]),
+    (dict(guidance=6.0), ["guidance (cfg)=6", "baked into", "set cfg to 1"]),
+    (dict(shift=5.0), ["shift=5", "fixed schedule", "set shift to 0"]),
+    (dict(schedule="karras"), ["schedule=karras", "fixed schedule", "set schedule to flow_shift"]),
+    (dict(negative_prompt="blurry"), ["negative_prompt is set", "no negative branch", "clear negative_prompt"]),
+    (dict(sound=True), ["sound=True", "vision only", "set sound to false"]),
+])
+def test_library_refuses_what_a_distilled_checkpoint_fixes(ours, change, needles):
+    from cosmos3_core.pipeline import GenerationRequest
+
+    request = GenerationRequest(prompt=PROMPT, num_frames=1, height=H, width=W, **change)
+    before = ours.prefill_count
+    with pytest.raises(ValueError) as e:
+        ours.generate(request, decode=False)
+    assert str(e.value).startswith("generate: ")
+    assert repr(ours.distilled.name) in str(e.value)
+    for needle in needles:
+        assert needle in str(e.value)
+    assert ours.prefill_count == before  # refused before any model work
+    text = ours.encode_text(PROMPT, num_frames=1, height=H, width=W, fps=24.0)
+    with pytest.raises(ValueError, match="set steps to 4"):  # the plan itself checks too (the nodes' path)
+        ours.plan(text, steps=8)
+    assert ours.plan(text).steps == 4
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 def _cli(*args: str):
     import os
@@ -187,8 +213,6 @@ def test_cli_runs_a_distilled_checkpoint_with_its_schedule(checkpoint, tmp_path)
 @pytest.mark.parametrize("extra, needles", [
     (["--steps", "8"], ["steps=8", "fixed 4-step schedule", "distilled_sigmas", "--steps 4"]),
     (["--guidance", "6"], ["guidance (cfg)=6", "baked into", "--guidance 1"]),
-    (["--shift", "5"], ["shift=5", "fixed schedule", "drop --shift"]),
-    (["--schedule", "karras"], ["schedule=karras", "fixed schedule", "drop --schedule"]),
     (["--negative-prompt", "blurry"], ["negative_prompt", "no negative branch", "drop --negative-prompt"]),
 ])
 def test_cli_refuses_what_a_distilled_checkpoint_fixes(checkpoint, tmp_path, extra, needles):
