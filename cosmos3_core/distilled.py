@@ -34,7 +34,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 from . import defaults
 from .config import CheckpointError
-from .schedulers import SchedulerStepper
+from .schedulers import ItemSteppers, SchedulerStepper
 
 MODULAR_INDEX = "modular_model_index.json"
 DISTILLED_BLOCKS = "Cosmos3DistilledBlocks"
@@ -97,11 +97,15 @@ class DistilledSchedule:
         scheduler.set_timesteps(sigmas=list(self.sigmas), device=device)
         return scheduler
 
-    def make_stepper(self, seed: int) -> tuple[SchedulerStepper, torch.Generator]:
-        """The vision stepper of one run and its seeded CPU generator, which must also draw the initial noise
-        (first) — the reference passes one generator to the noise draw and to every scheduler step."""
-        generator = torch.Generator("cpu").manual_seed(int(seed))
-        return SchedulerStepper(self.make_scheduler(), step_kwargs={"generator": generator}), generator
+    def make_stepper(self, seed: int, batch_size: int = 1) -> tuple[SchedulerStepper | ItemSteppers,
+                                                                     list[torch.Generator]]:
+        """The vision stepper of one run and the seeded CPU generator of each batch item (item k: seed + k), which
+        must also draw that item's initial noise (first) — the reference passes one generator to the noise draw and
+        to every scheduler step. A batch steps each item with its own scheduler and generator, so every item
+        equals its own single run."""
+        generators = [torch.Generator("cpu").manual_seed(int(seed) + k) for k in range(batch_size)]
+        steppers = [SchedulerStepper(self.make_scheduler(), step_kwargs={"generator": g}) for g in generators]
+        return (steppers[0] if batch_size == 1 else ItemSteppers(steppers)), generators
 
 
 def read_distilled(checkpoint_dir: str | Path) -> DistilledSchedule | None:
