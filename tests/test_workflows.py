@@ -30,7 +30,6 @@ pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
 MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v", "distilled_t2i", "distilled_i2v")
-DISTILLED_MODES = ("distilled_t2i", "distilled_i2v")  # for the few-step checkpoints (steps and cfg fixed by them)
 REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
 PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
                  "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
