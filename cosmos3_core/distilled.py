@@ -5,9 +5,10 @@ Mirrors diffusers 0.42.1 ``Cosmos3DistilledModularPipeline`` (modular_pipelines/
 * **Recognition** (``modular_pipeline.py`` + ``ModularPipeline.__init__``): diffusers picks the pipeline
   class from ``_class_name`` of the checkpoint's ``modular_model_index.json`` and its blocks from
   ``_blocks_class_name`` (a name that is not a diffusers blocks class with blocks falls back to the pipeline
-  class's default blocks). A checkpoint is distilled when that resolves to ``Cosmos3DistilledBlocks``. Its configs ``distilled_sigmas`` (and ``default_use_system_prompt``) come from the
-  same file; without ``modular_model_index.json`` diffusers builds the base Omni pipeline, so the checkpoint is
-  not distilled.
+  class's default blocks; no ``_blocks_class_name`` at all is an error there too). A checkpoint is distilled when
+  that resolves to ``Cosmos3DistilledBlocks``. Its configs ``distilled_sigmas`` (and ``default_use_system_prompt``)
+  come from the same file; without ``modular_model_index.json`` diffusers builds the base Omni pipeline, so the
+  checkpoint is not distilled.
 * **Schedule** (``Cosmos3DistilledSetTimestepsStep``): the checkpoint's ``scheduler/`` (a
   ``FlowMatchEulerDiscreteScheduler``; diffusers' class itself is used, it is the reference's update rule) with
   ``set_timesteps(sigmas=distilled_sigmas)``. The step count is ``len(distilled_sigmas)`` and guidance is baked
@@ -15,8 +16,9 @@ Mirrors diffusers 0.42.1 ``Cosmos3DistilledModularPipeline`` (modular_pipelines/
 * **Step** (``Cosmos3DistilledVisionLoopSchedulerStep``): ``scheduler.step(v, t, x, generator=...)`` — with the
   checkpoint's ``stochastic_sampling`` this is the SDE step ``(1−σ')·(x − σ·v) + σ'·ε`` that draws ``ε`` from the
   *same* generator as the initial noise, after it (a CPU generator: device-independent). ``make_stepper`` returns
-  that generator for the plan to draw the initial noise from; the plan re-anchors conditioned latent frames after
-  every step, ``mask·x0 + (1−mask)·x``.
+  that generator for the plan to draw the initial noise from (per batch item: seed + k, each item with its own
+  scheduler, so it equals its single run); the plan re-anchors conditioned latent frames after every step,
+  ``mask·x0 + (1−mask)·x``.
 * **Text** (``Cosmos3DistilledTextEncoderStep``): the prompt is rendered exactly as for the base model; there is
   no negative prompt (the reference builds an unused empty one), so only the conditional K/V is computed.
 """
@@ -38,8 +40,9 @@ from .schedulers import ItemSteppers, SchedulerStepper
 
 MODULAR_INDEX = "modular_model_index.json"
 DISTILLED_BLOCKS = "Cosmos3DistilledBlocks"
-# ModularPipeline subclasses' ``default_blocks_name`` (used when ``_blocks_class_name`` is absent)
-_DEFAULT_BLOCKS = {"Cosmos3DistilledModularPipeline": DISTILLED_BLOCKS, "Cosmos3OmniModularPipeline": "Cosmos3OmniBlocks"}
+# ModularPipeline subclasses' ``default_blocks_name`` (used when ``_blocks_class_name`` names no blocks class)
+_DEFAULT_BLOCKS = {"Cosmos3DistilledModularPipeline": DISTILLED_BLOCKS,
+                   "Cosmos3OmniModularPipeline": "Cosmos3OmniBlocks"}
 SCHEDULER_CLASS = "FlowMatchEulerDiscreteScheduler"
 
 
@@ -57,7 +60,7 @@ class DistilledSchedule:
         return len(self.sigmas)
 
     def check(self, *, steps: int | None, guidance: float | None, shift: float | None = None,
-              schedule: str = "flow_shift", negative_prompt: str | None = None, sound: bool = False,
+              schedule: str = defaults.SCHEDULE, negative_prompt: str | None = None, sound: bool = False,
               who: str = "generate") -> None:
         """Refuse, with one clear message, every request value this checkpoint fixes (never overridden silently):
         another step count, guidance ≠ 1, a shift, the karras schedule, a negative prompt, sound. ``None``

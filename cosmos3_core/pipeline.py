@@ -294,11 +294,11 @@ class Cosmos3Pipeline:
         the tower afterwards (ComfyUI's model management) passes the device it will run on. ``steps``/``guidance``
         ``None``: the checkpoint's defaults (a distilled checkpoint: its schedule's length and 1, and nothing else).
         """
+        check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
+                       guidance_interval=guidance_interval, batch_size=batch_size, who=who)
         if self.distilled is not None:
             self.distilled.check(steps=steps, guidance=guidance, shift=shift, schedule=schedule, sound=sound, who=who)
         guidance = self.default_guidance if guidance is None else guidance
-        check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
-                       guidance_interval=guidance_interval, batch_size=batch_size, who=who)
         if sound and not self.supports_sound:
             raise ValueError(
                 f"{who}: sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
