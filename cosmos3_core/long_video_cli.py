@@ -73,6 +73,11 @@ def run_windows(args: argparse.Namespace, check_common_args) -> dict[str, float]
         raise ValueError(f"--out {args.out}: a windowed video is written as an .mp4 file.")
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
+    from .distilled import read_distilled
+
+    if read_distilled(ckpt) is not None:
+        raise ValueError(f"--checkpoint {ckpt} is a distilled checkpoint; windowed generation and Transfer need a "
+                         "base (non-distilled) checkpoint for now.")
     controls = parse_controls(args.control)
     timings = dict.fromkeys(("model_load", "preprocess", "inference", "to_cpu", "encode"), 0.0)
     start = time.perf_counter()
@@ -80,7 +85,8 @@ def run_windows(args: argparse.Namespace, check_common_args) -> dict[str, float]
         prompt=args.prompt[0] if len(args.prompt) == 1 else list(args.prompt), negative_prompt=args.negative_prompt,
         num_frames=args.num_frames if (args.num_frames_given or not controls) else None,
         frames_per_chunk=args.frames_per_chunk, conditional_frames=args.conditional_frames, height=args.height,
-        width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
+        width=args.width, fps=args.fps, steps=args.steps, seed=args.seed,
+        guidance=defaults.GUIDANCE if args.guidance is None else args.guidance,
         schedule=args.schedule, shift=args.shift, sound=args.sound,
         image=media.read_image(args.image) if args.image else None,
         video=media.read_video(args.video)[0] if args.video else None,

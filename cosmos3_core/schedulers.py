@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from diffusers import UniPCMultistepScheduler
 
+from .config import CheckpointError
 from .defaults import SCHEDULES
 
 
@@ -30,7 +31,15 @@ def load_scheduler_config(checkpoint_dir: str | Path) -> dict:
     path = Path(checkpoint_dir) / "scheduler" / "scheduler_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a Cosmos3 checkpoint holds scheduler/scheduler_config.json.")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON ({exc}); download the checkpoint's scheduler/ folder "
+                              "again.") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}, not the UniPC scheduler settings object; "
+                              "download the checkpoint's scheduler/ folder again.")
+    return config
 
 
 def make_scheduler(
@@ -83,3 +92,25 @@ class SchedulerStepper:
         if self.keep_channels is not None:
             out[..., self.keep_channels:] = 0
         return out
+
+
+class ItemSteppers:
+    """One stepper per batch item, each advancing its own row of the latents ``[N, ...]`` — for a stochastic
+    scheduler that draws from each item's own generator (the distilled steps), so every item equals its single run."""
+
+    def __init__(self, steppers: list[SchedulerStepper]):
+        self.steppers = list(steppers)
+
+    def fork(self, **changes) -> "ItemSteppers":
+        return ItemSteppers([s.fork(**changes) for s in self.steppers])
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        return self.steppers[0].timesteps
+
+    @property
+    def sigmas(self) -> torch.Tensor:
+        return self.steppers[0].sigmas
+
+    def step(self, velocity: torch.Tensor, index: int, latents: torch.Tensor) -> torch.Tensor:
+        return torch.cat([s.step(velocity[k:k + 1], index, latents[k:k + 1]) for k, s in enumerate(self.steppers)])
