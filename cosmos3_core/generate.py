@@ -130,7 +130,8 @@ def check_common_args(args: argparse.Namespace) -> Path:
     from .prompt import check_text
 
     ckpt = Path(args.checkpoint)
-    check_text(args.prompt, "--prompt")
+    for text in [args.prompt] if isinstance(args.prompt, str) else args.prompt:  # generate: once per window
+        check_text(text, "--prompt")
     if not ckpt.is_dir():
         raise ValueError(f"--checkpoint {ckpt} is not a folder; give the downloaded Cosmos3 checkpoint folder.")
     if args.device == "cuda" and not torch.cuda.is_available():

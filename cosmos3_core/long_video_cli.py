@@ -69,8 +69,19 @@ def run_windows(args: argparse.Namespace, check_common_args) -> dict[str, float]
     ckpt = check_common_args(args)
     if args.frames_per_chunk is None:
         args.frames_per_chunk = defaults.NUM_FRAMES
+    from .generate import check_writable
+    from .prompt import check_text
+
+    if args.negative_prompt is not None:
+        check_text(args.negative_prompt, "--negative-prompt")
     if Path(args.out).suffix.lower() != ".mp4":
         raise ValueError(f"--out {args.out}: a windowed video is written as an .mp4 file.")
+    check_writable(Path(args.out), "--out")
+    for flag, path in (("--latents-out", args.latents_out), ("--frames-out", args.frames_out)):
+        if path is not None:
+            if Path(path).suffix.lower() != ".safetensors":
+                raise ValueError(f"{flag} {path}: written as a .safetensors file; give a name ending in .safetensors.")
+            check_writable(Path(path), flag)
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
     from .distilled import read_distilled
