@@ -99,6 +99,10 @@ def test_largest_seed_runs_and_a_larger_one_is_refused_by_validation(host):
     err = e.value.node_errors["3"]
     assert err["class_type"] == "Cosmos3KSamplerUniPCDualTower" and err["errors"][0]["details"] == "seed", err
     assert "bigger than max" in err["errors"][0]["message"], err
+    g = t2i_graph(seed=2**64 - 1)
+    g["3"]["inputs"]["batch_size"] = 2  # items run seeds 2**64-1 and (wrapping) 0
+    success, outputs, messages, _ = run(host, g)
+    assert success, comfy_host._execution_error_text(messages)
     success, _, messages, _ = run(host, reasoner_graph(seed=2**64 - 1, max_new_tokens=2, temperature=0.7))
     assert success, comfy_host._execution_error_text(messages)
 
