@@ -107,17 +107,6 @@ def test_largest_seed_runs_and_a_larger_one_is_refused_by_validation(host):
     assert success, comfy_host._execution_error_text(messages)
 
 
-def test_reasoner_seeds_are_not_folded(host):
-    """Seeds s and s + 2**63 are different seeds (the reasoner node once took them modulo 2**63)."""
-    texts = []
-    for seed in (5, 5 + 2**63):
-        g = reasoner_graph(seed=seed, max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0)
-        success, outputs, messages, _ = run(host, g)
-        assert success, comfy_host._execution_error_text(messages)
-        texts.append(outputs["3"]["text"][0])
-    assert texts[0] != texts[1], texts
-
-
 # -- 9, 10: prompts ------------------------------------------------------------------------------------------------
 
 def test_lone_surrogate_prompt(host):
