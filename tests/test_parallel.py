@@ -3,7 +3,8 @@
 One spawn of 2 ranks runs CFG-parallel and Ulysses-2; one spawn of 4 ranks runs Ulysses-4 (the tiny checkpoint has
 4 query / 2 key-value heads, so U = 4 also exercises the replicated key/value head) and CFG-parallel × Ulysses-2.
 Each configuration generates T2V, T2AV and T2V with a guidance interval (its second step runs the cond branch alone,
-which CFG-parallel broadcasts) — fp32, 2 steps — through ``cosmos3_core.parallel.run.generate``; the test
+which CFG-parallel broadcasts) — fp32, 2 steps — through ``cosmos3_core.parallel.run.generate``, and a T2AV batch of
+2 (ComfyUI's batch_size) through ``pipeline.plan`` + ``run`` with the ``ParallelDenoiser``; the test
 compares every rank's latents with this process's ``Cosmos3Pipeline.generate`` (≤ 1e-5 relative) and with diffusers
 0.42.1 ``Cosmos3OmniPipeline`` (≤ 1e-4, the parity tolerance of test_generation_parity.py). Both spawns also run
 the tile-parallel VAE decode (compared with the one-rank tiled decode, which test_vae.py ties to diffusers'
@@ -36,6 +37,7 @@ H, W, F, STEPS, SEED, SHIFT = 64, 96, 9, 2, 11, 3.0
 PROMPT = "a red robot walking on the street at night"
 NEGATIVE = "blurry low quality video"
 MODES = {"t2v": False, "t2av": True}  # name: sound
+BATCH = dict(seed=SEED, steps=STEPS, shift=SHIFT, sound=True, batch_size=2)  # "t2av_batch2": plan + run
 INTERVAL = (990.0, 1000.0)  # "t2v_interval": step 1 (t = 999) guided, step 2 cond only (CFG-parallel: a broadcast)
 CONFIGS = {2: [(True, 1), (False, 2)], 4: [(False, 4), (True, 2)]}  # world: [(cfg_parallel, ulysses)]
 TILE = dict(tile_sample_size=48, tile_sample_stride=32)  # 6 tiles of unequal size on a 4 x 6 latent
@@ -70,6 +72,7 @@ def _rank_body(rank: int, world: int, port: int, checkpoint: str, out: Path) -> 
     import torch.distributed as dist
 
     from cosmos3_core.parallel import run
+    from cosmos3_core.parallel.denoiser import ParallelDenoiser
     from cosmos3_core.parallel.mesh import ParallelError, init_parallel
     from cosmos3_core.parallel.vae import decode_parallel
     from cosmos3_core.pipeline import Cosmos3Pipeline
@@ -90,6 +93,11 @@ def _rank_body(rank: int, world: int, port: int, checkpoint: str, out: Path) -> 
             save_file(tensors, out / _name(cfg_parallel, ulysses, mode, rank))
         result = run.generate(pipe, _request(False, interval=INTERVAL), mesh, decode=False)
         save_file({"latents": result.latents.contiguous()}, out / _name(cfg_parallel, ulysses, "t2v_interval", rank))
+        denoiser = ParallelDenoiser(pipe.transformer, mesh)  # a batch of 2 (ComfyUI's batch_size) with sound
+        text = run.encode_text_local(pipe, denoiser, _request(True))
+        batch = pipe.run(pipe.plan(text, **BATCH), denoiser=denoiser)
+        save_file({"latents": batch.latents.contiguous(), "sound": batch.sound.contiguous()},
+                  out / _name(cfg_parallel, ulysses, "t2av_batch2", rank))
     frames = decode_parallel(pipe.vae, _vae_latents(), **TILE)
     save_file({"frames": frames}, out / f"vae_r{rank}.safetensors")
     if world != 2:
@@ -158,6 +166,9 @@ def single(checkpoint):
         pipe = Cosmos3Pipeline.load(checkpoint, dtype=torch.float32)
         ours = {mode: pipe.generate(_request(sound), decode=False) for mode, sound in MODES.items()}
         ours["t2v_interval"] = pipe.generate(_request(False, interval=INTERVAL), decode=False)
+        r = _request(True)
+        text = pipe.encode_text(r.prompt, r.negative_prompt, num_frames=F, height=H, width=W, fps=24.0)
+        ours["t2av_batch2"] = pipe.run(pipe.plan(text, **BATCH))
         frames = pipe.vae.decode(_vae_latents(), tile=True, **TILE)
         ref = Cosmos3OmniPipeline.from_pretrained(checkpoint, enable_safety_checker=False, torch_dtype=torch.float32)
         ref.scheduler = UniPCMultistepScheduler.from_config(ref.scheduler.config, flow_shift=SHIFT,
@@ -202,6 +213,13 @@ def test_parallel_generation_equals_single_process_and_diffusers(spawned, single
             got = load_file(out / _name(cfg_parallel, ulysses, "t2v_interval", r))["latents"]
             assert rel(got, ours["t2v_interval"].latents) <= 1e-5, where
             assert rel(got, ours["t2v"].latents) > 1e-3, where  # the cond-only step really changed the result
+        where = f"cfg_parallel={cfg_parallel} ulysses={ulysses} t2av, a batch of 2"
+        want = ours["t2av_batch2"]
+        assert want.latents.shape[0] == 2 and want.sound.shape[0] == 2
+        for r in range(world):
+            got = load_file(out / _name(cfg_parallel, ulysses, "t2av_batch2", r))
+            assert rel(got["latents"], want.latents) <= 1e-5, where
+            assert rel(got["sound"], want.sound) <= 1e-5, where
 
 
 def test_parallel_vae_decode_equals_single_rank_tiled_decode(spawned, single):
@@ -305,8 +323,12 @@ def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkp
             assert rel(got.latents, diffusers_latents[mode]) <= 1e-4, mode
             if sound:
                 assert rel(got.sound[0], ours[mode].sound_latent) <= 1e-5
+        text = pipe.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
+        got = pipe.run(pipe.plan(text, **BATCH), denoiser=split)  # a batch of 2 (ComfyUI's batch_size)
+        assert rel(got.latents, ours["t2av_batch2"].latents) <= 1e-5
+        assert rel(got.sound, ours["t2av_batch2"].sound) <= 1e-5
         hook.remove()
-        assert len(calls) == 2 * STEPS  # the replica ran the uncond branch of every step
+        assert len(calls) == 3 * STEPS  # the replica ran the uncond branch of every step
     finally:
         torch.set_num_threads(threads)
     with pytest.raises(ValueError, match="the two guidance branches need two devices, got 1"):
