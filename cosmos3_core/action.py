@@ -284,6 +284,15 @@ class ActionCondition:
         return dataclasses.replace(self, x0=self.x0.to(device))
 
 
+def encode_latent_shape(request: ActionRequest, vae, config, who: str = "action") -> tuple[int, ...]:
+    """Shape of the latent the VAE encode of ``request`` produces (canvas-sized, before the crop)."""
+    check_action_request(request, config, who)
+    frames = source_frames(request)
+    canvas = canvas_size(frames.shape[-2], frames.shape[-1], request.resolution_tier)
+    t = (request.num_frames - 1) // vae.temporal_scale + 1 if request.mode == "inverse_dynamics" else 1
+    return (1, vae.latent_channels, t, canvas[0] // vae.spatial_scale, canvas[1] // vae.spatial_scale)
+
+
 def encode_action_condition(vae, request: ActionRequest, config, who: str = "action") -> ActionCondition:
     """Check ``request``, bucket and VAE-encode its frames, and decide the clean frames and actions of its mode."""
     check_action_request(request, config, who)
@@ -375,16 +384,25 @@ def unpadded_actions(action_latents: torch.Tensor, condition: ActionCondition) -
 def load_actions(path: str | Path) -> np.ndarray:
     """Actions ``[T, D]`` float32 from ``.npy``, ``.json`` (a list of rows, or ``{"actions": rows}``) or
     ``.safetensors`` (one tensor, or the tensor named ``actions``)."""
+    return load_actions_with_metadata(path)[0]
+
+
+def load_actions_with_metadata(path: str | Path) -> tuple[np.ndarray, dict]:
+    """``load_actions`` plus the JSON file's ``domain_name`` / ``mode`` (what ``save_actions`` writes), if any."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"actions file {p} does not exist; pass a .npy, .json or .safetensors file.")
     suffix = p.suffix.lower()
+    meta: dict = {}
     try:
         if suffix == ".npy":
             arr = np.load(p, allow_pickle=False)
         elif suffix == ".json":
             data = json.loads(p.read_text())
-            arr = np.asarray(data["actions"] if isinstance(data, dict) else data, dtype=np.float32)
+            if isinstance(data, dict):
+                meta = {k: data[k] for k in ("domain_name", "mode") if isinstance(data.get(k), str)}
+                data = data["actions"]
+            arr = np.asarray(data, dtype=np.float32)
         elif suffix == ".safetensors":
             from safetensors.numpy import load_file
 
@@ -397,12 +415,12 @@ def load_actions(path: str | Path) -> np.ndarray:
                 raise ValueError(f"it holds {sorted(tensors)}; name the action tensor 'actions'")
         else:
             raise ValueError("unknown extension; use .npy, .json or .safetensors")
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        arr = np.asarray(arr, dtype=np.float32)
+    except (ValueError, KeyError, TypeError, OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"actions file {p}: cannot read actions ({exc}).") from exc
-    arr = np.asarray(arr, dtype=np.float32)
     if arr.ndim != 2:
         raise ValueError(f"actions file {p}: shape {arr.shape}; expected [num_actions, action_dim].")
-    return arr
+    return arr, meta
 
 
 def save_actions(path: str | Path, actions, *, domain_name: str | None = None, mode: str | None = None) -> Path:
@@ -418,3 +436,35 @@ def save_actions(path: str | Path, actions, *, domain_name: str | None = None, m
     else:
         raise ValueError(f"actions output {p}: use a .npy or .json file name.")
     return p
+
+
+# ---------------------------------------------------------------------------------------------- pipeline glue
+@dataclass
+class ActionGenerationRequest:
+    """One whole action-mode run (CLI, tests, bench): the condition plus the sampling arguments, with the action
+    models' defaults (``Cosmos3OmniModularPipeline.__call__`` arguments of the docs' action examples)."""
+
+    action: ActionRequest
+    prompt: str = ""
+    negative_prompt: str | None = None  # None → "" (no negative: the action models run without guidance)
+    fps: float = ACTION_DEFAULTS["fps"]
+    steps: int = ACTION_DEFAULTS["steps"]
+    guidance: float = ACTION_DEFAULTS["guidance"]
+    seed: int = 42
+    schedule: str = ACTION_DEFAULTS["schedule"]
+    shift: float = ACTION_DEFAULTS["shift"]
+    sound: bool = False
+    use_system_prompt: bool = ACTION_DEFAULTS["use_system_prompt"]
+    compile: bool = False
+
+
+def check_text_matches(text, condition: ActionCondition, who: str) -> None:
+    """The text K/V must be the caption rendered for ``condition`` (not a plain Cosmos3 Text Encode)."""
+    try:
+        caption = json.loads(text.prompt_text)
+        ok = caption.get("resolution") == {"H": condition.canvas[0], "W": condition.canvas[1]}
+    except (TypeError, ValueError, AttributeError):
+        ok = False
+    if not ok or text.num_frames != condition.num_frames:
+        raise ValueError(f"{who}: the text was not encoded for this action condition (its prompt is not the action "
+                         "caption of these frames); use the text output of the same Cosmos3 Action Condition.")
