@@ -1,0 +1,111 @@
+"""The action-mode part of ``python -m cosmos3_core.generate`` (``--action-mode ...``): its flags and its run.
+
+Every field of diffusers' ``CosmosActionCondition`` is a flag (``--action-mode``, ``--chunk-size``,
+``--domain-name``, ``--resolution-tier``, ``--actions`` for ``raw_actions``, ``--image`` / ``--video``,
+``--view-point``); ``--actions-out`` writes the predicted actions without their padding (policy, inverse dynamics),
+``--latents-out`` the raw video latent. The clip shape comes from the input and the chunk size, so ``--num-frames``,
+``--height`` and ``--width`` are refused with an action mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from . import action as act
+
+
+def add_action_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("action modes (world model)")
+    g.add_argument("--action-mode", choices=act.ACTION_MODES, default=None,
+                   help="policy: image/video + prompt → future video + actions; forward_dynamics: image/video + "
+                        "--actions → video; inverse_dynamics: --video → actions")
+    g.add_argument("--actions", default=None, help="forward dynamics: actions [chunk_size, width] (.npy, .json, "
+                                                   ".safetensors)")
+    g.add_argument("--actions-out", default=None, help="write the predicted actions (.npy or .json)")
+    g.add_argument("--chunk-size", type=int, default=act.ACTION_DEFAULTS["chunk_size"],
+                   help="actions per chunk; the clip spans chunk_size + 1 frames (default %(default)s)")
+    g.add_argument("--domain-name", default=None, metavar="EMBODIMENT",
+                   help=f"embodiment (required with --action-mode): one of {', '.join(act.DOMAINS)}")
+    g.add_argument("--resolution-tier", type=int, choices=act.RESOLUTION_TIERS,
+                   default=act.ACTION_DEFAULTS["resolution_tier"],
+                   help="canvas tier closest to the input's native resolution (default %(default)s)")
+    g.add_argument("--view-point", choices=act.VIEW_POINTS + ("none",), default=act.ACTION_DEFAULTS["view_point"],
+                   help="camera framing sentence of the caption (default %(default)s)")
+    g.add_argument("--use-system-prompt", action="store_true", help="prepend the video system prompt (off for "
+                                                                     "action modes)")
+
+
+def check_action_args(args: argparse.Namespace, parser_defaults: dict) -> None:
+    """Refuse flags that do not apply to action modes, and action flags without ``--action-mode``."""
+    if args.action_mode is None:
+        for name in ("actions", "actions_out", "domain_name"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} needs --action-mode (policy, forward_dynamics or "
+                                 "inverse_dynamics).")
+        return
+    for name in ("num_frames", "height", "width"):
+        if getattr(args, name) != parser_defaults[name]:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply with --action-mode: the clip spans "
+                             "--chunk-size + 1 frames at the input's size (bucketed by --resolution-tier).")
+    if args.domain_name is None:
+        raise ValueError(f"--action-mode {args.action_mode} needs --domain-name (the embodiment), one of "
+                         f"{list(act.DOMAINS)}.")
+    if args.actions is not None and not Path(args.actions).is_file():
+        raise ValueError(f"--actions {args.actions} does not exist.")
+    if args.actions_out is not None:
+        if Path(args.actions_out).suffix.lower() not in (".npy", ".json"):
+            raise ValueError(f"--actions-out {args.actions_out}: use a .npy or .json file name.")
+        if args.action_mode == "forward_dynamics":
+            raise ValueError("--actions-out: forward dynamics predicts no actions (it takes them); drop --actions-out "
+                             "or use policy / inverse_dynamics.")
+    if Path(args.out).suffix.lower() != ".mp4":
+        raise ValueError(f"--out {args.out}: an action mode writes the generated clip as an .mp4 file.")
+
+
+def run_action(args: argparse.Namespace, pipe, timings: dict[str, float]) -> None:
+    """Generate with an action mode on a loaded pipeline; fills ``timings`` like ``generate.run``."""
+    from . import media
+
+    image = media.read_image(args.image) if args.image else None
+    video = media.read_video(args.video)[0] if args.video else None
+    raw_actions = act.load_actions(args.actions) if args.actions else None
+    request = act.ActionGenerationRequest(
+        action=act.ActionRequest(
+            mode=args.action_mode, chunk_size=args.chunk_size, domain_name=args.domain_name,
+            resolution_tier=args.resolution_tier, raw_actions=raw_actions, image=image, video=video,
+            view_point=None if args.view_point == "none" else args.view_point,
+        ),
+        prompt=args.prompt, negative_prompt=args.negative_prompt,
+        fps=args.fps if args.fps is not None else act.ACTION_DEFAULTS["fps"],
+        steps=args.steps or act.ACTION_DEFAULTS["steps"],
+        guidance=args.guidance if args.guidance is not None else act.ACTION_DEFAULTS["guidance"],
+        seed=args.seed, schedule=args.schedule,
+        shift=args.shift if args.shift is not None else act.ACTION_DEFAULTS["shift"],
+        sound=args.sound, use_system_prompt=args.use_system_prompt, compile=args.compile,
+    )
+
+    def progress(step: int, total: int, _preview) -> None:
+        print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+
+    out = pipe.generate_action(request, callback=progress)
+    timings["preprocess"] = out.timings["preprocess"]
+    timings["inference"] = out.timings["inference"] + out.timings["decode"]
+    start = time.perf_counter()
+    frames = out.frames.cpu().numpy()
+    waveform = out.waveform.cpu().numpy() if out.waveform is not None else None
+    timings["to_cpu"] = time.perf_counter() - start
+    start = time.perf_counter()
+    media.write_video(args.out, frames, request.fps, audio=waveform)
+    if args.actions_out:
+        act.save_actions(args.actions_out, out.actions, domain_name=args.domain_name, mode=args.action_mode)
+    if args.latents_out:
+        from safetensors.torch import save_file
+
+        tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
+        if out.sound_latent is not None:
+            tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
+        save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
+    timings["encode"] = time.perf_counter() - start
