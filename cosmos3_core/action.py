@@ -36,17 +36,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import defaults
 from .conditioning import preprocess_video
+from .plan import ActionInput
 from .prompt import DEFAULT_MAX_TOKENS, SYSTEM_PROMPT_VIDEO, PromptIds, _chat_ids, _special_ids
 
 ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
-# Per-mode defaults of the action models (architecture.md §10: diffusers docs and cosmos-framework agree): 5 fps,
-# 30 steps, no guidance, flow shift 10 with Karras off, no system prompt, no negative prompt.
-# TODO(merge): these move to defaults.py once the lead's "Plan:" commit lands.
-ACTION_DEFAULTS = dict(fps=5.0, steps=30, guidance=1.0, schedule="flow_shift", shift=10.0, use_system_prompt=False,
-                       negative_prompt="", resolution_tier=480, view_point="ego_view", chunk_size=16)
-MAX_FRAMES = 1025
 
 # ---------------------------------------------------------------------------------------------- reference tables
 # diffusers 0.42.1 pipeline_cosmos3_omni.py ``_ACTION_RESOLUTION_BINS``: per tier, aspect ratio (h/w) → canvas (h, w).
@@ -131,9 +127,9 @@ def check_action_request(request: ActionRequest, config=None, who: str = "action
     if isinstance(r.chunk_size, bool) or not isinstance(r.chunk_size, int) or r.chunk_size < 1:
         raise _bad(who, f"chunk_size={r.chunk_size!r} must be an integer >= 1 (the number of actions; the video "
                         "spans chunk_size + 1 frames), e.g. 16.")
-    if r.chunk_size + 1 > MAX_FRAMES:
+    if r.chunk_size + 1 > defaults.MAX_FRAMES:
         raise _bad(who, f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, above the limit of "
-                        f"{MAX_FRAMES}; use a smaller chunk_size.")
+                        f"{defaults.MAX_FRAMES}; use a smaller chunk_size.")
     if r.domain_name not in EMBODIMENT_TO_RAW_ACTION_DIM:
         extra = (" (it has a domain id but no fixed action width, so the reference refuses it too)"
                  if r.domain_name in EMBODIMENT_TO_DOMAIN_ID else "")
@@ -280,6 +276,16 @@ class ActionCondition:
     def predicts_actions(self) -> bool:
         return self.mode != "forward_dynamics"
 
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """``(height, width)`` of the generated frames: the content, floored to whole latents."""
+        return int(self.x0.shape[3]) * 16, int(self.x0.shape[4]) * 16
+
+    def plan_input(self) -> ActionInput:
+        """The action stream of the plan."""
+        return ActionInput(values=self.action_values, clean=self.clean_actions, domain_id=self.domain_id,
+                           raw_dim=self.raw_action_dim)
+
     def to(self, device) -> "ActionCondition":
         return dataclasses.replace(self, x0=self.x0.to(device))
 
@@ -357,7 +363,7 @@ def action_prompt_ids(tokenizer, condition: ActionCondition, prompt: str, negati
         raise ValueError(f"action: negative_prompt must be a str or None, got {type(negative_prompt).__name__}.")
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
         raise ValueError(f"action: fps={fps!r} must be a positive number (the action models run at "
-                         f"{ACTION_DEFAULTS['fps']:g}).")
+                         f"{defaults.ACTION_FPS:g}).")
     eos, vision_start = _special_ids(tokenizer)
     system = SYSTEM_PROMPT_VIDEO if use_system_prompt else None
     cond_text = action_caption(prompt, view_point=condition.view_point, num_frames=condition.num_frames, fps=fps,
@@ -446,15 +452,15 @@ class ActionGenerationRequest:
 
     action: ActionRequest
     prompt: str = ""
-    negative_prompt: str | None = None  # None → "" (no negative: the action models run without guidance)
-    fps: float = ACTION_DEFAULTS["fps"]
-    steps: int = ACTION_DEFAULTS["steps"]
-    guidance: float = ACTION_DEFAULTS["guidance"]
-    seed: int = 42
-    schedule: str = ACTION_DEFAULTS["schedule"]
-    shift: float = ACTION_DEFAULTS["shift"]
+    negative_prompt: str = defaults.ACTION_NEGATIVE_PROMPT  # used raw, only when guidance != 1
+    fps: float = defaults.ACTION_FPS
+    steps: int = defaults.ACTION_STEPS
+    guidance: float = defaults.ACTION_GUIDANCE
+    seed: int = defaults.SEED
+    schedule: str = defaults.ACTION_SCHEDULE
+    shift: float = defaults.ACTION_SHIFT
     sound: bool = False
-    use_system_prompt: bool = ACTION_DEFAULTS["use_system_prompt"]
+    use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT
     compile: bool = False
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from . import action as act
+from . import defaults
 
 
 def add_action_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,14 +26,14 @@ def add_action_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--actions", default=None, help="forward dynamics: actions [chunk_size, width] (.npy, .json, "
                                                    ".safetensors)")
     g.add_argument("--actions-out", default=None, help="write the predicted actions (.npy or .json)")
-    g.add_argument("--chunk-size", type=int, default=act.ACTION_DEFAULTS["chunk_size"],
+    g.add_argument("--chunk-size", type=int, default=defaults.ACTION_CHUNK_SIZE,
                    help="actions per chunk; the clip spans chunk_size + 1 frames (default %(default)s)")
     g.add_argument("--domain-name", default=None, metavar="EMBODIMENT",
                    help=f"embodiment (required with --action-mode): one of {', '.join(act.DOMAINS)}")
     g.add_argument("--resolution-tier", type=int, choices=act.RESOLUTION_TIERS,
-                   default=act.ACTION_DEFAULTS["resolution_tier"],
+                   default=defaults.ACTION_RESOLUTION_TIER,
                    help="canvas tier closest to the input's native resolution (default %(default)s)")
-    g.add_argument("--view-point", choices=act.VIEW_POINTS + ("none",), default=act.ACTION_DEFAULTS["view_point"],
+    g.add_argument("--view-point", choices=act.VIEW_POINTS + ("none",), default=defaults.ACTION_VIEW_POINT,
                    help="camera framing sentence of the caption (default %(default)s)")
     g.add_argument("--use-system-prompt", action="store_true", help="prepend the video system prompt (off for "
                                                                      "action modes)")
@@ -79,11 +80,11 @@ def run_action(args: argparse.Namespace, pipe, timings: dict[str, float]) -> Non
             view_point=None if args.view_point == "none" else args.view_point,
         ),
         prompt=args.prompt, negative_prompt=args.negative_prompt,
-        fps=args.fps if args.fps is not None else act.ACTION_DEFAULTS["fps"],
-        steps=args.steps or act.ACTION_DEFAULTS["steps"],
-        guidance=args.guidance if args.guidance is not None else act.ACTION_DEFAULTS["guidance"],
+        fps=args.fps if args.fps is not None else defaults.ACTION_FPS,
+        steps=args.steps or defaults.ACTION_STEPS,
+        guidance=args.guidance if args.guidance is not None else defaults.ACTION_GUIDANCE,
         seed=args.seed, schedule=args.schedule,
-        shift=args.shift if args.shift is not None else act.ACTION_DEFAULTS["shift"],
+        shift=args.shift if args.shift is not None else defaults.ACTION_SHIFT,
         sound=args.sound, use_system_prompt=args.use_system_prompt, compile=args.compile,
     )
 

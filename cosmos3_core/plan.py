@@ -196,7 +196,8 @@ def make_plan(
         raise ValueError(f"{who}: guidance != 1 needs the negative prompt's text K/V (uncond).")
     t_lat = int(latent_shape[2])
     clean_frames = sorted({int(i) for i in clean_frames})
-    if clean_frames and len(clean_frames) >= t_lat:
+    actions_noisy = action is not None and len(set(action.clean)) < int(action.values.shape[0])
+    if clean_frames and len(clean_frames) >= t_lat and not actions_noisy:  # inverse dynamics: only actions are noisy
         raise ValueError(
             f"{who}: the condition keeps {len(clean_frames)} clean latent frames but a "
             f"{defaults.pixel_frames(t_lat)}-frame clip has only {t_lat}; nothing would be generated (the prompt and "

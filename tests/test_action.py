@@ -137,6 +137,42 @@ def test_caption_matches_reference(view, frames, fps, h, w, reference):
     assert ours == ref and json.loads(ours)["resolution"] == {"H": h, "W": w}
 
 
+# ---------------------------------------------------------------------------------------------- whole runs
+@pytest.mark.parametrize("mode, guidance, sound", [
+    ("policy", 1.0, False), ("forward_dynamics", 1.0, False), ("inverse_dynamics", 1.0, False),
+    ("policy", 3.0, True),  # vision_sound_action core denoise + two-pass CFG on all three streams
+    ("inverse_dynamics", 3.0, True),  # every vision latent clean: only the actions (and sound) are denoised
+])
+def test_action_generation_matches_reference(ours, reference, mode, guidance, sound):
+    """Video latent and unpadded actions == Cosmos3OmniModularPipeline(action=CosmosActionCondition(...))."""
+    clip = _clip(1, CHUNK + 1, 72, 100)
+    kw = _fields(mode, clip, actions=_actions())
+    ref_kw = {**kw, "raw_actions": torch.from_numpy(kw["raw_actions"])} if mode == "forward_dynamics" else kw
+    ref = reference(prompt=PROMPT, negative_prompt=NEGATIVE, action=CosmosActionCondition(**ref_kw), fps=5.0,
+                    num_inference_steps=STEPS, guidance_scale=guidance, enable_sound=sound, use_system_prompt=False,
+                    generator=torch.Generator("cpu").manual_seed(SEED), output_type="latent")
+    out = ours.generate_action(act.ActionGenerationRequest(
+        ActionRequest(**kw), prompt=PROMPT, negative_prompt=NEGATIVE, steps=STEPS, guidance=guidance, seed=SEED,
+        sound=sound), decode=False)
+    ref_latents = ref.values["latents"]
+    assert out.latents.shape == ref_latents.shape
+    assert rel(out.latents, ref_latents) <= 1e-4
+    assert rel(out.action, ref.values["action_latents"]) <= 1e-4 or mode == "forward_dynamics"
+    if mode == "forward_dynamics":  # actions are the given ones (frozen), none are predicted
+        assert ref.values["action"] is None and out.actions is None
+        torch.testing.assert_close(out.action[:, :10], torch.from_numpy(kw["raw_actions"]), rtol=0, atol=0)
+        assert not out.action[:, 10:].any()
+    else:
+        (ref_actions,) = ref.values["action"]
+        assert out.actions.shape == ref_actions.shape == (CHUNK, 10)
+        assert rel(out.actions, ref_actions) <= 1e-4
+        assert not out.action[:, 10:].any(), "padding channels must stay zero"
+    if sound:
+        assert rel(out.sound_latent, ref.values["sound_latents"]) <= 1e-4
+    if mode == "inverse_dynamics":  # the given video is kept as is
+        assert rel(out.latents, ref_latents) == 0.0 or rel(out.latents, ref_latents) <= 1e-6
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def _req(**over):
     base = dict(mode="policy", chunk_size=CHUNK, domain_name="bridge_orig_lerobot", resolution_tier=256,
@@ -176,14 +212,22 @@ def test_bad_action_input_names_argument(case, ours):
     assert needle in str(err.value) and str(err.value).startswith("generate: ")
 
 
-def test_action_mode_on_checkpoint_without_action_head(ours):
+def test_action_mode_on_checkpoint_without_action_head_or_too_narrow(ours):
     import dataclasses
 
-    no_action = dataclasses.replace(ours.config, action_gen=False) if dataclasses.is_dataclass(ours.config) else None
-    if no_action is None:
-        pytest.skip("config is not a dataclass")
-    with pytest.raises(ValueError, match="action_gen is false"):
-        act.check_action_request(_req(), no_action, who="generate")
+    with pytest.raises(ValueError, match="generate: this checkpoint has no action head .*action_gen is false"):
+        act.check_action_request(_req(), dataclasses.replace(ours.config, action_gen=False), who="generate")
+    narrow = dataclasses.replace(ours.config, action_dim=16)
+    with pytest.raises(ValueError, match="domain_name='galbot' has 30-dim actions, above this checkpoint's action_dim=16"):
+        act.check_action_request(_req(domain_name="galbot"), narrow, who="generate")
+
+
+def test_plain_text_encode_is_refused_for_an_action_run(ours):
+    cond = encode_action_condition(ours.vae, _req(), ours.config)
+    h, w = cond.output_size
+    plain = ours.encode_text(PROMPT, "", num_frames=CHUNK + 1, height=h, width=w, fps=5.0)
+    with pytest.raises(ValueError, match="sampler: the text was not encoded for this action condition"):
+        ours.plan_action(plain, cond, who="sampler")
 
 
 def test_action_files_round_trip(tmp_path):
