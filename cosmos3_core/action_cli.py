@@ -39,7 +39,7 @@ def add_action_arguments(p: argparse.ArgumentParser) -> None:
                                                                      "action modes)")
 
 
-def check_action_args(args: argparse.Namespace, parser_defaults: dict) -> None:
+def check_action_args(args: argparse.Namespace) -> None:
     """Refuse flags that do not apply to action modes, and action flags without ``--action-mode``."""
     if args.action_mode is None:
         for name in ("actions", "actions_out", "domain_name"):
@@ -47,8 +47,8 @@ def check_action_args(args: argparse.Namespace, parser_defaults: dict) -> None:
                 raise ValueError(f"--{name.replace('_', '-')} needs --action-mode (policy, forward_dynamics or "
                                  "inverse_dynamics).")
         return
-    for name in ("num_frames", "height", "width"):
-        if getattr(args, name) != parser_defaults[name]:
+    for name, default in (("num_frames", defaults.NUM_FRAMES), ("height", defaults.HEIGHT), ("width", defaults.WIDTH)):
+        if getattr(args, name) != default:
             raise ValueError(f"--{name.replace('_', '-')} does not apply with --action-mode: the clip spans "
                              "--chunk-size + 1 frames at the input's size (bucketed by --resolution-tier).")
     if args.domain_name is None:
@@ -66,10 +66,24 @@ def check_action_args(args: argparse.Namespace, parser_defaults: dict) -> None:
         raise ValueError(f"--out {args.out}: an action mode writes the generated clip as an .mp4 file.")
 
 
-def run_action(args: argparse.Namespace, pipe, timings: dict[str, float]) -> None:
-    """Generate with an action mode on a loaded pipeline; fills ``timings`` like ``generate.run``."""
+def run_action(args: argparse.Namespace) -> dict[str, float]:
+    """``generate.run`` for an action mode: check, load, generate, write; returns the stage timings."""
     from . import media
+    from .config import DTYPES
+    from .generate import check_common_args
+    from .pipeline import Cosmos3Pipeline
 
+    check_action_args(args)
+    ckpt = check_common_args(args)
+    if args.sound and not (ckpt / "sound_tokenizer").is_dir():
+        raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
+    if args.guidance_interval is not None:
+        raise ValueError("--guidance-interval does not apply with --action-mode (the action models run without "
+                         "guidance by default); drop it.")
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
+    timings["model_load"] = time.perf_counter() - start
     image = media.read_image(args.image) if args.image else None
     video = media.read_video(args.video)[0] if args.video else None
     raw_actions = act.load_actions(args.actions) if args.actions else None
@@ -79,12 +93,13 @@ def run_action(args: argparse.Namespace, pipe, timings: dict[str, float]) -> Non
             resolution_tier=args.resolution_tier, raw_actions=raw_actions, image=image, video=video,
             view_point=None if args.view_point == "none" else args.view_point,
         ),
-        prompt=args.prompt, negative_prompt=args.negative_prompt,
-        fps=args.fps if args.fps is not None else defaults.ACTION_FPS,
+        prompt=args.prompt,
+        negative_prompt=defaults.ACTION_NEGATIVE_PROMPT if args.negative_prompt is None else args.negative_prompt,
+        fps=defaults.ACTION_FPS if args.fps is None else args.fps,
         steps=args.steps or defaults.ACTION_STEPS,
-        guidance=args.guidance if args.guidance is not None else defaults.ACTION_GUIDANCE,
+        guidance=defaults.ACTION_GUIDANCE if args.guidance is None else args.guidance,
         seed=args.seed, schedule=args.schedule,
-        shift=args.shift if args.shift is not None else defaults.ACTION_SHIFT,
+        shift=defaults.ACTION_SHIFT if args.shift is None else args.shift,
         sound=args.sound, use_system_prompt=args.use_system_prompt, compile=args.compile,
     )
 
@@ -110,3 +125,4 @@ def run_action(args: argparse.Namespace, pipe, timings: dict[str, float]) -> Non
             tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
         save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
     timings["encode"] = time.perf_counter() - start
+    return timings

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from . import defaults
+from .action_cli import add_action_arguments, check_action_args, run_action
 from .config import DTYPES
 
 
@@ -28,10 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-frames", type=int, default=defaults.NUM_FRAMES)
     p.add_argument("--height", type=int, default=defaults.HEIGHT)
     p.add_argument("--width", type=int, default=defaults.WIDTH)
-    p.add_argument("--fps", type=float, default=defaults.FPS)
+    p.add_argument("--fps", type=float, default=None,
+                   help=f"default: {defaults.FPS:g} (action modes: {defaults.ACTION_FPS:g})")
     p.add_argument("--steps", type=int, default=None,
                    help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video")
-    p.add_argument("--guidance", type=float, default=defaults.GUIDANCE)
+    p.add_argument("--guidance", type=float, default=None,
+                   help=f"default: {defaults.GUIDANCE:g} (action modes: {defaults.ACTION_GUIDANCE:g})")
     p.add_argument("--seed", type=int, default=defaults.SEED)
     p.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.SCHEDULE)
     p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")
@@ -45,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
+    add_action_arguments(p)  # --action-mode and the other CosmosActionCondition fields (action_cli.py)
     return p
 
 
@@ -53,13 +57,15 @@ def _request(args: argparse.Namespace, image=None, video=None):
 
     return GenerationRequest(
         prompt=args.prompt, negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
-        width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
+        width=args.width, fps=defaults.FPS if args.fps is None else args.fps, steps=args.steps,
+        guidance=defaults.GUIDANCE if args.guidance is None else args.guidance, seed=args.seed,
         schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
         compile=args.compile, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
     )
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    check_action_args(args)  # action flags need --action-mode
     _request(args, image=args.image, video=args.video).check("generate")  # every request check, before any load
     ckpt = check_common_args(args)
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
@@ -88,6 +94,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     from . import media
     from .pipeline import Cosmos3Pipeline
 
+    if args.action_mode is not None:  # world-model modes: action_cli.py
+        return run_action(args)
     _check_args(args)
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     if args.num_frames == 1:
         media.write_png(args.out, frames[0])
     else:
-        media.write_video(args.out, frames, args.fps, audio=waveform)
+        media.write_video(args.out, frames, request.fps, audio=waveform)
     if args.latents_out:
         from safetensors.torch import save_file
 
