@@ -15,8 +15,10 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.action import unpadded_actions
+from .action import ActionVectors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
+from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
 
 @dataclass(frozen=True)
@@ -55,13 +57,18 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
+                Cosmos3Action.Input("action", optional=True,
+                                    tooltip="Action modes: Cosmos3 Action Condition's action (its text goes to text). "
+                                            f"The action models run at {defaults.ACTION_STEPS} steps, cfg "
+                                            f"{defaults.ACTION_GUIDANCE:g}, shift {defaults.ACTION_SHIFT:g}."),
             ],
-            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
+            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound"),
+                     Cosmos3Actions.Output(display_name="actions")],
         )
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None, compile: bool = False) -> io.NodeOutput:
+                condition=None, compile: bool = False, action=None) -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -73,10 +80,17 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                     "and Cosmos3 Text Encode."
                 )
             x0, clean = condition.x0, condition.clean_frames
-        plan = pipe.plan(
-            text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound, x0=x0,
-            clean_frames=clean, device=model.generation_device, who=who,
-        )
+        if action is not None and condition is not None:
+            raise ValueError(f"{who}: both a condition and an action are connected; an action mode brings its own "
+                             "frames (Cosmos3 Action Condition) — disconnect the condition.")
+        if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
+            plan = pipe.plan_action(text, action, seed=seed, steps=steps, guidance=cfg, schedule=schedule,
+                                    shift=shift or None, sound=sound, device=model.generation_device, who=who)
+        else:
+            plan = pipe.plan(
+                text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
+                x0=x0, clean_frames=clean, device=model.generation_device, who=who,
+            )
         model.load_generation_tower(plan.memory_required)
 
         bar = comfy.utils.ProgressBar(steps)
@@ -91,4 +105,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         sound_latent = None
         if result.sound is not None:
             sound_latent = SoundLatent(result.sound.to(out), text.num_frames, text.fps)
-        return io.NodeOutput(latent, sound_latent)
+        actions = None
+        if action is not None and action.predicts_actions:
+            actions = ActionVectors(unpadded_actions(result.action, action), action.domain_name, action.mode)
+        return io.NodeOutput(latent, sound_latent, actions)

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
 MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v")
+ACTION_WORKFLOWS = ("action_policy", "action_forward_dynamics", "action_inverse_dynamics")  # world-model modes
+ALL_WORKFLOWS = MODES + ACTION_WORKFLOWS
 REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
 PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
                  "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
@@ -43,7 +45,10 @@ TINY_EDGE_VLM = "cosmos3-tiny-edge-vlm"
 TEST_IMAGE = "cosmos3_test_image.png"
 TEST_CLIP = "cosmos3_test_clip.mp4"
 # combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
-REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file")}
+REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file"),
+                     ("Cosmos3LoadActions", "file")}
+TEST_ACTIONS = "cosmos3_test_actions.json"  # 4 bridge actions (10-dim), for the shrunk forward-dynamics workflow
+SAVE_NODES = ("SaveImage", "SaveVideo", "Cosmos3SaveActions")
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "file_upload")
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
@@ -107,6 +112,9 @@ def write_test_inputs(input_dir: Path, clip_frames: int = 13, fps: int = 24) -> 
     input_dir = Path(input_dir)
     input_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
+    if not (input_dir / TEST_ACTIONS).is_file():
+        actions = rng.standard_normal((4, 10)).round(4).tolist()
+        (input_dir / TEST_ACTIONS).write_text(json.dumps({"domain_name": "bridge_orig_lerobot", "actions": actions}))
     if not (input_dir / TEST_IMAGE).is_file():
         yy, xx = np.mgrid[0:80, 0:120]
         img = np.stack([xx * 2, yy * 3, (xx + yy) % 256], -1).astype(np.uint8)
@@ -181,6 +189,13 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
                     g[src]["inputs"]["prompt"] = g[src]["inputs"]["prompt"] + prompt_suffix
         elif ct == "Cosmos3Reasoner":
             inp["max_new_tokens"] = max_new_tokens
+        elif ct == "Cosmos3ActionCondition":  # 4 actions, 5 frames on the 256 tier (the clip's 64x112 fits)
+            inp.update(chunk_size=4, resolution_tier="256")
+            inp["prompt"] = inp["prompt"] + prompt_suffix
+        elif ct == "Cosmos3LoadActions":
+            inp["file"] = TEST_ACTIONS
+        elif ct == "Cosmos3SaveActions" and prefix is not None:
+            inp["filename_prefix"] = prefix
         elif ct == "Cosmos3KSamplerUniPCDualTower":
             inp["steps"] = steps
             if seed is not None:
@@ -352,9 +367,9 @@ def host():
 
 def test_every_mode_ships_a_ui_and_api_pair():
     names = sorted(p.name for p in WORKFLOWS_DIR.glob("*.json"))
-    want = sorted([f"cosmos3_{m}.json" for m in MODES] + [f"cosmos3_{m}.api.json" for m in MODES])
+    want = sorted([f"cosmos3_{m}.json" for m in ALL_WORKFLOWS] + [f"cosmos3_{m}.api.json" for m in ALL_WORKFLOWS])
     assert names == want, "every workflow JSON must be a UI/API pair covered by MODES (add new modes there)"
-    for mode in MODES:
+    for mode in ALL_WORKFLOWS:
         ui, api = load_ui(mode), load_api(mode)
         assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
         assert all(isinstance(k, str) and k.isdigit() and "class_type" in v and "inputs" in v for k, v in api.items())
@@ -363,13 +378,13 @@ def test_every_mode_ships_a_ui_and_api_pair():
         assert len({n["id"] for n in ui["nodes"]}) == len(ui["nodes"]), "duplicate node ids"
         assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
     readme = (WORKFLOWS_DIR / "README.md").read_text()
-    for mode in MODES:
+    for mode in ALL_WORKFLOWS:
         assert f"cosmos3_{mode}.json" in readme
     for mode in REASONER_MODES:
         assert nodes_of(load_api(mode), "Cosmos3Reasoner"), mode
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_ui_and_api_agree(host, mode):
     """(a) Same ids, class types, links and widget values (mapped through the live schemas)."""
     ui, api = load_ui(mode), load_api(mode)
@@ -450,7 +465,7 @@ def test_ui_and_api_agree(host, mode):
             assert name in widget_names or (str(nid), name) in api_links, f"API {nid}.{name} has no UI counterpart"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_nodes_and_inputs_exist_in_host(host, mode):
     """(b) Node types, input names, required inputs, combo options, ranges and link types vs the live host."""
     api = load_api(mode)
@@ -537,20 +552,20 @@ def test_shipped_real_use_defaults(mode):
             (["example.mp4"] if mode == "v2v" else ["example.png"])
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_api_validates_in_host(host, mode):
     """(c) ``execution.validate_prompt`` accepts the graphs with the tiny checkpoint and test inputs."""
     api = load_api(mode)
     as_shipped = json.loads(json.dumps(api))  # shipped sizes and steps; only the real-world names replaced
     for node in as_shipped.values():
         replace = {"Cosmos3Loader": ("checkpoint", tiny_checkpoint_for(api)), "LoadImage": ("image", TEST_IMAGE),
-                   "LoadVideo": ("file", TEST_CLIP)}.get(node["class_type"])
+                   "LoadVideo": ("file", TEST_CLIP), "Cosmos3LoadActions": ("file", TEST_ACTIONS)}.get(node["class_type"])
         if replace:
             node["inputs"][replace[0]] = replace[1]
     for graph in (as_shipped, shrink_api(api)):
         ok, err, outputs, node_errors = host.validate(graph)
         assert ok, f"{mode}: {json.dumps(err, indent=1)}\n{json.dumps(node_errors, indent=1, default=str)}"
-        saves = nodes_of(graph, "SaveImage") + nodes_of(graph, "SaveVideo")
+        saves = [nid for s in SAVE_NODES for nid in nodes_of(graph, s)]
         previews = [nid for p in PREVIEW_NODES for nid in nodes_of(graph, p)]
         assert sorted(outputs) == sorted(saves + previews)
         assert len(previews) == (1 if mode in REASONER_MODES else 0), previews
@@ -558,3 +573,30 @@ def test_api_validates_in_host(host, mode):
     bad = shrink_api(api)
     bad["99"] = {"class_type": "Cosmos3NoSuchNode", "inputs": {}}
     assert not host.validate(bad)[0]
+
+
+@pytest.mark.parametrize("mode", ACTION_WORKFLOWS)
+def test_action_workflow_real_use_defaults(mode):
+    """The action models' settings (defaults.ACTION_*): 5 fps, 30 steps, cfg 1, shift 10, the condition node's
+    text and action both wired into the sampler; policy / inverse dynamics save their actions."""
+    from cosmos3_core import defaults
+
+    api = load_api(mode)
+    (loader,) = nodes_of(api, "Cosmos3Loader")
+    assert api[loader]["inputs"] == {"checkpoint": REAL_CHECKPOINT, "dtype": "auto", "device": "default"}
+    (ac,) = nodes_of(api, "Cosmos3ActionCondition")
+    a = api[ac]["inputs"]
+    assert a["mode"] == mode.removeprefix("action_") and a["fps"] == defaults.ACTION_FPS
+    assert a["chunk_size"] == defaults.ACTION_CHUNK_SIZE and a["resolution_tier"] == str(defaults.ACTION_RESOLUTION_TIER)
+    assert a["use_system_prompt"] is defaults.ACTION_USE_SYSTEM_PROMPT and a["negative_prompt"] == ""
+    assert ("actions" in a) is (mode == "action_forward_dynamics")
+    (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
+    k = api[ks]["inputs"]
+    assert (k["steps"], k["cfg"], k["schedule"], k["shift"], k["sound"]) == (
+        defaults.ACTION_STEPS, defaults.ACTION_GUIDANCE, defaults.ACTION_SCHEDULE, defaults.ACTION_SHIFT, False)
+    assert k["text"] == [ac, 0] and k["action"] == [ac, 1] and "condition" not in k
+    saves = nodes_of(api, "Cosmos3SaveActions")
+    assert [api[s]["inputs"]["actions"] for s in saves] == ([] if mode == "action_forward_dynamics" else [[ks, 2]])
+    if mode != "action_inverse_dynamics":
+        (cv,) = nodes_of(api, "CreateVideo")
+        assert api[cv]["inputs"]["fps"] == a["fps"], "Create Video fps must equal the action fps"
