@@ -222,6 +222,14 @@ def test_action_mode_on_checkpoint_without_action_head_or_too_narrow(ours):
         act.check_action_request(_req(domain_name="galbot"), narrow, who="generate")
 
 
+def test_checkpoint_without_action_head_is_refused(tmp_path):
+    ckpt = build_tiny_checkpoint(tmp_path / "no_action", variant="edge", sound=False, seed=1, action=False)
+    pipe = Cosmos3Pipeline.load(ckpt, dtype=torch.float32, device="cpu")
+    assert not pipe.config.action_gen
+    with pytest.raises(ValueError, match=r"^generate: this checkpoint has no action head"):
+        pipe.generate_action(act.ActionGenerationRequest(_req(), prompt=PROMPT, steps=1), decode=False)
+
+
 def test_plain_text_encode_is_refused_for_an_action_run(ours):
     cond = encode_action_condition(ours.vae, _req(), ours.config)
     h, w = cond.output_size

@@ -189,8 +189,8 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
                     g[src]["inputs"]["prompt"] = g[src]["inputs"]["prompt"] + prompt_suffix
         elif ct == "Cosmos3Reasoner":
             inp["max_new_tokens"] = max_new_tokens
-        elif ct == "Cosmos3ActionCondition":  # 4 actions, 5 frames on the 256 tier (the clip's 64x112 fits)
-            inp.update(chunk_size=4, resolution_tier="256")
+        elif ct == "Cosmos3ActionCondition":  # 256 tier; inverse dynamics reads all 13 frames of the test clip
+            inp.update(chunk_size=12 if inp["mode"] == "inverse_dynamics" else 4, resolution_tier="256")
             inp["prompt"] = inp["prompt"] + prompt_suffix
         elif ct == "Cosmos3LoadActions":
             inp["file"] = TEST_ACTIONS
