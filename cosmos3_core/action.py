@@ -380,11 +380,11 @@ def action_prompt_ids(tokenizer, condition: ActionCondition, prompt: str, negati
 
 # ---------------------------------------------------------------------------------------------- output + files
 def unpadded_actions(action_latents: torch.Tensor, condition: ActionCondition) -> torch.Tensor | None:
-    """Predicted actions ``[chunk_size, raw_action_dim]`` (``Cosmos3ActionOutputStep``); ``None`` for forward dynamics."""
+    """Predicted actions ``[..., chunk_size, raw_action_dim]`` (``Cosmos3ActionOutputStep``): the action latent
+    without its zero padding; ``None`` for forward dynamics (it predicts none)."""
     if not condition.predicts_actions:
         return None
-    a = action_latents.reshape(-1, action_latents.shape[-1])
-    return a[:, : condition.raw_action_dim].detach().float().cpu()
+    return action_latents[..., : condition.raw_action_dim].detach().float().cpu()
 
 
 def load_actions(path: str | Path) -> np.ndarray:

@@ -57,6 +57,10 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
+                io.Int.Input("batch_size", default=defaults.BATCH_SIZE, min=1, max=defaults.MAX_BATCH_SIZE,
+                             optional=True,
+                             tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
+                                     "same as its own single run); they share every denoising step's forward pass."),
                 Cosmos3Action.Input("action", optional=True,
                                     tooltip="Action modes: Cosmos3 Action Condition's action (its text goes to text). "
                                             f"The action models run at {defaults.ACTION_STEPS} steps, cfg "
@@ -68,7 +72,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None, compile: bool = False, action=None) -> io.NodeOutput:
+                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE,
+                action=None) -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -85,15 +90,16 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                              "frames (Cosmos3 Action Condition) — disconnect the condition.")
         if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
             plan = pipe.plan_action(text, action, seed=seed, steps=steps, guidance=cfg, schedule=schedule,
-                                    shift=shift or None, sound=sound, device=model.generation_device, who=who)
+                                    shift=shift or None, sound=sound, batch_size=batch_size,
+                                    device=model.generation_device, who=who)
         else:
             plan = pipe.plan(
                 text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-                x0=x0, clean_frames=clean, device=model.generation_device, who=who,
+                x0=x0, clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
             )
         model.load_generation_tower(plan.memory_required)
 
-        bar = comfy.utils.ProgressBar(steps)
+        bar = comfy.utils.ProgressBar(plan.steps)
         preview = make_previewer(model)
 
         def on_step(step: int, total: int, x0_pred: torch.Tensor) -> None:
@@ -105,7 +111,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         sound_latent = None
         if result.sound is not None:
             sound_latent = SoundLatent(result.sound.to(out), text.num_frames, text.fps)
-        actions = None
+        actions = None  # [Ta, width] ([N, Ta, width] for a batch)
         if action is not None and action.predicts_actions:
-            actions = ActionVectors(unpadded_actions(result.action, action), action.domain_name, action.mode)
+            values = unpadded_actions(result.action, action)
+            actions = ActionVectors(values[0] if len(values) == 1 else values, action.domain_name, action.mode)
         return io.NodeOutput(latent, sound_latent, actions)
