@@ -96,11 +96,11 @@ class ActionRequest:
     mode: str
     chunk_size: int
     domain_name: str
-    resolution_tier: int = 480
+    resolution_tier: int = defaults.ACTION_RESOLUTION_TIER
     raw_actions: Any = None
     image: Any = None
     video: Any = None
-    view_point: str | None = "ego_view"
+    view_point: str | None = defaults.ACTION_VIEW_POINT
 
     @property
     def raw_action_dim(self) -> int:
