@@ -39,6 +39,15 @@ def add_action_arguments(p: argparse.ArgumentParser) -> None:
                                                                      "action modes)")
 
 
+def apply_mode_defaults(args: argparse.Namespace) -> None:
+    """Fill ``--fps`` / ``--guidance`` left unset with the mode's defaults (video modes 24 / 6, action 5 / 1)."""
+    action = getattr(args, "action_mode", None) is not None
+    if args.fps is None:
+        args.fps = defaults.ACTION_FPS if action else defaults.FPS
+    if args.guidance is None:
+        args.guidance = defaults.ACTION_GUIDANCE if action else defaults.GUIDANCE
+
+
 def check_action_args(args: argparse.Namespace) -> None:
     """Refuse flags that do not apply to action modes, and action flags without ``--action-mode``."""
     if args.action_mode is None:
@@ -70,16 +79,31 @@ def run_action(args: argparse.Namespace) -> dict[str, float]:
     """``generate.run`` for an action mode: check, load, generate, write; returns the stage timings."""
     from . import media
     from .config import DTYPES
-    from .generate import check_common_args
+    from .generate import check_common_args, check_writable
     from .pipeline import Cosmos3Pipeline
 
     check_action_args(args)
     ckpt = check_common_args(args)
+    for flag, path in (("--out", args.out), ("--actions-out", args.actions_out), ("--latents-out", args.latents_out)):
+        if path is not None:
+            check_writable(Path(path), flag)
+    if args.latents_out is not None and Path(args.latents_out).suffix.lower() != ".safetensors":
+        raise ValueError(f"--latents-out {args.latents_out}: the latents are written as a .safetensors file; give a "
+                         "name ending in .safetensors.")
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
     if args.guidance_interval is not None:
         raise ValueError("--guidance-interval does not apply with --action-mode (the action models run without "
                          "guidance by default); drop it.")
+    from .parallel import cli as parallel_cli
+
+    if parallel_cli.wanted(args):
+        raise ValueError("--cfg-parallel / --ulysses do not apply with --action-mode yet (an action run is one "
+                         "short clip on one device); drop them.")
+    if args.negative_prompt is not None:
+        from .prompt import check_text
+
+        check_text(args.negative_prompt, "--negative-prompt")
     timings: dict[str, float] = {}
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
@@ -95,9 +119,7 @@ def run_action(args: argparse.Namespace) -> dict[str, float]:
         ),
         prompt=args.prompt,
         negative_prompt=defaults.ACTION_NEGATIVE_PROMPT if args.negative_prompt is None else args.negative_prompt,
-        fps=defaults.ACTION_FPS if args.fps is None else args.fps,
-        steps=args.steps or defaults.ACTION_STEPS,
-        guidance=defaults.ACTION_GUIDANCE if args.guidance is None else args.guidance,
+        fps=args.fps, steps=args.steps or defaults.ACTION_STEPS, guidance=args.guidance,
         seed=args.seed, schedule=args.schedule,
         shift=defaults.ACTION_SHIFT if args.shift is None else args.shift,
         sound=args.sound, use_system_prompt=args.use_system_prompt, compile=args.compile,

@@ -327,10 +327,12 @@ class Cosmos3Pipeline:
                 "num_frames (e.g. 1280x720 with 189 frames, or 832x480 with 93)."
             )
 
-    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False) -> SampleResult:
-        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up)."""
+    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False,
+            denoiser=None) -> SampleResult:
+        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up).
+        ``denoiser``: runs the steps instead of the transformer, with its ``denoise_step`` contract (parallel/)."""
         self.transformer.compile_generation_layers(compile)
-        x = run(plan, self.transformer, callback)
+        x = run(plan, denoiser or self.transformer, callback)
         return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
 
     def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, compile: bool = False,

@@ -8,6 +8,7 @@ from .action import Cosmos3ActionCondition, Cosmos3LoadActions, Cosmos3SaveActio
 from .condition import Cosmos3VAEEncodeCond
 from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
 from .loader import Cosmos3Loader, register_model_folder
+from .multigpu import Cosmos3GuidanceOnTwoGPUs
 from .reasoner import Cosmos3Reasoner
 from .sampler import Cosmos3KSamplerUniPCDualTower
 from .text import Cosmos3TextEncode
@@ -20,6 +21,7 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3VAEDecode,
     Cosmos3AudioDecode,
     Cosmos3Reasoner,
+    Cosmos3GuidanceOnTwoGPUs,
     Cosmos3ActionCondition,
     Cosmos3SaveActions,
     Cosmos3LoadActions,
