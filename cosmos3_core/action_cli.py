@@ -40,12 +40,13 @@ def add_action_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def apply_mode_defaults(args: argparse.Namespace) -> None:
-    """Fill ``--fps`` / ``--guidance`` left unset with the mode's defaults (video modes 24 / 6, action 5 / 1)."""
+    """Fill ``--fps`` (and, for an action mode, ``--guidance``) left unset with the mode's defaults: video 24 fps;
+    action modes 5 fps and guidance 1. A video mode's unset guidance stays unset (generate.py decides it)."""
     action = getattr(args, "action_mode", None) is not None
     if args.fps is None:
         args.fps = defaults.ACTION_FPS if action else defaults.FPS
-    if args.guidance is None:
-        args.guidance = defaults.ACTION_GUIDANCE if action else defaults.GUIDANCE
+    if action and args.guidance is None:
+        args.guidance = defaults.ACTION_GUIDANCE
 
 
 def check_action_args(args: argparse.Namespace) -> None:

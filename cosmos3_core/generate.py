@@ -35,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=float, default=None,
                    help=f"default: {defaults.FPS:g} (action modes: {defaults.ACTION_FPS:g})")
     p.add_argument("--steps", type=int, default=None,
-                   help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video")
+                   help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video "
+                        f"(a distilled checkpoint: its fixed schedule's length; action modes: {defaults.ACTION_STEPS})")
     p.add_argument("--guidance", type=float, default=None,
-                   help=f"default: {defaults.GUIDANCE:g} (action modes: {defaults.ACTION_GUIDANCE:g})")
+                   help=f"default: {defaults.GUIDANCE:g} (a distilled checkpoint: 1, guidance is baked in; action "
+                        f"modes: {defaults.ACTION_GUIDANCE:g})")
     p.add_argument("--seed", type=int, default=defaults.SEED)
     p.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.SCHEDULE)
     p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")
@@ -70,6 +72,7 @@ def _request(args: argparse.Namespace, image=None, video=None):
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    from .distilled import read_distilled
     from .prompt import check_text
 
     check_action_args(args)  # action flags need --action-mode
@@ -77,6 +80,12 @@ def _check_args(args: argparse.Namespace) -> None:
     ckpt = check_common_args(args)
     if args.negative_prompt is not None:
         check_text(args.negative_prompt, "--negative-prompt")
+    distilled = read_distilled(ckpt)  # a distilled checkpoint fixes steps, guidance, ...: refuse before any load
+    if distilled is not None:
+        distilled.check(steps=args.steps, guidance=args.guidance, shift=args.shift, schedule=args.schedule,
+                        negative_prompt=args.negative_prompt, sound=args.sound, who="generate")
+    if args.guidance is None:
+        args.guidance = 1.0 if distilled is not None else defaults.GUIDANCE
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
     out = Path(args.out)

@@ -31,6 +31,7 @@ from .action import ActionCondition, ActionGenerationRequest, ActionRequest
 from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
+from .distilled import DistilledSchedule, read_distilled
 from .loader import load_transformer
 from .plan import ActionInput, SamplePlan, check_clip, check_sampling, generation_tokens, make_plan
 from .prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
@@ -68,8 +69,8 @@ class GenerationRequest:
     height: int = defaults.HEIGHT
     width: int = defaults.WIDTH
     fps: float = defaults.FPS
-    steps: int | None = None  # None → defaults.default_steps (50 for images, 35 for video)
-    guidance: float = defaults.GUIDANCE
+    steps: int | None = None  # None → defaults.default_steps (50 for images, 35 for video), or a distilled schedule's
+    guidance: float | None = None  # None → defaults.GUIDANCE, or 1 for a distilled checkpoint
     seed: int = defaults.SEED
     schedule: str = defaults.SCHEDULE
     shift: float | None = None  # None → defaults.default_shift (by resolution tier)
@@ -129,6 +130,10 @@ class Cosmos3Pipeline:
         self.native_flow_schedule = bool(index.get("use_native_flow_schedule", False))
         self.default_use_system_prompt = default_use_system_prompt(self.checkpoint_dir)
         self.default_negative_prompt = default_negative_prompt(self.checkpoint_dir)
+        # a distilled (few-step) checkpoint: its fixed schedule, guidance baked in (distilled.py); else None
+        self.distilled: DistilledSchedule | None = read_distilled(self.checkpoint_dir)
+        if self.distilled is not None and self.distilled.default_use_system_prompt is not None:
+            self.default_use_system_prompt = self.distilled.default_use_system_prompt  # diffusers reads it there
         self.prefill_count = 0  # text-tower runs since load (tests and the ComfyUI cache check read it)
 
     @classmethod
@@ -163,6 +168,15 @@ class Cosmos3Pipeline:
     def supports_sound(self) -> bool:
         return self.config.sound_gen and self.sound_decoder is not None
 
+    @property
+    def is_distilled(self) -> bool:
+        return self.distilled is not None
+
+    @property
+    def default_guidance(self) -> float:
+        """The guidance scale a run gets when none is given: 1 on a distilled checkpoint (baked in)."""
+        return 1.0 if self.distilled is not None else defaults.GUIDANCE
+
     # ------------------------------------------------------------------ 1. text
     def encode_text(
         self,
@@ -174,20 +188,27 @@ class Cosmos3Pipeline:
         width: int,
         fps: float,
         use_system_prompt: bool | None = None,
+        who: str = "encode_text",
     ) -> TextConditioning:
         """Render both prompts as trained and run the text tower once per distinct prompt."""
         ids = self.tokenize(
             prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
-            use_system_prompt=use_system_prompt,
+            use_system_prompt=use_system_prompt, who=who,
         )
         return self.prefill_prompts(ids, num_frames=num_frames, height=height, width=width, fps=fps)
 
     def tokenize(
         self, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int, width: int,
-        fps: float, use_system_prompt: bool | None = None,
+        fps: float, use_system_prompt: bool | None = None, who: str = "encode_text",
     ) -> PromptIds:
-        """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default."""
-        check_clip(num_frames, height, width, fps, "encode_text")
+        """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default.
+
+        A distilled checkpoint has no negative branch (``Cosmos3DistilledTextEncoderStep``): a negative prompt is
+        refused and the unused uncond ids are those of an empty prompt, as the reference builds them."""
+        check_clip(num_frames, height, width, fps, who)
+        if self.distilled is not None:
+            self.distilled.check(steps=None, guidance=None, negative_prompt=negative_prompt, who=who)
+            negative_prompt = ""
         if negative_prompt is None:
             negative_prompt = self.default_negative_prompt
         if use_system_prompt is None:
@@ -199,7 +220,10 @@ class Cosmos3Pipeline:
 
     def prefill_prompts(self, ids: PromptIds, *, num_frames: int, height: int, width: int, fps: float) -> TextConditioning:
         cond = self._prefill(ids.cond)
-        uncond = cond if ids.uncond == ids.cond else self._prefill(ids.uncond)
+        if self.distilled is not None:  # one branch: the uncond K/V would never be used
+            uncond = None
+        else:
+            uncond = cond if ids.uncond == ids.cond else self._prefill(ids.uncond)
         return TextConditioning(cond, uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
 
     def _prefill(self, ids: list[int]) -> TextKV:
@@ -255,7 +279,7 @@ class Cosmos3Pipeline:
         *,
         seed: int = defaults.SEED,
         steps: int | None = None,
-        guidance: float = defaults.GUIDANCE,
+        guidance: float | None = None,
         schedule: str = defaults.SCHEDULE,
         shift: float | None = None,
         sound: bool = False,
@@ -270,10 +294,14 @@ class Cosmos3Pipeline:
         """Decide the whole run (plan.py) after checking every argument; nothing is computed on the model yet.
 
         ``device``: where the run's latents live (default: where the generation tower runs now); a caller that moves
-        the tower afterwards (ComfyUI's model management) passes the device it will run on.
+        the tower afterwards (ComfyUI's model management) passes the device it will run on. ``steps``/``guidance``
+        ``None``: the checkpoint's defaults (a distilled checkpoint: its schedule's length and 1, and nothing else).
         """
         check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
                        guidance_interval=guidance_interval, batch_size=batch_size, who=who)
+        if self.distilled is not None:
+            self.distilled.check(steps=steps, guidance=guidance, shift=shift, schedule=schedule, sound=sound, who=who)
+        guidance = self.default_guidance if guidance is None else guidance
         if sound and not self.supports_sound:
             raise ValueError(
                 f"{who}: sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
@@ -289,8 +317,6 @@ class Cosmos3Pipeline:
                 f"{who}: a condition was given but num_frames is 1 (text-to-image), where it would be ignored; "
                 "use 5 or more frames (4k+1) for image/video-to-video."
             )
-        steps = steps or defaults.default_steps(text.num_frames)
-        shift = shift if shift is not None else defaults.default_shift(text.height, text.width)
         latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
         clean_frames = [i for i in clean_frames if i < latent_shape[2]] if x0 is not None else []
         sound_len = sound_latent_length(text.num_frames, text.fps) if sound else 0
@@ -300,14 +326,22 @@ class Cosmos3Pipeline:
         device = torch.device(device or self.transformer.device)
         self._check_memory(step_memory_required(self.config, num_tokens, lengths * batch_size, self.transformer.dtype),
                            num_tokens, device, who)
-        scheduler = make_scheduler(
-            self.scheduler_config, steps, schedule=schedule, shift=shift, native_flow_schedule=self.native_flow_schedule
-        )
+        generators = None
+        if self.distilled is not None:  # the checkpoint's sigmas; SDE steps from the noise's generators; re-anchor
+            stepper, generators = self.distilled.make_stepper(seed, batch_size)
+        else:
+            scheduler = make_scheduler(
+                self.scheduler_config, steps or defaults.default_steps(text.num_frames), schedule=schedule,
+                shift=shift if shift is not None else defaults.default_shift(text.height, text.width),
+                native_flow_schedule=self.native_flow_schedule,
+            )
+            stepper = SchedulerStepper(scheduler)
         return make_plan(
             self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps, seed=seed,
-            guidance=float(guidance), vision_stepper=SchedulerStepper(scheduler), x0=x0, clean_frames=clean_frames,
+            guidance=float(guidance), vision_stepper=stepper, x0=x0, clean_frames=clean_frames,
             sound_len=sound_len, action=action, guidance_interval=guidance_interval, batch_size=batch_size,
-            device=device, dtype=self.transformer.dtype, who=who,
+            reanchor_vision=self.distilled is not None, generators=generators, device=device,
+            dtype=self.transformer.dtype, who=who,
         )
 
     @staticmethod
@@ -366,11 +400,14 @@ class Cosmos3Pipeline:
     ) -> GenerationOutput:
         r = request
         r.check()
+        if self.distilled is not None:  # fail before any model work (the plan checks the same again)
+            self.distilled.check(steps=r.steps, guidance=r.guidance, shift=r.shift, schedule=r.schedule,
+                                 negative_prompt=r.negative_prompt, sound=r.sound, who="generate")
         timings: dict[str, float] = {}
         with _timed(timings, "preprocess"):
             text = self.encode_text(
                 r.prompt, r.negative_prompt, num_frames=r.num_frames, height=r.height, width=r.width, fps=r.fps,
-                use_system_prompt=r.use_system_prompt,
+                use_system_prompt=r.use_system_prompt, who="generate",
             )
             x0, clean = self.encode_condition(
                 text, image=r.image, video=r.video, condition_latent_frames=r.condition_latent_frames, keep=r.keep

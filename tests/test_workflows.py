@@ -29,7 +29,7 @@ import comfy_host
 pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
-MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v")
+MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v", "distilled_t2i", "distilled_i2v")
 ACTION_WORKFLOWS = ("action_policy", "action_forward_dynamics", "action_inverse_dynamics")  # world-model modes
 ALL_WORKFLOWS = MODES + ACTION_WORKFLOWS
 REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
@@ -42,6 +42,9 @@ TINY_NANO = "cosmos3-tiny-nano"
 TINY_EDGE = "cosmos3-tiny-edge"
 TINY_NANO_VLM = "cosmos3-tiny-nano-vlm"  # + vision_encoder/ and processor files (the reasoner can look at images)
 TINY_EDGE_VLM = "cosmos3-tiny-edge-vlm"
+TINY_DISTILLED = "cosmos3-tiny-nano-4step"  # the distilled layout (modular_model_index.json, distilled_sigmas)
+DISTILLED_CHECKPOINTS = {"distilled_t2i": "Cosmos3-Super-Text2Image-4Step",
+                         "distilled_i2v": "Cosmos3-Super-Image2Video-4Step"}
 TEST_IMAGE = "cosmos3_test_image.png"
 TEST_CLIP = "cosmos3_test_clip.mp4"
 # combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
@@ -76,10 +79,12 @@ def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
     from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     out = {}
-    for name, variant in ((TINY_NANO, "nano"), (TINY_EDGE, "edge")):
+    for name, variant, distilled in ((TINY_NANO, "nano", False), (TINY_EDGE, "edge", False),
+                                     (TINY_DISTILLED, "nano", True)):
         path = Path(models_dir) / name
-        if not (path / "model_index.json").is_file():  # written last by build_tiny_checkpoint
-            build_tiny_checkpoint(path, variant=variant, seed=0)
+        last = "modular_model_index.json" if distilled else "model_index.json"  # written last by the builder
+        if not (path / last).is_file():
+            build_tiny_checkpoint(path, variant=variant, seed=0, distilled=distilled)
         out[name] = path
     for name, variant in ((TINY_NANO_VLM, "nano"), (TINY_EDGE_VLM, "edge")):
         path = Path(models_dir) / name
@@ -95,7 +100,11 @@ def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
 
 
 def tiny_checkpoint_for(api: dict, variant: str = "nano") -> str:
-    """The tiny checkpoint a graph runs on: the ``*-vlm`` one when a reasoner looks at an image."""
+    """The tiny checkpoint a graph runs on: the ``*-vlm`` one when a reasoner looks at an image, the distilled one
+    for a graph made for a distilled (``*-4Step``) checkpoint."""
+    if any(n["class_type"] == "Cosmos3Loader" and str(n["inputs"].get("checkpoint", "")).endswith("-4Step")
+           for n in api.values()):
+        return TINY_DISTILLED
     looks = any(n["class_type"] == "Cosmos3Reasoner" and source_node(api, n["inputs"].get("image")) is not None
                 for n in api.values())
     if variant == "nano":
@@ -165,7 +174,7 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
     """A copy of a shipped API graph that runs in a second on the tiny checkpoint.
 
     ``checkpoint`` None: the tiny Nano, with reasoner parts when a reasoner looks at an image
-    (``tiny_checkpoint_for``). Sizes go through the PrimitiveInt nodes when width/height are linked (one source of
+    (``tiny_checkpoint_for``); a distilled checkpoint keeps the sampler's steps (fixed by it). Sizes go through the PrimitiveInt nodes when width/height are linked (one source of
     truth stays one). Text-to-image (num_frames 1) stays one frame. A reasoner writes ``max_new_tokens`` tokens at
     most; ``prompt_suffix`` goes to the text encode's prompt, or to the reasoner's when the prompt is its caption.
     """
@@ -197,7 +206,8 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
         elif ct == "Cosmos3SaveActions" and prefix is not None:
             inp["filename_prefix"] = prefix
         elif ct == "Cosmos3KSamplerUniPCDualTower":
-            inp["steps"] = steps
+            if checkpoint != TINY_DISTILLED:
+                inp["steps"] = steps
             if seed is not None:
                 inp["seed"] = seed
         elif ct == "LoadImage":
@@ -284,7 +294,7 @@ def check_outputs(base_dir: Path, mode: str, api: dict, outputs: dict) -> list[P
     te = nodes_of(api, "Cosmos3TextEncode")[0]
     width, height = resolve(api, te, "width"), resolve(api, te, "height")
     frames, fps = api[te]["inputs"]["num_frames"], api[te]["inputs"]["fps"]
-    if mode == "t2i":
+    if frames == 1:
         check_png(files[0], width, height)
     else:
         cv = nodes_of(api, "CreateVideo")[0]
@@ -507,7 +517,15 @@ def test_nodes_and_inputs_exist_in_host(host, mode):
 def test_shipped_real_use_defaults(mode):
     api = load_api(mode)
     (loader,) = nodes_of(api, "Cosmos3Loader")
-    assert api[loader]["inputs"] == {"checkpoint": REAL_CHECKPOINT, "dtype": "auto", "device": "default"}
+    checkpoint = DISTILLED_CHECKPOINTS.get(mode, REAL_CHECKPOINT)
+    assert api[loader]["inputs"] == {"checkpoint": checkpoint, "dtype": "auto", "device": "default"}
+    base = {"distilled_t2i": "t2i", "distilled_i2v": "i2v"}.get(mode, mode)  # distilled: as its base mode, but
+    if base != mode:  # 4 steps and cfg 1 (the checkpoint's fixed schedule, guidance baked in)
+        api = json.loads(json.dumps(api))
+        (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
+        assert (api[ks]["inputs"]["steps"], api[ks]["inputs"]["cfg"]) == (4, 1.0)
+        api[ks]["inputs"].update(steps=load_api(base)[ks]["inputs"]["steps"], cfg=6.0)
+        mode = base
     (te,) = nodes_of(api, "Cosmos3TextEncode")
     t = api[te]["inputs"]
     assert (resolve(api, te, "width"), resolve(api, te, "height")) == (1280, 720)
