@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from . import defaults, long_video_cli
+from .action_cli import add_action_arguments, apply_mode_defaults, check_action_args, run_action
 from .config import DTYPES
 
 
@@ -34,12 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"default {defaults.NUM_FRAMES}; with --control: the control videos' length (this caps it)")
     p.add_argument("--height", type=int, default=defaults.HEIGHT)
     p.add_argument("--width", type=int, default=defaults.WIDTH)
-    p.add_argument("--fps", type=float, default=defaults.FPS)
+    p.add_argument("--fps", type=float, default=None,
+                   help=f"default: {defaults.FPS:g} (action modes: {defaults.ACTION_FPS:g})")
     p.add_argument("--steps", type=int, default=None,
                    help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video "
-                        "(a distilled checkpoint: its fixed schedule's length)")
+                        f"(a distilled checkpoint: its fixed schedule's length; action modes: {defaults.ACTION_STEPS})")
     p.add_argument("--guidance", type=float, default=None,
-                   help=f"default: {defaults.GUIDANCE:g} (a distilled checkpoint: 1, guidance is baked in)")
+                   help=f"default: {defaults.GUIDANCE:g} (a distilled checkpoint: 1, guidance is baked in; action "
+                        f"modes: {defaults.ACTION_GUIDANCE:g})")
     p.add_argument("--seed", type=int, default=defaults.SEED)
     p.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.SCHEDULE)
     p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")
@@ -57,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .parallel.cli import add_arguments as add_parallel_arguments
 
     add_parallel_arguments(p)  # --cfg-parallel, --ulysses, --parallel-timeout
+    add_action_arguments(p)  # --action-mode and the other CosmosActionCondition fields (action_cli.py)
     return p
 
 
@@ -83,6 +87,7 @@ def _check_args(args: argparse.Namespace) -> None:
                          "Transfer), or drop it.")
     if args.control_guidance != defaults.CONTROL_GUIDANCE:
         raise ValueError("--control-guidance applies to Transfer only; add --control KEY=FILE, or drop it.")
+    check_action_args(args)  # action flags need --action-mode
     _request(args, image=args.image, video=args.video).check("generate")  # every request check, before any load
     ckpt = check_common_args(args)
     if args.negative_prompt is not None:
@@ -146,6 +151,11 @@ def check_common_args(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> dict[str, float] | None:
     from .pipeline import Cosmos3Pipeline
 
+    if args.action_mode is not None:  # world-model modes: action_cli.py
+        if len(args.prompt) > 1:
+            raise ValueError(f"--prompt is given {len(args.prompt)} times; an action run takes one prompt.")
+        args.prompt = args.prompt[0]
+        return run_action(args)
     # ---- more than one GPU: torchrun ... --cfg-parallel / --ulysses K (parallel/cli.py); None on ranks > 0
     from .parallel import cli as parallel_cli
 
@@ -246,6 +256,7 @@ def run_reporting_user_errors(run_fn, args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_mode_defaults(args)  # --fps / --guidance left unset: the mode's defaults (action modes: 5 fps, cfg 1)
     ok, timings = run_reporting_user_errors(run, args)
     if not ok:
         return 2

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 import torch
 
 from . import defaults
+from . import action as action_mod
+from .action import ActionCondition, ActionGenerationRequest, ActionRequest
 from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
@@ -104,6 +106,7 @@ class GenerationOutput:
     waveform: torch.Tensor | None  # [2, N] at 48 kHz, trimmed to the clip
     timings: dict[str, float] = field(default_factory=dict)
     action: torch.Tensor | None = None  # [Ta, action_dim] padded action latent
+    actions: torch.Tensor | None = None  # [Ta, raw_action_dim] predicted actions (policy, inverse dynamics)
 
 
 class Cosmos3Pipeline:
@@ -148,14 +151,17 @@ class Cosmos3Pipeline:
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist.")
         config = Cosmos3Config.from_checkpoint(root)
-        transformer = load_transformer(
-            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear
-        )
+        # the small parts first: a damaged one is reported before minutes of reading the transformer's weights
+        load_scheduler_config(root)
+        tokenizer = load_tokenizer(root)
         vae = load_vae(root, dtype=vae_dtype or dtype, device=device)
         sound = None
         if with_sound and config.sound_gen and (root / "sound_tokenizer").is_dir():
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
-        return cls(root, transformer, vae, load_tokenizer(root), sound)
+        transformer = load_transformer(
+            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear
+        )
+        return cls(root, transformer, vae, tokenizer, sound)
 
     @property
     def config(self) -> Cosmos3Config:
@@ -430,6 +436,70 @@ class Cosmos3Pipeline:
         sound = None if result.sound is None else result.sound[0]
         action = None if result.action is None else result.action[0]
         return GenerationOutput(result.latents, sound, frames, waveform, timings, action)
+
+
+    # ------------------------------------------------------------------ action modes (action.py decides)
+    def action_encode_shape(self, request: ActionRequest, who: str = "action") -> tuple[int, ...]:
+        """Latent shape the VAE encode of an action request produces (for a memory estimate before encoding)."""
+        return action_mod.encode_latent_shape(request, self.vae, self.config, who)
+
+    def encode_action(self, request: ActionRequest, who: str = "action") -> ActionCondition:
+        """Check an action request and encode its frames: clean latents (cropped to the content) and actions."""
+        return action_mod.encode_action_condition(self.vae, request, self.config, who)
+
+    def tokenize_action(self, condition: ActionCondition, prompt: str, negative_prompt: str | None = None, *,
+                        fps: float = defaults.ACTION_FPS, use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT,
+                        who: str = "action") -> PromptIds:
+        """Token ids of an action run: the prompt as the JSON action caption, the negative prompt raw."""
+        try:
+            return action_mod.action_prompt_ids(self.tokenizer, condition, prompt, negative_prompt, fps=fps,
+                                                use_system_prompt=use_system_prompt)
+        except ValueError as exc:
+            raise ValueError(f"{who}: {exc}") from exc
+
+    def prefill_action_prompts(self, ids: PromptIds, condition: ActionCondition, *, fps: float) -> TextConditioning:
+        """Text K/V of an action run; its clip shape is the generated one (``chunk_size + 1`` frames at the
+        content size; the caption itself describes the tier's canvas)."""
+        height, width = condition.output_size
+        return self.prefill_prompts(ids, num_frames=condition.num_frames, height=height, width=width, fps=fps)
+
+    def plan_action(self, text: TextConditioning, condition: ActionCondition, *, seed: int = defaults.SEED,
+                    steps: int | None = None, guidance: float = defaults.ACTION_GUIDANCE,
+                    schedule: str = defaults.ACTION_SCHEDULE, shift: float | None = None, sound: bool = False,
+                    batch_size: int = defaults.BATCH_SIZE, device=None, who: str = "action") -> SamplePlan:
+        """The plan of an action run: the mode's clean latent frames and action stream, the action defaults."""
+        action_mod.check_text_matches(text, condition, who)
+        return self.plan(
+            text, seed=seed, steps=steps or defaults.ACTION_STEPS, guidance=guidance, schedule=schedule,
+            shift=shift if shift is not None else defaults.ACTION_SHIFT, sound=sound, x0=condition.x0,
+            clean_frames=condition.clean_frames, action=condition.plan_input(), batch_size=batch_size, device=device,
+            who=who,
+        )
+
+    def generate_action(self, request: ActionGenerationRequest, callback: StepCallback | None = None,
+                        decode: bool = True) -> GenerationOutput:
+        """A whole action-mode run; ``output.actions`` holds the predicted actions without padding (policy,
+        inverse dynamics) and ``output.action`` the padded action latent."""
+        r = request
+        timings: dict[str, float] = {}
+        with _timed(timings, "preprocess"):
+            condition = self.encode_action(r.action, who="generate")
+            ids = self.tokenize_action(condition, r.prompt, r.negative_prompt, fps=r.fps,
+                                       use_system_prompt=r.use_system_prompt, who="generate")
+            text = self.prefill_action_prompts(ids, condition, fps=r.fps)
+            plan = self.plan_action(text, condition, seed=r.seed, steps=r.steps, guidance=r.guidance,
+                                    schedule=r.schedule, shift=r.shift, sound=r.sound, who="generate")
+        with _timed(timings, "inference"):
+            result = self.run(plan, callback=callback, compile=r.compile)
+        frames = waveform = None
+        if decode:
+            with _timed(timings, "decode"):
+                frames = self.decode_video(result.latents)
+                if result.sound is not None:
+                    waveform = self.decode_sound(result.sound[0], condition.num_frames, r.fps)
+        sound = None if result.sound is None else result.sound[0]
+        actions = action_mod.unpadded_actions(result.action[0], condition)
+        return GenerationOutput(result.latents, sound, frames, waveform, timings, result.action[0], actions)
 
 
 def _read_model_index(root: Path) -> dict:

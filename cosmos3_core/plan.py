@@ -206,7 +206,8 @@ def make_plan(
         raise ValueError(f"{who}: guidance != 1 needs the negative prompt's text K/V (uncond).")
     t_lat = int(latent_shape[2])
     clean_frames = sorted({int(i) for i in clean_frames})
-    if clean_frames and len(clean_frames) >= t_lat:
+    actions_noisy = action is not None and len(set(action.clean)) < int(action.values.shape[0])
+    if clean_frames and len(clean_frames) >= t_lat and not actions_noisy:  # inverse dynamics: only actions are noisy
         raise ValueError(
             f"{who}: the condition keeps {len(clean_frames)} clean latent frames but a "
             f"{defaults.pixel_frames(t_lat)}-frame clip has only {t_lat}; nothing would be generated (the prompt and "
@@ -221,14 +222,15 @@ def make_plan(
     )
 
     # starting values: noise in the reference order, mixed with each stream's clean values; batch item k is the
-    # single run of seed + k (its own generator), so every item equals its own single run
+    # single run of seed + k (its own generator, wrapping past 2**64-1 like torch seeds), so every item equals its
+    # own single run
     shapes = [tuple(latent_shape)]
     if sound_len:
         shapes.append((1, config.sound_dim, sound_len))
     if action is not None:
         shapes.append((1, *action.values.shape))
-    per_item = [initial_noise(seed + k, shapes, None if generators is None else generators[k])
-                for k in range(batch_size)]
+    per_item = [initial_noise((seed + k) % (defaults.MAX_SEED + 1), shapes,
+                              None if generators is None else generators[k]) for k in range(batch_size)]
     noise = [torch.cat(parts) for parts in zip(*per_item)]  # each [N, ...]
     mask = torch.zeros(t_lat, 1, 1)
     mask[clean_frames] = 1.0

@@ -113,7 +113,7 @@ def _write_json(path: pathlib.Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def transformer_config(variant: str, sound: bool, vocab_size: int) -> dict:
+def transformer_config(variant: str, sound: bool, vocab_size: int, action: bool = True) -> dict:
     """Cosmos3OmniTransformer kwargs: Nano/Edge-shaped hidden 256 (Super-shaped: 640, 8/1 heads), 2 layers,
     real per-head geometry."""
     cfg = dict(
@@ -122,7 +122,7 @@ def transformer_config(variant: str, sound: bool, vocab_size: int) -> dict:
         latent_channel=48, latent_patch_size=2, patch_latent_dim=192, base_fps=24, enable_fps_modulation=True,
         unified_3d_mrope_reset_spatial_ids=True, unified_3d_mrope_temporal_modality_margin=15000,
         timestep_scale=0.001, vocab_size=vocab_size, sound_latent_fps=25.0,
-        action_gen=True, action_dim=64, num_embodiment_domains=32,
+        action_gen=action, action_dim=64 if action else None, num_embodiment_domains=32,
         sound_gen=sound, sound_dim=64 if sound else None,
     )
     if variant == "super":  # Super's shape: 64/8 heads -> 8/1, q width 1.6x hidden as 8192 vs 5120
@@ -213,8 +213,10 @@ def _build_sound_tokenizer(seed: int):
 
 
 def build_tiny_checkpoint(out_dir, variant: str = "nano", sound: bool | None = None,
-                          seed: int = 0, distilled: bool = False) -> pathlib.Path:
-    """Write a tiny random Cosmos3 checkpoint folder (Hub layout) to ``out_dir`` and return its path."""
+                          seed: int = 0, distilled: bool = False, action: bool = True) -> pathlib.Path:
+    """Write a tiny random Cosmos3 checkpoint folder (Hub layout) to ``out_dir`` and return its path.
+
+    ``action=False`` leaves out the action head (``action_gen`` false), as a checkpoint without world-model modes."""
     from diffusers import Cosmos3OmniTransformer
 
     if variant not in ("nano", "edge", "super"):
@@ -232,7 +234,7 @@ def build_tiny_checkpoint(out_dir, variant: str = "nano", sound: bool | None = N
     n_vocab = build_text_tokenizer(out / "text_tokenizer")
     vocab_size = max(128, -(-n_vocab // 64) * 64)
 
-    cfg = transformer_config(variant, sound, vocab_size)
+    cfg = transformer_config(variant, sound, vocab_size, action)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Cosmos3OmniTransformer(**cfg)  # fp32; the released checkpoints are bf16

@@ -15,8 +15,10 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.action import unpadded_actions
+from .action import ActionVectors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
+from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,19 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                              optional=True,
                              tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
                                      "same as its own single run); they share every denoising step's forward pass."),
+                Cosmos3Action.Input("action", optional=True,
+                                    tooltip="Action modes: Cosmos3 Action Condition's action (its text goes to text). "
+                                            f"The action models run at {defaults.ACTION_STEPS} steps, cfg "
+                                            f"{defaults.ACTION_GUIDANCE:g}, shift {defaults.ACTION_SHIFT:g}."),
             ],
-            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
+            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound"),
+                     Cosmos3Actions.Output(display_name="actions")],
         )
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE) -> io.NodeOutput:
+                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE,
+                action=None) -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -81,10 +89,18 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                     "and Cosmos3 Text Encode."
                 )
             x0, clean = condition.x0, condition.clean_frames
-        plan = pipe.plan(
-            text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound, x0=x0,
-            clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
-        )
+        if action is not None and condition is not None:
+            raise ValueError(f"{who}: both a condition and an action are connected; an action mode brings its own "
+                             "frames (Cosmos3 Action Condition) — disconnect the condition.")
+        if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
+            plan = pipe.plan_action(text, action, seed=seed, steps=steps, guidance=cfg, schedule=schedule,
+                                    shift=shift or None, sound=sound, batch_size=batch_size,
+                                    device=model.generation_device, who=who)
+        else:
+            plan = pipe.plan(
+                text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
+                x0=x0, clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
+            )
         model.load_generation_tower(plan.memory_required)
 
         bar = comfy.utils.ProgressBar(plan.steps)
@@ -101,4 +117,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         sound_latent = None
         if result.sound is not None:
             sound_latent = SoundLatent(result.sound.to(out), text.num_frames, text.fps)
-        return io.NodeOutput(latent, sound_latent)
+        actions = None  # [Ta, width] ([N, Ta, width] for a batch)
+        if action is not None and action.predicts_actions:
+            values = unpadded_actions(result.action, action)
+            actions = ActionVectors(values[0] if len(values) == 1 else values, action.domain_name, action.mode)
+        return io.NodeOutput(latent, sound_latent, actions)

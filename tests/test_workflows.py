@@ -30,9 +30,10 @@ pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
 MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v", "distilled_t2i", "distilled_i2v")
+ACTION_WORKFLOWS = ("action_policy", "action_forward_dynamics", "action_inverse_dynamics")  # world-model modes
 # long video (Cosmos3LongVideo writes its own mp4; tests/test_long_video_nodes.py runs these end to end)
 LONG_MODES = ("long_t2v", "transfer")
-ALL_WORKFLOWS = MODES + LONG_MODES
+ALL_WORKFLOWS = MODES + ACTION_WORKFLOWS + LONG_MODES
 REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
 PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
                  "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
@@ -49,7 +50,10 @@ DISTILLED_CHECKPOINTS = {"distilled_t2i": "Cosmos3-Super-Text2Image-4Step",
 TEST_IMAGE = "cosmos3_test_image.png"
 TEST_CLIP = "cosmos3_test_clip.mp4"
 # combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
-REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file")}
+REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file"),
+                     ("Cosmos3LoadActions", "file")}
+TEST_ACTIONS = "cosmos3_test_actions.json"  # 4 bridge actions (10-dim), for the shrunk forward-dynamics workflow
+SAVE_NODES = ("SaveImage", "SaveVideo", "Cosmos3SaveActions")
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "file_upload")
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
@@ -119,6 +123,9 @@ def write_test_inputs(input_dir: Path, clip_frames: int = 13, fps: int = 24) -> 
     input_dir = Path(input_dir)
     input_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
+    if not (input_dir / TEST_ACTIONS).is_file():
+        actions = rng.standard_normal((4, 10)).round(4).tolist()
+        (input_dir / TEST_ACTIONS).write_text(json.dumps({"domain_name": "bridge_orig_lerobot", "actions": actions}))
     if not (input_dir / TEST_IMAGE).is_file():
         yy, xx = np.mgrid[0:80, 0:120]
         img = np.stack([xx * 2, yy * 3, (xx + yy) % 256], -1).astype(np.uint8)
@@ -193,6 +200,13 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
                     g[src]["inputs"]["prompt"] = g[src]["inputs"]["prompt"] + prompt_suffix
         elif ct == "Cosmos3Reasoner":
             inp["max_new_tokens"] = max_new_tokens
+        elif ct == "Cosmos3ActionCondition":  # 256 tier; inverse dynamics reads all 13 frames of the test clip
+            inp.update(chunk_size=12 if inp["mode"] == "inverse_dynamics" else 4, resolution_tier="256")
+            inp["prompt"] = inp["prompt"] + prompt_suffix
+        elif ct == "Cosmos3LoadActions":
+            inp["file"] = TEST_ACTIONS
+        elif ct == "Cosmos3SaveActions" and prefix is not None:
+            inp["filename_prefix"] = prefix
         elif ct == "Cosmos3KSamplerUniPCDualTower":
             if checkpoint != TINY_DISTILLED:
                 inp["steps"] = steps
@@ -573,13 +587,13 @@ def test_api_validates_in_host(host, mode):
     as_shipped = json.loads(json.dumps(api))  # shipped sizes and steps; only the real-world names replaced
     for node in as_shipped.values():
         replace = {"Cosmos3Loader": ("checkpoint", tiny_checkpoint_for(api)), "LoadImage": ("image", TEST_IMAGE),
-                   "LoadVideo": ("file", TEST_CLIP)}.get(node["class_type"])
+                   "LoadVideo": ("file", TEST_CLIP), "Cosmos3LoadActions": ("file", TEST_ACTIONS)}.get(node["class_type"])
         if replace:
             node["inputs"][replace[0]] = replace[1]
     for graph in (as_shipped, shrink_api(api)):
         ok, err, outputs, node_errors = host.validate(graph)
         assert ok, f"{mode}: {json.dumps(err, indent=1)}\n{json.dumps(node_errors, indent=1, default=str)}"
-        saves = nodes_of(graph, "SaveImage") + nodes_of(graph, "SaveVideo") + nodes_of(graph, "Cosmos3LongVideo")
+        saves = [nid for s in SAVE_NODES for nid in nodes_of(graph, s)]
         previews = [nid for p in PREVIEW_NODES for nid in nodes_of(graph, p)]
         assert sorted(outputs) == sorted(saves + previews)
         assert len(previews) == (1 if mode in REASONER_MODES else 0), previews
@@ -587,3 +601,30 @@ def test_api_validates_in_host(host, mode):
     bad = shrink_api(api)
     bad["99"] = {"class_type": "Cosmos3NoSuchNode", "inputs": {}}
     assert not host.validate(bad)[0]
+
+
+@pytest.mark.parametrize("mode", ACTION_WORKFLOWS)
+def test_action_workflow_real_use_defaults(mode):
+    """The action models' settings (defaults.ACTION_*): 5 fps, 30 steps, cfg 1, shift 10, the condition node's
+    text and action both wired into the sampler; policy / inverse dynamics save their actions."""
+    from cosmos3_core import defaults
+
+    api = load_api(mode)
+    (loader,) = nodes_of(api, "Cosmos3Loader")
+    assert api[loader]["inputs"] == {"checkpoint": REAL_CHECKPOINT, "dtype": "auto", "device": "default"}
+    (ac,) = nodes_of(api, "Cosmos3ActionCondition")
+    a = api[ac]["inputs"]
+    assert a["mode"] == mode.removeprefix("action_") and a["fps"] == defaults.ACTION_FPS
+    assert a["chunk_size"] == defaults.ACTION_CHUNK_SIZE and a["resolution_tier"] == str(defaults.ACTION_RESOLUTION_TIER)
+    assert a["use_system_prompt"] is defaults.ACTION_USE_SYSTEM_PROMPT and a["negative_prompt"] == ""
+    assert ("actions" in a) is (mode == "action_forward_dynamics")
+    (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
+    k = api[ks]["inputs"]
+    assert (k["steps"], k["cfg"], k["schedule"], k["shift"], k["sound"]) == (
+        defaults.ACTION_STEPS, defaults.ACTION_GUIDANCE, defaults.ACTION_SCHEDULE, defaults.ACTION_SHIFT, False)
+    assert k["text"] == [ac, 0] and k["action"] == [ac, 1] and "condition" not in k
+    saves = nodes_of(api, "Cosmos3SaveActions")
+    assert [api[s]["inputs"]["actions"] for s in saves] == ([] if mode == "action_forward_dynamics" else [[ks, 2]])
+    if mode != "action_inverse_dynamics":
+        (cv,) = nodes_of(api, "CreateVideo")
+        assert api[cv]["inputs"]["fps"] == a["fps"], "Create Video fps must equal the action fps"
