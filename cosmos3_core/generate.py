@@ -151,6 +151,9 @@ def check_common_args(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> dict[str, float] | None:
     from .pipeline import Cosmos3Pipeline
 
+    args.num_frames_given = args.num_frames is not None
+    if args.num_frames is None:
+        args.num_frames = defaults.NUM_FRAMES
     if args.action_mode is not None:  # world-model modes: action_cli.py
         if len(args.prompt) > 1:
             raise ValueError(f"--prompt is given {len(args.prompt)} times; an action run takes one prompt.")
@@ -159,9 +162,6 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     # ---- more than one GPU: torchrun ... --cfg-parallel / --ulysses K (parallel/cli.py); None on ranks > 0
     from .parallel import cli as parallel_cli
 
-    args.num_frames_given = args.num_frames is not None
-    if args.num_frames is None:
-        args.num_frames = defaults.NUM_FRAMES
     if long_video_cli.wants_windows(args):  # ---- windows / Transfer (long_video_cli.py)
         if parallel_cli.wanted(args):
             raise ValueError("--cfg-parallel/--ulysses do not apply to windowed generation (--frames-per-chunk, "

@@ -53,7 +53,7 @@ TEST_CLIP = "cosmos3_test_clip.mp4"
 REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file"),
                      ("Cosmos3LoadActions", "file")}
 TEST_ACTIONS = "cosmos3_test_actions.json"  # 4 bridge actions (10-dim), for the shrunk forward-dynamics workflow
-SAVE_NODES = ("SaveImage", "SaveVideo", "Cosmos3SaveActions")
+SAVE_NODES = ("SaveImage", "SaveVideo", "Cosmos3SaveActions", "Cosmos3LongVideo")  # output nodes that write files
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "file_upload")
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
