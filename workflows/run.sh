@@ -8,7 +8,7 @@
 # 1. Sets up the Python 3.11 venv and ComfyUI 0.3.75 exactly as the tests do (tests/run.sh, setup only).
 # 2. Makes a throwaway ComfyUI home with this pack in custom_nodes/ and either builds the tiny checkpoint
 #    (cosmos3_core.tiny) into models/cosmos3/ or symlinks --checkpoint DIR there.
-# 3. Starts `main.py` on 127.0.0.1, queues workflows/cosmos3_t2av.api.json (shrunk to 96x64, 9 frames, 3 steps
+# 3. Starts `main.py` on 127.0.0.1, queues workflows/api/cosmos3_t2av.json (shrunk to 96x64, 9 frames, 3 steps
 #    on the tiny checkpoint; as shipped with a real one unless --width/--height/--frames/--steps are given),
 #    waits for /history, prints the absolute path of the mp4 (stdout, last line) and stops the server.
 #
@@ -84,7 +84,7 @@ else:
     ckpt.symlink_to(src, target_is_directory=True)
     log(f"linked {src} as models/cosmos3/{name}")
 
-api = json.loads((REPO / "workflows" / "cosmos3_t2av.api.json").read_text())
+api = json.loads((REPO / "workflows" / "api" / "cosmos3_t2av.json").read_text())
 loader = next(k for k, v in api.items() if v["class_type"] == "Cosmos3Loader")
 text = next(k for k, v in api.items() if v["class_type"] == "Cosmos3TextEncode")
 sampler = next(k for k, v in api.items() if v["class_type"] == "Cosmos3KSamplerUniPCDualTower")
