@@ -59,7 +59,8 @@ class Cosmos3Loader(io.ComfyNode):
                 io.Combo.Input("device", options=["default", "cpu"], default="default",
                                tooltip="default: ComfyUI's GPU with its offloading; cpu: run everything on the CPU."),
             ],
-            outputs=[Cosmos3Model.Output(display_name="model")],
+            outputs=[Cosmos3Model.Output(display_name="model", tooltip="The loaded checkpoint; connect it to every "
+                                                                             "Cosmos3 node.")],
         )
 
     @classmethod

@@ -61,6 +61,22 @@ def _load(patcher: comfy.model_patcher.ModelPatcher, memory_required: int = 0) -
     _place_unstreamable(patcher)
 
 
+class Cosmos3TextTower(torch.nn.Module):
+    """Holder of the understanding (text) tower's parameters, named for ComfyUI's log and memory manager."""
+
+
+class Cosmos3GenerationTower(torch.nn.Module):
+    """Holder of the generation tower's parameters (the part LoRAs patch)."""
+
+
+class Cosmos3WanVAE(torch.nn.Module):
+    """Holder of the checkpoint's Wan2.2 VAE."""
+
+
+class Cosmos3SoundDecoder(torch.nn.Module):
+    """Holder of the checkpoint's sound decoder."""
+
+
 @dataclass
 class Cosmos3ModelHandle:
     name: str
@@ -89,20 +105,23 @@ class Cosmos3ModelHandle:
         load_device = mm.get_torch_device() if device_choice == "default" else torch.device("cpu")
         model = pipe.transformer
 
-        def patcher(module, device, offload_device):
-            # ModelPatcher writes `.device` on the module it manages; give it a plain holder so the core modules'
-            # read-only `device` properties stay intact. The holder shares the module's parameters.
-            holder = torch.nn.Module()
+        def patcher(holder_cls, module, device, offload_device):
+            # ModelPatcher writes `.device` on the module it manages; give it a holder so the core modules'
+            # read-only `device` properties stay intact. The holder shares the module's parameters, and its class
+            # name is what ComfyUI's log and memory manager show ("Requested to load Cosmos3GenerationTower").
+            holder = holder_cls()
             holder.add_module("inner", module)
             return comfy.model_patcher.ModelPatcher(holder, load_device=device, offload_device=offload_device)
 
         vae_device = mm.vae_device() if device_choice == "default" else torch.device("cpu")
-        sound = patcher(pipe.sound_decoder, vae_device, mm.vae_offload_device()) if pipe.sound_decoder else None
+        sound = (patcher(Cosmos3SoundDecoder, pipe.sound_decoder, vae_device, mm.vae_offload_device())
+                 if pipe.sound_decoder else None)
         return cls(
             name=name, path=path, dtype=dtype, pipeline=pipe,
-            text_patcher=patcher(tower_module(model, "text"), load_device, offload),
-            generation_patcher=patcher(tower_module(model, "generation"), load_device, offload),
-            vae_patcher=patcher(pipe.vae, vae_device, mm.vae_offload_device()),
+            text_patcher=patcher(Cosmos3TextTower, tower_module(model, "text"), load_device, offload),
+            generation_patcher=patcher(Cosmos3GenerationTower, tower_module(model, "generation"), load_device,
+                                       offload),
+            vae_patcher=patcher(Cosmos3WanVAE, pipe.vae, vae_device, mm.vae_offload_device()),
             sound_patcher=sound,
         )
 

@@ -37,9 +37,10 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             description="Denoises the video (and sound) latent with the generation tower; the text tower's K/V "
                         "comes cached from Cosmos3 Text Encode. Both guidance branches run as one batch.",
             inputs=[
-                Cosmos3Model.Input("model"),
-                Cosmos3Text.Input("text"),
-                io.Int.Input("seed", default=42, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its generation tower runs)."),
+                Cosmos3Text.Input("text", tooltip="From Cosmos3 Text Encode: the prompts' K/V and the clip shape."),
+                io.Int.Input("seed", default=42, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                             tooltip="Noise seed; the same seed and settings give the same result."),
                 io.Int.Input("steps", default=35, min=1, max=200, tooltip="35 for video, 50 for images."),
                 io.Float.Input("cfg", default=6.0, min=1.0, max=20.0, step=0.1, round=0.01,
                                tooltip="Guidance scale; 1 runs the conditional branch only."),
@@ -55,7 +56,10 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
             ],
-            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
+            outputs=[io.Latent.Output(display_name="latent",
+                                      tooltip="Wan2.2 video latent [1, 48, T, h, w]; decode with Cosmos3 VAE Decode."),
+                     Cosmos3Sound.Output(display_name="sound", tooltip="Sound latent (empty when sound is off); "
+                                                                        "decode with Cosmos3 Audio Decode.")],
         )
 
     @classmethod

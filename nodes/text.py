@@ -26,19 +26,23 @@ class Cosmos3TextEncode(io.ComfyNode):
             description="Runs the understanding tower once over the prompt and the negative prompt; the sampler "
                         "re-uses their K/V at every step.",
             inputs=[
-                Cosmos3Model.Input("model"),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its text tower runs here)."),
                 io.String.Input("prompt", multiline=True, default="",
                                 tooltip="What to generate. Long structured (JSON) prompts work best."),
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="Leave empty to use the checkpoint's assets/negative_prompt.json "
                                         "(or no negative prompt when the checkpoint has none)."),
-                io.Int.Input("width", default=1280, min=16, max=MAX_SIZE, step=16),
-                io.Int.Input("height", default=720, min=16, max=MAX_SIZE, step=16),
+                io.Int.Input("width", default=1280, min=16, max=MAX_SIZE, step=16,
+                             tooltip="Width in pixels, a multiple of 16 (1280: 720p, 832: 480p)."),
+                io.Int.Input("height", default=720, min=16, max=MAX_SIZE, step=16,
+                             tooltip="Frame height in pixels, a multiple of 16 (720 or 480)."),
                 io.Int.Input("num_frames", default=189, min=1, max=1025, step=4,
                              tooltip="1 for an image, else 4k+1 (93, 121, 189, …)."),
-                io.Float.Input("fps", default=24.0, min=1.0, max=120.0, step=0.5),
+                io.Float.Input("fps", default=24.0, min=1.0, max=120.0, step=0.5,
+                               tooltip="Frame rate the model is told; keep Create Video's fps equal."),
             ],
-            outputs=[Cosmos3Text.Output(display_name="text")],
+            outputs=[Cosmos3Text.Output(display_name="text",
+                                        tooltip="Both guidance branches' cached text K/V and the clip shape.")],
         )
 
     @classmethod
