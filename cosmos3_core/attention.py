@@ -7,7 +7,9 @@ torch 2.11 (bench/results_run2.json), SDPA's default dispatch runs ``enable_gqa`
 speed as with the key/value heads expanded (720p: 57.1 vs 57.2 ms, 578 TFLOP/s; FlashAttention-2 363), so expanding
 them would only cost copies and memory.
 
-Layout: ``q`` ``[B, H, Sq, hd]``, ``k``/``v`` ``[B, KV, Sk, hd]`` → ``[B, H, Sq, hd]``.
+Layout: ``q`` ``[B, H, Sq, hd]``, ``k``/``v`` ``[B, KV, Sk, hd]`` → ``[B, H, Sq, hd]``. ``mask`` (boolean,
+broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static-cache decode; with a mask on CUDA the
+grouped K/V heads are expanded, since the fused SDPA kernels reject ``enable_gqa`` together with a mask.
 """
 
 from __future__ import annotations
@@ -16,5 +18,11 @@ import torch
 import torch.nn.functional as F
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    groups = q.shape[1] // k.shape[1]
+    if mask is not None and groups > 1 and q.is_cuda:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        groups = 1
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)

@@ -28,7 +28,7 @@ from torch import nn
 
 from .attention import attention
 from .config import Cosmos3Config
-from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder
+from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm
 from .layout import GenLayout, patchify, unpatchify
 from .rope import apply_rope, rope_tables, text_position_ids
 from .text_kv import TextKV
@@ -119,12 +119,7 @@ class Cosmos3Transformer(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.to_q(x).view(n, attn.num_heads, attn.head_dim)
-            k = attn.to_k(x).view(n, attn.num_kv_heads, attn.head_dim)
-            v = attn.to_v(x).view(n, attn.num_kv_heads, attn.head_dim)
-            if attn.norm_q is not None:
-                q, k = attn.norm_q(q), attn.norm_k(k)
+            q, k, v = text_qkv(layer, h)
             k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
             keys[i] = apply_rope(k_for_gen, cos, sin).transpose(0, 1)
             values[i] = v.transpose(0, 1)
@@ -132,8 +127,7 @@ class Cosmos3Transformer(nn.Module):
                 break  # the last layer's text output feeds nothing the generation tower reads
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True)
-            h = h + attn.to_out(out[0].transpose(0, 1).reshape(n, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = text_layer_output(layer, h, out[0].transpose(0, 1).reshape(n, -1))
         return TextKV(keys, values, ids.cpu())
 
     # ------------------------------------------------------------------ generation tower
@@ -158,7 +152,8 @@ class Cosmos3Transformer(nn.Module):
         if layout.action_len:
             if action is None or not self.has_action:
                 raise ValueError("denoise_step: the layout has an action stream but no action latent/head.")
-            a = self.action_proj_in(action.to(dtype), layout.domain_id) + self.action_modality_embed
+            a = self.action_proj_in(action.reshape(layout.action_len, -1).to(dtype), layout.domain_id)
+            a = a + self.action_modality_embed
             parts.append(torch.where(layout.noisy_actions.view(-1, 1), a + t_emb, a))
         return torch.cat(parts) if len(parts) > 1 else vision
 
@@ -175,7 +170,8 @@ class Cosmos3Transformer(nn.Module):
         """One generation-tower pass for ``len(text)`` branches sharing the same latents.
 
         ``latents`` ``[1, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
-        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[sound_dim, Ts]``; ``action`` ``[Ta, action_dim]``.
+        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[(1,) sound_dim, Ts]``; ``action``
+        ``[(1,) Ta, action_dim]``.
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
@@ -209,6 +205,27 @@ class Cosmos3Transformer(nn.Module):
             a = self.action_proj_out(x[:, nv + layout.sound_len :], layout.domain_id)
             action = a.masked_fill(~layout.noisy_actions.view(1, -1, 1), 0.0)
         return StepOutput(vision, sound, action)
+
+
+def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm):
+    """The text tower's attention inputs over ``h`` ``[L, D]``: q ``[L, H, hd]`` and k ``[L, KV, hd]`` after the
+    per-head QK-norm (Nano/Super; Edge has none) and before RoPE, and v ``[L, KV, hd]``. ``norm(module, x)`` applies
+    an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers')."""
+    attn = layer.self_attn
+    n = h.shape[0]
+    x = norm(layer.input_layernorm, h)
+    q = attn.to_q(x).view(n, attn.num_heads, attn.head_dim)
+    k = attn.to_k(x).view(n, attn.num_kv_heads, attn.head_dim)
+    v = attn.to_v(x).view(n, attn.num_kv_heads, attn.head_dim)
+    if attn.norm_q is not None:
+        q, k = norm(attn.norm_q, q), norm(attn.norm_k, k)
+    return q, k, v
+
+
+def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm):
+    """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``."""
+    h = h + layer.self_attn.to_out(attn_out)
+    return h + layer.mlp(norm(layer.post_attention_layernorm, h))
 
 
 def generation_layer(
