@@ -138,13 +138,17 @@ class Cosmos3Pipeline:
         vae_dtype: torch.dtype | None = None,
         with_sound: bool = True,
         linear: type[torch.nn.Linear] = torch.nn.Linear,
+        storage_dtype: torch.dtype | None = None,
+        scaled_linear: type[torch.nn.Linear] | None = None,
     ) -> "Cosmos3Pipeline":
+        """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``)."""
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist.")
         config = Cosmos3Config.from_checkpoint(root)
         transformer = load_transformer(
-            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear
+            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear,
+            storage_dtype=storage_dtype, **({"scaled_linear": scaled_linear} if scaled_linear else {}),
         )
         vae = load_vae(root, dtype=vae_dtype or dtype, device=device)
         sound = None

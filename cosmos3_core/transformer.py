@@ -82,7 +82,8 @@ class Cosmos3Transformer(nn.Module):
     # ------------------------------------------------------------------ helpers
     @property
     def dtype(self) -> torch.dtype:
-        return self.proj_in.weight.dtype
+        """The compute dtype (a norm's: linear weights may be stored narrower, see ``weights.py``)."""
+        return self.norm_moe_gen.weight.dtype
 
     @property
     def device(self) -> torch.device:
