@@ -54,6 +54,16 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
             module._buffers[name] = tensor.to(device)
 
 
+_SCALED_FP8_LINEAR: list[type] = []
+
+
+def _scaled_fp8_linear() -> type:
+    """ComfyUI's scaled-FP8 linear layer (``scale_weight`` · weight, cast to the compute dtype at each call)."""
+    if not _SCALED_FP8_LINEAR:  # built once: the factory logs a line per call
+        _SCALED_FP8_LINEAR.append(comfy.ops.scaled_fp8_ops(fp8_matrix_mult=False, scale_input=False).Linear)
+    return _SCALED_FP8_LINEAR[0]
+
+
 def _load(patcher: comfy.model_patcher.ModelPatcher, memory_required: int = 0) -> None:
     """``load_models_gpu`` with room for the work ahead, then whatever of the model cannot stream joins it (the VAE
     and sound decoder are diffusers modules: if ComfyUI ever loads them partially, all of their layers move)."""
@@ -90,11 +100,16 @@ class Cosmos3ModelHandle:
     _reasoner: object | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str) -> "Cosmos3ModelHandle":
+    def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str,
+             storage_dtype: torch.dtype | None = None) -> "Cosmos3ModelHandle":
         # ComfyUI's Linear: when a tower does not fit in VRAM, ModelPatcher loads it partially and these layers
-        # stream their weights from the offload device at each call (weight streaming, "lowvram").
-        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(),
-                                    linear=comfy.ops.disable_weight_init.Linear)
+        # stream their weights from the offload device at each call (weight streaming, "lowvram"). Weights stored
+        # in another dtype than the compute dtype (fp8, or an NVIDIA FP8 checkpoint's weight + scale) go through
+        # ComfyUI's cast-weight layers, which cast at each call and stream the same way.
+        cast = storage_dtype is not None and storage_dtype != dtype
+        linear = comfy.ops.manual_cast.Linear if cast else comfy.ops.disable_weight_init.Linear
+        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
+                                    storage_dtype=storage_dtype, scaled_linear=_scaled_fp8_linear())
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod

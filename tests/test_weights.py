@@ -48,8 +48,10 @@ def step(model):
     return out.vision, out.sound
 
 
-def copy_checkpoint(src, dst):
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("vae", "sound_tokenizer", "text_tokenizer"))
+def copy_checkpoint(src, dst, full: bool = False):
+    """A copy of ``src`` (only transformer/ unless ``full``) that the test may rewrite."""
+    skip = () if full else ("vae", "sound_tokenizer", "text_tokenizer")
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*skip))
     return dst
 
 
@@ -92,9 +94,9 @@ def test_stored_weights_equal_rounded_weights(tiny, name):
         assert linear_bytes * 4 == sum(params[n].numel() * 4 for n in names)
 
 
-def write_modelopt(src, dst, drop_scale_of: str | None = None):
+def write_modelopt(src, dst, drop_scale_of: str | None = None, full: bool = False):
     """A ModelOpt-FP8-layout copy of ``src`` (what NVIDIA's fp8 revision holds) and its dense equivalent."""
-    copy_checkpoint(src, dst)
+    copy_checkpoint(src, dst, full=full)
     sd = read_state(dst)
     dense = dict(sd)
     quantized = [k for k in sd if k.startswith("layers.") and k.endswith(".weight") and sd[k].ndim == 2]
