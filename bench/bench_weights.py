@@ -74,7 +74,7 @@ def run_case(handle, mm, shape, vram_gib, steps: int, cuda: bool) -> dict:
             block = torch.empty(hold, dtype=torch.uint8, device="cuda")
     out = dict(height=h, width=w, frames=frames, vram_gib=vram_gib,
                generation_tower_gib=gib(handle.generation_patcher.model_size()),
-               generation_linear_gib=gib(linear_bytes(handle.generation_patcher)),
+               generation_linear_bytes=linear_bytes(handle.generation_patcher),
                text_tower_gib=gib(handle.text_patcher.model_size()))
     text_shape = dict(num_frames=frames, height=h, width=w, fps=24.0)
 
@@ -185,7 +185,7 @@ def main() -> None:
             gc.collect()
     runs = {r["weight_dtype"]: r for r in results["runs"] if r["case"] == results["runs"][0]["case"]}
     if len(runs) == 2:
-        ratio = runs["fp8_e4m3fn"]["generation_linear_gib"] / max(runs["bf16"]["generation_linear_gib"], 1e-9)
+        ratio = runs["fp8_e4m3fn"]["generation_linear_bytes"] / max(runs["bf16"]["generation_linear_bytes"], 1)
         print(f"fp8/bf16 generation-tower linear bytes: {ratio:.3f}", flush=True)
 
 
