@@ -31,7 +31,7 @@ def host():
 def test_every_input_and_output_has_a_tooltip(host):
     missing = []
     ids = host.pack_node_ids()
-    assert "Cosmos3Loader" in ids, ids
+    assert "Cosmos3Loader" in ids and "Cosmos3LoraLoader" in ids, ids
     for node_id in ids:
         info = node_info(host, node_id)
         for group in ("required", "optional"):
