@@ -264,6 +264,7 @@ class Cosmos3Pipeline:
         clean_frames: Sequence[int] = (),
         guidance_interval: tuple[float, float] | None = None,
         action: ActionInput | None = None,
+        batch_size: int = defaults.BATCH_SIZE,
         device: torch.device | str | None = None,
         who: str = "sample",
     ) -> SamplePlan:
@@ -273,7 +274,7 @@ class Cosmos3Pipeline:
         the tower afterwards (ComfyUI's model management) passes the device it will run on.
         """
         check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
-                       guidance_interval=guidance_interval, batch_size=1, who=who)
+                       guidance_interval=guidance_interval, batch_size=batch_size, who=who)
         if sound and not self.supports_sound:
             raise ValueError(
                 f"{who}: sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
@@ -298,7 +299,7 @@ class Cosmos3Pipeline:
         num_tokens = generation_tokens(self.config, latent_shape, sound_len, action_len)
         lengths = [text.cond.length] + ([text.uncond.length] if guidance != 1.0 and text.uncond is not None else [])
         device = torch.device(device or self.transformer.device)
-        self._check_memory(step_memory_required(self.config, num_tokens, lengths, self.transformer.dtype),
+        self._check_memory(step_memory_required(self.config, num_tokens, lengths * batch_size, self.transformer.dtype),
                            num_tokens, device, who)
         scheduler = make_scheduler(
             self.scheduler_config, steps, schedule=schedule, shift=shift, native_flow_schedule=self.native_flow_schedule
@@ -306,8 +307,8 @@ class Cosmos3Pipeline:
         return make_plan(
             self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps, seed=seed,
             guidance=float(guidance), vision_stepper=SchedulerStepper(scheduler), x0=x0, clean_frames=clean_frames,
-            sound_len=sound_len, action=action, guidance_interval=guidance_interval, device=device,
-            dtype=self.transformer.dtype, who=who,
+            sound_len=sound_len, action=action, guidance_interval=guidance_interval, batch_size=batch_size,
+            device=device, dtype=self.transformer.dtype, who=who,
         )
 
     @staticmethod
@@ -327,14 +328,13 @@ class Cosmos3Pipeline:
                 "num_frames (e.g. 1280x720 with 189 frames, or 832x480 with 93)."
             )
 
-    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False) -> SampleResult:
-        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up)."""
+    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False,
+            denoiser=None) -> SampleResult:
+        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up).
+        ``denoiser``: runs the steps instead of the transformer, with its ``denoise_step`` contract (parallel/)."""
         self.transformer.compile_generation_layers(compile)
-        x = run(plan, self.transformer, callback)
-        sound, action = x.get("sound"), x.get("action")
-        return SampleResult(
-            latents=x["vision"], sound=None if sound is None else sound[0], action=None if action is None else action[0]
-        )
+        x = run(plan, denoiser or self.transformer, callback)
+        return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
 
     def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, compile: bool = False,
                **plan_args) -> SampleResult:
@@ -342,13 +342,24 @@ class Cosmos3Pipeline:
         return self.run(self.plan(text, **plan_args), callback=callback, compile=compile)
 
     # ------------------------------------------------------------------ 4. decode
-    def decode_video(self, latents: torch.Tensor, **kwargs) -> torch.Tensor:
-        return self.vae.decode(latents, **kwargs)
+    def decode_video(self, latents: torch.Tensor, on_chunk=None, **kwargs) -> torch.Tensor:
+        """``[N, 48, T, h, w]`` → frames ``[N·F, H, W, 3]`` (items one after another; ComfyUI's IMAGE batch);
+        ``on_chunk(done, total)`` counts latent frames over the whole batch."""
+        n, t = latents.shape[0], latents.shape[2]
+        frames = []
+        for k, item in enumerate(latents):
+            progress = None if on_chunk is None else (lambda done, _t, k=k: on_chunk(k * t + done, n * t))
+            frames.append(self.vae.decode(item[None], on_chunk=progress, **kwargs))
+        return torch.cat(frames)
 
     def decode_sound(self, sound_latent: torch.Tensor, num_frames: int, fps: float) -> torch.Tensor:
+        """``[N, 64, Ts]`` (or ``[64, Ts]``) → waveforms ``[N, 2, S]`` (``[2, S]``) trimmed to the clip."""
         if self.sound_decoder is None:
             raise ValueError(f"checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/; no sound to decode.")
-        return self.sound_decoder.decode(sound_latent, num_samples=num_audio_samples(num_frames, fps)).float().cpu()
+        n = num_audio_samples(num_frames, fps)
+        if sound_latent.ndim == 2:
+            return self.sound_decoder.decode(sound_latent, num_samples=n).float().cpu()
+        return torch.stack([self.sound_decoder.decode(item, num_samples=n).float().cpu() for item in sound_latent])
 
     # ------------------------------------------------------------------ all stages
     def generate(
@@ -376,8 +387,10 @@ class Cosmos3Pipeline:
             with _timed(timings, "decode"):
                 frames = self.decode_video(result.latents)
                 if result.sound is not None:
-                    waveform = self.decode_sound(result.sound, r.num_frames, r.fps)
-        return GenerationOutput(result.latents, result.sound, frames, waveform, timings, result.action)
+                    waveform = self.decode_sound(result.sound[0], r.num_frames, r.fps)
+        sound = None if result.sound is None else result.sound[0]
+        action = None if result.action is None else result.action[0]
+        return GenerationOutput(result.latents, sound, frames, waveform, timings, action)
 
 
 def _read_model_index(root: Path) -> dict:

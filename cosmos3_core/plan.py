@@ -10,7 +10,9 @@ What is decided follows diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` (steps
 the modular ``Cosmos3ActionPrepareLatentsStep`` / ``Cosmos3ActionLoopSchedulerStep``:
 
 * sampling state in fp32; noise from one seeded CPU ``torch.Generator`` (device independent) drawn in the order
-  vision ``[1, 48, T, h, w]``, sound ``[1, 64, Ts]``, action ``[1, Ta, action_dim]``;
+  vision ``[1, 48, T, h, w]``, sound ``[1, 64, Ts]``, action ``[1, Ta, action_dim]``; a batch of ``N`` items
+  (ComfyUI's ``batch_size``) runs seeds ``seed … seed+N−1``, each item drawn from its own generator, stacked with
+  the guidance branches into one forward (rows ``[cond × N | uncond × N]``);
 * ``latents = mask·x0 + (1−mask)·noise`` per stream (clean latent frames, clean actions);
 * one UniPC scheduler for vision and a deep copy each for sound and action (own history, same sigmas); the action
   channels beyond the raw action dimension are zero at the start and after every step; a stream with nothing
@@ -55,8 +57,9 @@ def check_clip(num_frames, height, width, fps, who: str = "generate") -> None:
             raise ValueError(f"{who}: {name}={value!r} must be a positive multiple of {stride}; try {fixed}.")
         if value > defaults.MAX_SIZE:
             raise ValueError(f"{who}: {name}={value} is above the limit of {defaults.MAX_SIZE} pixels.")
-    if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
-        raise ValueError(f"{who}: fps={fps!r} must be a positive number (e.g. {defaults.FPS:g}).")
+    if not (isinstance(fps, (int, float)) and math.isfinite(fps) and defaults.MIN_FPS <= fps <= defaults.MAX_FPS):
+        raise ValueError(f"{who}: fps={fps!r} must be a number from {defaults.MIN_FPS:g} to {defaults.MAX_FPS:g} "
+                         f"(e.g. {defaults.FPS:g}).")
 
 
 def check_sampling(*, seed, steps, guidance, schedule, shift, guidance_interval, batch_size, who: str) -> None:
@@ -185,6 +188,7 @@ def make_plan(
     action: ActionInput | None = None,
     guidance_interval: tuple[float, float] | None = None,
     reanchor_vision: bool = False,
+    batch_size: int = 1,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     who: str = "sample",
@@ -210,13 +214,15 @@ def make_plan(
         domain_id=None if action is None else action.domain_id, device=device, dtype=dtype,
     )
 
-    # starting values: noise in the reference order, mixed with each stream's clean values
+    # starting values: noise in the reference order, mixed with each stream's clean values; batch item k is the
+    # single run of seed + k (its own generator), so every item equals its own single run
     shapes = [tuple(latent_shape)]
     if sound_len:
         shapes.append((1, config.sound_dim, sound_len))
     if action is not None:
         shapes.append((1, *action.values.shape))
-    noise = initial_noise(seed, shapes)
+    per_item = [initial_noise(seed + k, shapes) for k in range(batch_size)]
+    noise = [torch.cat(parts) for parts in zip(*per_item)]  # each [N, ...]
     mask = torch.zeros(t_lat, 1, 1)
     mask[clean_frames] = 1.0
     clean = torch.zeros(latent_shape)
@@ -245,8 +251,8 @@ def make_plan(
     num_tokens = layout.num_tokens
     return SamplePlan(
         streams=tuple(streams), guidance=per_step, sigmas=vision_stepper.sigmas.cpu(), timesteps=timesteps,
-        device=device, num_tokens=num_tokens,
-        memory_required=step_memory_required(config, num_tokens, list(layout.text_lengths), dtype),
+        device=device, num_tokens=num_tokens, batch_size=batch_size,
+        memory_required=step_memory_required(config, num_tokens, list(layout.text_lengths) * batch_size, dtype),
     )
 
 
@@ -254,12 +260,12 @@ def _action_stream(action: ActionInput, noise: torch.Tensor, stepper: SchedulerS
     ta = action.values.shape[0]
     mask = torch.zeros(ta, 1)
     mask[list(action.clean)] = 1.0
-    init = mask * action.values.float() + (1.0 - mask) * noise[0]
+    init = mask * action.values.float() + (1.0 - mask) * noise  # [N, Ta, action_dim]
     if action.raw_dim is not None:
-        init[:, action.raw_dim:] = 0
+        init[..., action.raw_dim:] = 0
     frozen = len(set(action.clean)) >= ta
     fork = None if frozen else stepper.fork(keep_channels=action.raw_dim)
-    return Stream("action", init.unsqueeze(0).to(device), fork)
+    return Stream("action", init.to(device), fork)
 
 
 def _in_interval(t: int, interval: tuple[float, float] | None) -> bool:

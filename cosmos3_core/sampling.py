@@ -21,9 +21,9 @@ StepCallback = Callable[[int, int, torch.Tensor], None]
 
 @dataclass(frozen=True)
 class SampleResult:
-    latents: torch.Tensor  # [1, 48, T, h, w] normalized video latent, fp32
-    sound: torch.Tensor | None  # [64, Ts] sound latent, fp32
-    action: torch.Tensor | None = None  # [Ta, action_dim] action latent (padded), fp32
+    latents: torch.Tensor  # [N, 48, T, h, w] normalized video latents, fp32
+    sound: torch.Tensor | None  # [N, 64, Ts] sound latents, fp32
+    action: torch.Tensor | None = None  # [N, Ta, action_dim] action latents (padded), fp32
 
 
 def run(plan: SamplePlan, model, callback: StepCallback | None = None) -> dict[str, torch.Tensor]:

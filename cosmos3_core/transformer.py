@@ -21,7 +21,7 @@ Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetens
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, Timeste
 from .layout import GenLayout, patchify, unpatchify
 from .rope import apply_rope, rope_tables, text_position_ids
 from .text_kv import TextKV
+
+if TYPE_CHECKING:
+    from .parallel.ulysses import SequenceParallel
 
 # Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
 SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
@@ -136,27 +139,30 @@ class Cosmos3Transformer(nn.Module):
         self, latents: torch.Tensor, timestep: torch.Tensor, layout: GenLayout,
         sound: torch.Tensor | None, action: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Input embeddings of the generation stream ``[N, D]`` (identical for every branch)."""
+        """Input embeddings of the generation stream ``[N, tokens, D]``, one row per batch item (shared by every
+        guidance branch)."""
         cfg, dtype = self.config, self.dtype
         scaled_t = timestep.reshape(1) * cfg.timestep_scale  # int64 step index → fp32, as the reference
         t_emb = self.time_embedder(scaled_t).to(dtype)  # [1, D]
-        vision = self.proj_in(patchify(latents.reshape(latents.shape[-4:]).to(dtype), cfg.latent_patch_size))
+        items = latents.reshape(-1, *latents.shape[-4:]).to(dtype)  # [N, C, T, h, w]
+        vision = self.proj_in(torch.stack([patchify(item, cfg.latent_patch_size) for item in items]))
+        n = vision.shape[0]
         t, ph, pw = layout.grid
-        vision = vision.view(t, ph * pw, -1)
-        vision = torch.where(layout.noisy_frames.view(t, 1, 1), vision + t_emb, vision).view(t * ph * pw, -1)
+        vision = vision.view(n, t, ph * pw, -1)
+        vision = torch.where(layout.noisy_frames.view(1, t, 1, 1), vision + t_emb, vision).view(n, t * ph * pw, -1)
         parts = [vision]
         if layout.sound_len:
             if sound is None:
                 raise ValueError("denoise_step: the layout has a sound stream but no sound latent was given.")
-            s = self.audio_proj_in(sound.reshape(cfg.sound_dim, -1).t().to(dtype)) + self.audio_modality_embed
-            parts.append(s + t_emb)  # every sound token is noisy
+            s = sound.reshape(n, cfg.sound_dim, -1).transpose(1, 2).to(dtype)  # [N, Ts, Cs]
+            parts.append(self.audio_proj_in(s) + self.audio_modality_embed + t_emb)  # every sound token is noisy
         if layout.action_len:
             if action is None or not self.has_action:
                 raise ValueError("denoise_step: the layout has an action stream but no action latent/head.")
-            a = self.action_proj_in(action.reshape(layout.action_len, -1).to(dtype), layout.domain_id)
+            a = self.action_proj_in(action.reshape(n, layout.action_len, -1).to(dtype), layout.domain_id)
             a = a + self.action_modality_embed
-            parts.append(torch.where(layout.noisy_actions.view(-1, 1), a + t_emb, a))
-        return torch.cat(parts) if len(parts) > 1 else vision
+            parts.append(torch.where(layout.noisy_actions.view(1, -1, 1), a + t_emb, a))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else vision
 
     @torch.no_grad()
     def denoise_step(
@@ -167,21 +173,31 @@ class Cosmos3Transformer(nn.Module):
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
+        sequence_parallel: "SequenceParallel | None" = None,
     ) -> StepOutput:
-        """One generation-tower pass for ``len(text)`` branches sharing the same latents.
+        """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch.
 
-        ``latents`` ``[1, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
-        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[(1,) sound_dim, Ts]``; ``action``
-        ``[(1,) Ta, action_dim]``.
+        ``latents`` ``[N, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
+        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[N, sound_dim, Ts]``; ``action``
+        ``[N, Ta, action_dim]``. Output rows are branch-major: ``[cond × N | uncond × N]``.
+        ``sequence_parallel`` (``parallel/ulysses.py``): the layers run over this rank's share of the tokens and
+        ``text`` holds this rank's share of the K/V heads; the stream is gathered back before the heads.
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
         b = len(text)
-        x = self._embed_generation_tokens(latents, timestep, layout, sound, action)
-        x = x.unsqueeze(0).expand(b, -1, -1)  # [B, N, D]: branches differ only through their text K/V and RoPE
+        x = self._embed_generation_tokens(latents, timestep, layout, sound, action)  # [N, tokens, D]
+        n = x.shape[0]
+        # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
+        x = x.unsqueeze(0).expand(b, -1, -1, -1).reshape(b * n, *x.shape[1:])
+        cos, sin, sp = layout.cos, layout.sin, sequence_parallel
+        if sp is not None:
+            x, cos, sin = sp.shard_tokens(x), sp.shard_tokens(cos), sp.shard_tokens(sin)
         layer_fn = self._compiled_layer or generation_layer
         for i, layer in enumerate(self.layers):
-            x = layer_fn(layer, x, layout.cos, layout.sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text])
+            x = layer_fn(layer, x, cos, sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text], sp)
+        if sp is not None:
+            x = sp.gather_tokens(x, layout.num_tokens)
         x = self.norm_moe_gen(x)
         return self._heads(x, layout)
 
@@ -236,22 +252,35 @@ def generation_layer(
     sin: torch.Tensor,
     text_keys: list[torch.Tensor],
     text_values: list[torch.Tensor],
+    sequence_parallel: "SequenceParallel | None" = None,
 ) -> torch.Tensor:
-    """One generation-tower layer over ``x`` ``[B, N, D]``; branch ``j`` attends to ``[text_keys[j] | its own K]``."""
+    """One generation-tower layer over ``x`` ``[B·N, tokens, D]`` (rows branch-major, ``N`` items per branch);
+    branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]``.
+
+    With ``sequence_parallel`` ``x`` holds this rank's tokens: attention runs on all tokens of this rank's heads
+    (an all-to-all before and after it); everything else is per token."""
     attn = layer.self_attn
-    b, n, _ = x.shape
+    b = len(text_keys)
+    rows, n, _ = x.shape
+    items = rows // b
     y = layer.input_layernorm_moe_gen(x)
-    q = attn.norm_added_q(attn.add_q_proj(y).view(b, n, attn.num_heads, attn.head_dim))
-    k = attn.norm_added_k(attn.add_k_proj(y).view(b, n, attn.num_kv_heads, attn.head_dim))
-    v = attn.add_v_proj(y).view(b, n, attn.num_kv_heads, attn.head_dim)
-    q = apply_rope(q, cos, sin).transpose(1, 2)  # [B, H, N, hd]
-    k = apply_rope(k, cos, sin).transpose(1, 2)  # [B, KV, N, hd]
-    v = v.transpose(1, 2)
+    q = attn.norm_added_q(attn.add_q_proj(y).view(b, items, n, attn.num_heads, attn.head_dim))
+    k = attn.norm_added_k(attn.add_k_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim))
+    v = attn.add_v_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim)
+    cos, sin = cos[:, None], sin[:, None]  # [B, 1, tokens, hd]: one table per branch, shared by its items
+    q = apply_rope(q, cos, sin).transpose(2, 3)  # [B, N, H, tokens, hd]
+    k = apply_rope(k, cos, sin).transpose(2, 3)  # [B, N, KV, tokens, hd]
+    v = v.transpose(2, 3)
+    if sequence_parallel is not None:
+        q, k, v = sequence_parallel.to_heads(q, k, v)  # all tokens, this rank's heads
     outs = []
     for j in range(b):  # each branch attends to its own prompt's K/V only
-        keys = torch.cat([text_keys[j], k[j]], dim=1)[None]  # [1, KV, L_j + N, hd]
-        vals = torch.cat([text_values[j], v[j]], dim=1)[None]
-        outs.append(attention(q[j : j + 1], keys, vals))
-    out = torch.cat(outs).transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
+        keys = torch.cat([text_keys[j].expand(items, -1, -1, -1), k[j]], dim=2)  # [N, KV, L_j + tokens, hd]
+        vals = torch.cat([text_values[j].expand(items, -1, -1, -1), v[j]], dim=2)
+        outs.append(attention(q[j], keys, vals))
+    out = torch.cat(outs)  # [B·N, H, tokens, hd]
+    if sequence_parallel is not None:
+        out = sequence_parallel.to_tokens(out)  # this rank's tokens, all heads
+    out = out.transpose(1, 2).reshape(rows, n, -1)  # [B·N, tokens, H·hd]
     x = x + attn.to_add_out(out)
     return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))

@@ -8,6 +8,7 @@ from .condition import Cosmos3VAEEncodeCond
 from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
 from .loader import Cosmos3Loader, register_model_folder
 from .lora import Cosmos3LoraLoader
+from .multigpu import Cosmos3GuidanceOnTwoGPUs
 from .reasoner import Cosmos3Reasoner
 from .sampler import Cosmos3KSamplerUniPCDualTower
 from .text import Cosmos3TextEncode
@@ -21,6 +22,7 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3AudioDecode,
     Cosmos3Reasoner,
     Cosmos3LoraLoader,
+    Cosmos3GuidanceOnTwoGPUs,
 ]
 
 

@@ -14,6 +14,7 @@ import torch
 import comfy.model_management as mm
 from comfy_api.latest import io
 
+from ..cosmos3_core import defaults
 from .types import CATEGORY, Cosmos3Condition, Cosmos3Model
 
 
@@ -59,9 +60,11 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
             raise ValueError(
                 f"Cosmos3VAEEncodeCond: image has shape {shape}; expected a ComfyUI IMAGE [frames, H, W, 3]."
             )
-        if width % 16 or height % 16:
-            raise ValueError(f"Cosmos3VAEEncodeCond: {width}x{height} is not a multiple of 16; use e.g. "
-                             f"{width // 16 * 16}x{height // 16 * 16} (and the same on Cosmos3TextEncode).")
+        stride = defaults.VAE_SPATIAL_STRIDE
+        if width % stride or height % stride:
+            raise ValueError(f"Cosmos3VAEEncodeCond: {width}x{height} is not a multiple of {stride}; use e.g. "
+                             f"{width // stride * stride}x{height // stride * stride} (and the same on "
+                             "Cosmos3TextEncode).")
         frames = image[..., :3]
         is_video = frames.shape[0] > 1
         pipe = model.pipeline

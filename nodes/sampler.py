@@ -55,6 +55,10 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
+                io.Int.Input("batch_size", default=defaults.BATCH_SIZE, min=1, max=defaults.MAX_BATCH_SIZE,
+                             optional=True,
+                             tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
+                                     "same as its own single run); they share every denoising step's forward pass."),
             ],
             outputs=[io.Latent.Output(display_name="latent",
                                       tooltip="Wan2.2 video latent [1, 48, T, h, w]; decode with Cosmos3 VAE Decode."),
@@ -64,7 +68,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None, compile: bool = False) -> io.NodeOutput:
+                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE) -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -78,17 +82,19 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             x0, clean = condition.x0, condition.clean_frames
         plan = pipe.plan(
             text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound, x0=x0,
-            clean_frames=clean, device=model.generation_device, who=who,
+            clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
         )
         model.load_generation_tower(plan.memory_required)
 
-        bar = comfy.utils.ProgressBar(steps)
+        bar = comfy.utils.ProgressBar(plan.steps)
         preview = make_previewer(model)
 
         def on_step(step: int, total: int, x0_pred: torch.Tensor) -> None:
             bar.update_absolute(step, total, preview(x0_pred) if preview else None)
 
-        result = pipe.run(plan, callback=on_step, compile=compile)
+        # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
+        denoiser = model.branch_denoiser() if cfg != 1.0 else None
+        result = pipe.run(plan, callback=on_step, compile=compile, denoiser=denoiser)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

@@ -117,3 +117,34 @@ def test_loop_imports_no_model_or_layout():
     tree = ast.parse((CORE / "sampling.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "dataclasses", "typing", "plan"}, imported
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_batch_items_equal_their_single_runs(pipe, text):
+    """batch_size N runs seeds seed..seed+N-1 stacked with both guidance branches in one forward; each item is its
+    own single run up to fp32 rounding (GEMM blocking depends on the batch size, so not bit-identical)."""
+    calls = []
+    real = pipe.transformer.denoise_step
+
+    def counting(latents, *args, **kwargs):
+        calls.append(latents.shape[0])
+        return real(latents, *args, **kwargs)
+
+    pipe.transformer.denoise_step = counting
+    try:
+        both = pipe.sample(text, seed=5, steps=2, sound=True, batch_size=3)
+    finally:
+        del pipe.transformer.denoise_step
+    assert calls == [3, 3]  # one forward per step for all items (and both branches)
+    assert both.latents.shape == (3, 48, 3, 4, 6) and both.sound.shape[0] == 3
+    singles = [pipe.sample(text, seed=5 + k, steps=2, sound=True) for k in range(3)]
+    for k, one in enumerate(singles):
+        assert _rel(both.latents[k], one.latents[0]) <= 1e-5
+        assert _rel(both.sound[k], one.sound[0]) <= 1e-5
+    assert _rel(singles[0].latents, singles[1].latents) > 0.1  # the items really differ
+    frames = pipe.decode_video(both.latents[:2])
+    assert frames.shape == (2 * 9, 64, 96, 3)
+    assert _rel(frames[9:], pipe.decode_video(both.latents[1:2])) <= 1e-6
