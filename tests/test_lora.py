@@ -218,3 +218,11 @@ def test_bad_lora_through_the_node_names_node_file_and_fix(host, lora_setup):
         msg = err["exception_message"]
         assert msg.startswith("Cosmos3LoraLoader: LoRA " + name) and fix in msg, msg
     assert host.run_ok(lora_graph(1.0))  # the next run works
+
+
+def test_lora_on_fp8_stored_weights_runs(host, lora_setup):
+    """ComfyUI patches FP8-stored weights too (it computes the patch in fp32 and rounds back to FP8)."""
+    g = lora_graph(1.0)
+    (loader,) = [k for k, v in g.items() if v["class_type"] == "Cosmos3Loader"]
+    g[loader]["inputs"]["weight_dtype"] = "fp8_e4m3fn"
+    assert host.run_ok(g)
