@@ -22,11 +22,11 @@ Layout: ``q`` ``[B, H, Sq, hd]``, ``k``/``v`` ``[B, KV, Sk, hd]`` → ``[B, H, S
 from __future__ import annotations
 
 import functools
-import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from .caches import enable_persistent_caches
 
 BACKENDS = ("auto", "sdpa", "flash4")
 _FLASH4_HEAD_DIMS = (64, 96, 128)
@@ -56,12 +56,7 @@ def attention_backend() -> str:
 @functools.lru_cache(maxsize=None)
 def _flash4_import():
     """``flash_attn.cute.flash_attn_func`` or the import error's text (looked up once per process)."""
-    # Its CuTe-DSL kernels are JIT-compiled on first use per configuration; keep them on disk so a second process
-    # (a ComfyUI restart) does not compile again, next to the inductor cache (caches.py), unless the user chose.
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR",
-                          str(Path(os.environ.get("COSMOS3_CACHE_DIR", Path.home() / ".cache" / "cosmos3"))
-                              / "flash4"))
+    enable_persistent_caches()  # its kernels are JIT-compiled per configuration: keep them on disk
     try:
         from flash_attn.cute import flash_attn_func
     except Exception as exc:  # noqa: BLE001 — any import failure means "not available", reported by reason
