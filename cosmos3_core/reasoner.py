@@ -35,6 +35,7 @@ from torch import nn
 from .attention import attention
 from .config import CheckpointError, Cosmos3Config
 from .step_graph import GraphedCall
+from .towers import tower_module
 from .transformer import Cosmos3Transformer
 from .vision import (PreparedPrompt, VisionEncoder, VisionFeatures, checkpoint_family, has_vision_encoder,
                      load_processor, load_vision_encoder, prepare_prompt, special_token_ids)
@@ -491,7 +492,7 @@ class Cosmos3Reasoner:
         token = sample_token(logits, seen, params, gen)
         # batch-1 decode is launch-bound (~500 kernels a token): on CUDA the step over the static cache is one graph
         # (only with the whole tower resident: a model manager streaming weights from the CPU cannot be captured)
-        resident = all(p.device == device for p in self.transformer.layers.parameters())
+        resident = all(p.device == device for p in tower_module(self.transformer, "text").parameters())
         graphs = self.cuda_graphs and device.type == "cuda" and resident
         decode = GraphedCall(self.decode_step) if graphs else self.decode_step
         done, reason = 0, "length"
