@@ -30,7 +30,6 @@ the module-level ``unpatchify`` and ``WanCausalConv3d`` (cache slots = number of
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 from typing import Callable
@@ -202,7 +201,7 @@ class Cosmos3VAE(torch.nn.Module):
     def _decode_into(self, out: torch.Tensor, z: torch.Tensor, grid: dict | None, chunk: int,
                      on_chunk: OnChunk | None) -> None:
         """The chunk loop: decode, post-process and copy each chunk into ``out``, then report progress."""
-        with torch.autocast(z.device.type, enabled=False), _conv_speed(self, z):  # WanVAE runs without AMP
+        with torch.autocast(z.device.type, enabled=False):  # WanVAE runs without AMP
             self._decode_chunks(out, z, grid, chunk, on_chunk)
 
     def _decode_chunks(self, out: torch.Tensor, z: torch.Tensor, grid: dict | None, chunk: int,
@@ -234,12 +233,6 @@ class Cosmos3VAE(torch.nn.Module):
         for i in range(start, stop):
             outs.append(self.vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=(i == 0)))
         return self._finish(torch.cat(outs, dim=2))
-
-    # Decoder speed on CUDA (BENCHMARKS.md, "VAE decode"): cuDNN picks its fastest 3D-convolution algorithm per
-    # shape (autotuning, decode only; every frame after the first has the same shapes); ``channels_last_3d`` lays
-    # the decoder's weights and input out channels-last for the convolutions. Same math, other kernels.
-    decode_autotune = True
-    decode_channels_last = False
 
     def _finish(self, out: torch.Tensor) -> torch.Tensor:
         from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
@@ -336,24 +329,6 @@ class Cosmos3VAE(torch.nn.Module):
         frames = chunk_latent_frames * self.temporal_scale
         out_chunk = frames * cached * px * 3 * (2 * itemsize + 2 * 4)
         return int(1.1 * (activations + out_chunk))
-
-
-@contextlib.contextmanager
-def _conv_speed(vae: Cosmos3VAE, z: torch.Tensor):
-    """cuDNN autotuning (restored afterwards) and the decoder's memory format for one decode."""
-    if z.device.type != "cuda":
-        yield
-        return
-    weight = next(w for w in vae.vae.decoder.parameters() if w.ndim == 5)
-    if vae.decode_channels_last != weight.is_contiguous(memory_format=torch.channels_last_3d):
-        fmt = torch.channels_last_3d if vae.decode_channels_last else torch.contiguous_format
-        vae.vae.decoder.to(memory_format=fmt)
-    previous = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = vae.decode_autotune or previous
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = previous
 
 
 # Fitted peak elements per output pixel (see Cosmos3VAE.memory_required), decoder_base_dim = 256.

@@ -55,6 +55,7 @@ def flash4_stub(monkeypatch):
     monkeypatch.setattr(attn, "_flash4_import", lambda: kernel)
     monkeypatch.setattr(attn, "_flash4_ready", lambda device_type, index: True)
     monkeypatch.setattr(attn, "flash4_unavailable_reason", lambda device=None: "")
+    monkeypatch.setattr(attn, "FLASH4_MIN_QUERIES", 20)  # small test shapes count as long
     return calls
 
 
@@ -82,13 +83,15 @@ def test_backend_setting_is_validated_and_forcing_flash4_without_it_raises():
 
 
 def test_route_selection_with_flash4_available(flash4_stub):
-    q, k = rand(1, 8, 16, 128), rand(1, 2, 20, 128)
+    q, k = rand(1, 8, 24, 128), rand(1, 2, 20, 128)
     assert attn.select_route(q, k) == "flash4"
+    assert attn.select_route(q[:, :, :16], k) == "sdpa"  # "auto": short sequences stay on SDPA (measured faster)
     assert attn.select_route(q.float(), k.float()) == "sdpa"  # fp32: no FlashAttention-4 kernel
     assert attn.select_route(rand(1, 8, 16, 80), rand(1, 2, 20, 80)) == "sdpa"  # unsupported head_dim
     attn.set_attention_backend("sdpa")  # the node/CLI switch
     assert attn.select_route(q, k) == "sdpa"
     attn.set_attention_backend("flash4")
+    assert attn.select_route(q[:, :, :16], k) == "flash4"  # forced: any length
     with pytest.raises(RuntimeError, match="cannot run"):
         attn.select_route(q.float(), k.float())  # forced, but the inputs do not fit: an error, not a fallback
 
