@@ -410,41 +410,6 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     print("e2e ours", name, results["e2e_ours"][name], flush=True)
 
 
-def bench_vae(vae, name: str, results: dict, latent_frames: int = 12) -> None:
-    """VAE decode speed variants on ``latent_frames`` latent frames at this resolution (bf16, untiled, chunked):
-    cuDNN autotuning off/on, channels-last 3D. Each variant decodes twice; the second is timed."""
-    from cosmos3_core.vae import Cosmos3VAE
-
-    h, w, _ = RESOLUTIONS[name]
-    wrapped = Cosmos3VAE(vae)
-    z = torch.randn(1, 48, latent_frames, h // 16, w // 16, generator=torch.Generator().manual_seed(0)).cuda()
-    out, ref = {}, None
-    for label, autotune, channels_last in [("base", False, False), ("autotune", True, False),
-                                           ("autotune_channels_last", True, True), ("channels_last", False, True)]:
-        wrapped.decode_autotune, wrapped.decode_channels_last = autotune, channels_last
-        try:
-            sync()
-            t0 = time.perf_counter()
-            wrapped.decode(z, out_device="cuda")
-            sync()
-            first = time.perf_counter() - t0
-            torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            frames = wrapped.decode(z, out_device="cuda")
-            sync()
-            ref = frames if ref is None else ref
-            out[label] = dict(first_s=round(first, 2), s=round(time.perf_counter() - t0, 3),
-                              peak_gib=gib(torch.cuda.max_memory_allocated()),
-                              max_abs_vs_base=float(f"{(frames - ref).abs().max().item():.2e}"))
-        except Exception as exc:  # noqa: BLE001
-            out[label] = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-        print("vae", name, label, out[label], flush=True)
-    wrapped.decode_channels_last = False
-    wrapped.decode(z[:, :, :1], out_device="cuda")  # back to the default layout
-    torch.backends.cudnn.benchmark = False
-    results.setdefault("vae_decode", {})[f"{name}_{latent_frames}_latent_frames"] = out
-
-
 def probe_warmup(name: str, out_path: str) -> None:
     """In a fresh process: first compiled step at this shape with the best route (on-disk caches from the first
     process make this the 'second process' warm-up), plus the first eager FlashAttention-4 call."""
@@ -555,7 +520,6 @@ def main() -> None:
     p.add_argument("--gemm-fusion", default="", help="fused vs separate q/k/v and gate/up GEMMs at these shapes")
     p.add_argument("--routes", action="store_true",
                    help="time eager/compiled x SDPA/FlashAttention-4 x CUDA-graph step variants; e2e uses the best")
-    p.add_argument("--vae", default="", help="VAE decode speed variants at these shapes (12 latent frames)")
     p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at this shape, then exit")
     p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
@@ -597,9 +561,6 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(results, indent=1))
     with tempfile.TemporaryDirectory() as tmp:
         files, vae, audio, tokenizer = make_components(device, Path(tmp))
-        for name in filter(None, args.vae.split(",")):
-            bench_vae(vae, name, results)
-            Path(args.out).write_text(json.dumps(results, indent=1))
         for name in filter(None, args.e2e_diffusers.split(",")):
             bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name, results)
             Path(args.out).write_text(json.dumps(results, indent=1))
