@@ -390,7 +390,7 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     sync()
     stages["vae_decode_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    wave = pipe.decode_sound(out.sound, frames, 24.0) if sound else torch.zeros(1, 0)
+    wave = pipe.decode_sound(out.sound[0], frames, 24.0) if sound else torch.zeros(1, 0)
     sync()
     stages["audio_decode_s"] = time.perf_counter() - t1
     total = time.perf_counter() - t0

@@ -86,8 +86,6 @@ def resident(patcher) -> dict:
 
 
 def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
-    from cosmos3_pack.cosmos3_core.layout import patch_grid
-
     pipe = handle.pipeline
     h, w, frames = RESOLUTIONS[name]
     mm.unload_all_models()
@@ -122,10 +120,9 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
         stamps = []
 
         def sample():
-            t, ph, pw = patch_grid(pipe.vae.latent_shape(frames, h, w)[2:], pipe.config.latent_patch_size)
-            handle.load_generation_tower(t * ph * pw, [text.cond.length, text.uncond.length])
-            return pipe.sample(text, seed=0, steps=steps, guidance=6.0, sound=True,
-                               callback=lambda *_: (torch.cuda.synchronize(), stamps.append(time.perf_counter())))
+            plan = pipe.plan(text, seed=0, steps=steps, guidance=6.0, sound=True, device=handle.generation_device)
+            handle.load_generation_tower(plan.memory_required)
+            return pipe.run(plan, callback=lambda *_: (torch.cuda.synchronize(), stamps.append(time.perf_counter())))
 
         result = phase("sample", sample)
         per_step = (stamps[-1] - stamps[0]) / (len(stamps) - 1)

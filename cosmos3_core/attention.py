@@ -12,11 +12,14 @@ CuTe-DSL Hopper kernel) computes the same exact softmax attention ~1.16× faster
 BENCHMARKS.md). It is used when all of these hold, else SDPA: the backend is ``"flash4"``, or ``"auto"`` with at
 least ``FLASH4_MIN_QUERIES`` query tokens (``set_attention_backend``; the CLI's ``--attention`` / the sampler node's
 ``attention`` input), the package imports, the tensors are CUDA bf16/fp16 on an sm90 (Hopper) GPU, ``head_dim`` is
-64/96/128 and the query heads are a multiple of the key/value heads. Forcing ``"flash4"`` where it cannot run raises (no silent fallback);
-``"sdpa"`` never touches it. The call is a registered custom op (``cosmos3::flash4_attention``) with a fake
+64/96/128, the query heads are a multiple of the key/value heads and there is no ``mask``. Forcing ``"flash4"`` where
+it cannot run raises (no silent fallback); ``"sdpa"`` never touches it. The call is a registered custom op (``cosmos3::flash4_attention``) with a fake
 (meta) implementation, so ``torch.compile`` traces through it instead of breaking the graph at every layer.
 
-Layout: ``q`` ``[B, H, Sq, hd]``, ``k``/``v`` ``[B, KV, Sk, hd]`` → ``[B, H, Sq, hd]``.
+Layout: ``q`` ``[B, H, Sq, hd]``, ``k``/``v`` ``[B, KV, Sk, hd]`` → ``[B, H, Sq, hd]``. ``mask`` (boolean,
+broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static-cache decode and always takes SDPA;
+with a mask on CUDA the grouped K/V heads are expanded, since the fused SDPA kernels reject ``enable_gqa`` together
+with a mask.
 """
 
 from __future__ import annotations
@@ -109,8 +112,13 @@ def select_route(q: torch.Tensor, k: torch.Tensor) -> str:
     return "sdpa"
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    groups = q.shape[1] // k.shape[1]
+    if mask is not None and groups > 1 and q.is_cuda:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        groups = 1
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
 
 
 @torch.library.custom_op("cosmos3::flash4_attention", mutates_args=())
@@ -126,7 +134,9 @@ def _(q, k, v, causal):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1])).transpose(1, 2)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
-    if select_route(q, k) == "flash4":
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    if mask is None and select_route(q, k) == "flash4":
         return flash4_attention(q, k, v, causal)
-    return sdpa_attention(q, k, v, causal)
+    return sdpa_attention(q, k, v, causal, mask)

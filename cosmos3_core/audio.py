@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_SAMPLING_RATE = 48000
+from . import defaults
+
+DEFAULT_SAMPLING_RATE = defaults.SOUND_SAMPLING_RATE
 DEFAULT_HOP = 1920  # prod((2, 4, 5, 6, 8)), the released decoder strides
 
 

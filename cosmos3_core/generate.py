@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from . import defaults
 from .config import DTYPES
 
 
@@ -24,14 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--out", required=True, help="output .mp4 (video) or .png (with --num-frames 1)")
     p.add_argument("--negative-prompt", default=None, help="default: the checkpoint's assets/negative_prompt.json")
-    p.add_argument("--num-frames", type=int, default=189)
-    p.add_argument("--height", type=int, default=720)
-    p.add_argument("--width", type=int, default=1280)
-    p.add_argument("--fps", type=float, default=24.0)
-    p.add_argument("--steps", type=int, default=None, help="default: 50 for an image, 35 for video")
-    p.add_argument("--guidance", type=float, default=6.0)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--schedule", choices=("flow_shift", "karras"), default="flow_shift")
+    p.add_argument("--num-frames", type=int, default=defaults.NUM_FRAMES)
+    p.add_argument("--height", type=int, default=defaults.HEIGHT)
+    p.add_argument("--width", type=int, default=defaults.WIDTH)
+    p.add_argument("--fps", type=float, default=defaults.FPS)
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video")
+    p.add_argument("--guidance", type=float, default=defaults.GUIDANCE)
+    p.add_argument("--seed", type=int, default=defaults.SEED)
+    p.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.SCHEDULE)
     p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")
     p.add_argument("--sound", action="store_true", help="generate a sound track too (Nano/Super)")
     cond = p.add_mutually_exclusive_group()
@@ -46,10 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    from .pipeline import validate_shape
+def _request(args: argparse.Namespace, image=None, video=None):
+    from .pipeline import GenerationRequest
 
-    validate_shape(args.num_frames, args.height, args.width, args.fps, "generate")
+    return GenerationRequest(
+        prompt=args.prompt, negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
+        width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
+        schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
+        compile=args.compile, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
+    )
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    _request(args, image=args.image, video=args.video).check("generate")  # every request check, before any load
     ckpt = check_common_args(args)
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
@@ -75,7 +86,7 @@ def check_common_args(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> dict[str, float]:
     from . import media
-    from .pipeline import Cosmos3Pipeline, GenerationRequest
+    from .pipeline import Cosmos3Pipeline
 
     _check_args(args)
     timings: dict[str, float] = {}
@@ -84,12 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     timings["model_load"] = time.perf_counter() - start
     image = media.read_image(args.image) if args.image else None
     video = media.read_video(args.video)[0] if args.video else None
-    request = GenerationRequest(
-        prompt=args.prompt, negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
-        width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
-        schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
-        compile=args.compile, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
-    )
+    request = _request(args, image=image, video=video)
 
     def progress(step: int, total: int, _preview) -> None:
         print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)

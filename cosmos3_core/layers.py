@@ -45,6 +45,20 @@ class RMSNorm(nn.Module):
         return y * self.weight
 
 
+def transformers_rms_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm`` applied with transformers' rounding (``Qwen3VLTextRMSNorm`` / ``LlamaRMSNorm``, which the reasoner
+    mirrors): fp32 statistics, cast back to the input dtype, then × weight. Equal to ``RMSNorm`` in fp32; in bf16 it
+    differs from diffusers' Nemotron rounding (Edge), so the reasoner and the generator each keep their reference's."""
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return norm.weight * y.to(x.dtype)
+
+
+def module_rms_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm`` with the generator's (diffusers') rounding: the module itself."""
+    return norm(x)
+
+
 class MLP(nn.Module):
     """SwiGLU ``down(silu(gate(x))·up(x))`` (silu) or ``down(relu(up(x))²)`` (relu2); no biases."""
 

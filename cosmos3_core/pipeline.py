@@ -3,9 +3,10 @@
 The stages mirror diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` and are exposed one by one, because the
 ComfyUI nodes run them as separate nodes (so ComfyUI's cache can skip the text tower when only the seed changes):
 
-1. ``encode_text``   — prompt templates + chat template (prompt.py), then ``prefill`` once per distinct prompt;
+1. ``encode_text``      — prompt templates + chat template (prompt.py), then ``prefill`` once per distinct prompt;
 2. ``encode_condition`` — I2V / V2V pixels → clean latent frames (conditioning.py);
-3. ``sample``       — UniPC with both guidance branches as one batched step (sampling.py);
+3. ``plan``             — every decision and check of the sampling run, once (plan.py);
+   ``run``              — the mode-free loop over the plan (sampling.py);
 4. ``decode_video`` / ``decode_sound`` — chunked Wan2.2 VAE decode, AVAE decode trimmed to the clip (vae.py, audio.py).
 
 ``generate`` chains them for the CLI and tests. Nothing here imports ComfyUI.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,21 +25,17 @@ from typing import Any, Sequence
 
 import torch
 
+from . import defaults
 from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
 from .loader import load_transformer
+from .plan import ActionInput, SamplePlan, check_clip, check_sampling, generation_tokens, make_plan
 from .prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
-from .sampling import (
-    SampleResult,
-    StepCallback,
-    default_shift,
-    default_steps,
-    load_scheduler_config,
-    make_scheduler,
-    sample,
-)
+from .sampling import SampleResult, StepCallback, run
+from .schedulers import SchedulerStepper, load_scheduler_config, make_scheduler
 from .text_kv import TextKV
+from .towers import step_memory_required
 from .transformer import Cosmos3Transformer
 from .vae import Cosmos3VAE, load_vae
 
@@ -64,15 +62,15 @@ class TextConditioning:
 class GenerationRequest:
     prompt: str
     negative_prompt: str | None = None  # None → the checkpoint's assets/negative_prompt.json, else ""
-    num_frames: int = 189
-    height: int = 720
-    width: int = 1280
-    fps: float = 24.0
-    steps: int | None = None  # None → 50 for images, 35 for video
-    guidance: float = 6.0
-    seed: int = 42
-    schedule: str = "flow_shift"
-    shift: float | None = None  # None → by resolution tier (720p 10, 480p 5, 256p 3)
+    num_frames: int = defaults.NUM_FRAMES
+    height: int = defaults.HEIGHT
+    width: int = defaults.WIDTH
+    fps: float = defaults.FPS
+    steps: int | None = None  # None → defaults.default_steps (50 for images, 35 for video)
+    guidance: float = defaults.GUIDANCE
+    seed: int = defaults.SEED
+    schedule: str = defaults.SCHEDULE
+    shift: float | None = None  # None → defaults.default_shift (by resolution tier)
     sound: bool = False
     image: Any = None  # I2V: [H,W,3] float in [0,1] (or uint8 / PIL)
     video: Any = None  # V2V: [F,H,W,3] float in [0,1]
@@ -82,6 +80,20 @@ class GenerationRequest:
     guidance_interval: tuple[float, float] | None = None
     compile: bool = False
 
+    def check(self, who: str = "generate") -> None:
+        """Every check of the request that needs no model: the clip, the sampling values, the conditioning."""
+        check_clip(self.num_frames, self.height, self.width, self.fps, who)
+        check_sampling(seed=self.seed, steps=self.steps, guidance=self.guidance, schedule=self.schedule,
+                       shift=self.shift, guidance_interval=self.guidance_interval, batch_size=1, who=who)
+        if self.image is not None and self.video is not None:
+            raise ValueError(f"{who}: give either an image (image-to-video) or a video (video-to-video), not both.")
+        if (self.image is not None or self.video is not None) and self.num_frames == 1:
+            what = "image" if self.image is not None else "video"
+            raise ValueError(
+                f"{who}: a conditioning {what} was given with num_frames=1 (text-to-image), where it would be "
+                f"ignored; use num_frames 5 or more (4k+1) to condition a video on it, or drop the {what}."
+            )
+
 
 @dataclass
 class GenerationOutput:
@@ -90,21 +102,7 @@ class GenerationOutput:
     frames: torch.Tensor | None  # [F, H, W, 3] float in [0, 1]
     waveform: torch.Tensor | None  # [2, N] at 48 kHz, trimmed to the clip
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def validate_shape(num_frames: int, height: int, width: int, fps: float, who: str = "generate") -> None:
-    """Clip-shape rules of the Wan2.2 VAE (4×16×16) with one clear message per violation."""
-    if not isinstance(num_frames, int) or num_frames < 1 or (num_frames - 1) % 4:
-        raise ValueError(
-            f"{who}: num_frames={num_frames!r} must be 1 (an image) or 4k+1 (video: 5, 9, …, 93, 121, 189); "
-            f"try {max(1, (int(num_frames) - 1) // 4 * 4 + 1) if isinstance(num_frames, int) else 93}."
-        )
-    for name, value in (("height", height), ("width", width)):
-        if not isinstance(value, int) or value < 16 or value % 16:
-            fixed = max(16, int(value) // 16 * 16) if isinstance(value, (int, float)) else 480
-            raise ValueError(f"{who}: {name}={value!r} must be a positive multiple of 16; try {fixed}.")
-    if not fps > 0:
-        raise ValueError(f"{who}: fps={fps!r} must be positive (e.g. 24).")
+    action: torch.Tensor | None = None  # [Ta, action_dim] padded action latent
 
 
 class Cosmos3Pipeline:
@@ -186,7 +184,7 @@ class Cosmos3Pipeline:
         fps: float, use_system_prompt: bool | None = None,
     ) -> PromptIds:
         """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default."""
-        validate_shape(num_frames, height, width, fps, "encode_text")
+        check_clip(num_frames, height, width, fps, "encode_text")
         if negative_prompt is None:
             negative_prompt = self.default_negative_prompt
         if use_system_prompt is None:
@@ -210,15 +208,12 @@ class Cosmos3Pipeline:
         self, text: TextConditioning, *, image=None, video=None, condition_latent_frames=(0, 1), keep="first"
     ) -> tuple[torch.Tensor | None, list[int]]:
         """Clean latents for the clip ``text`` describes (``None, []`` for T2V/T2I: nothing to encode)."""
-        if (image is None and video is None) or text.num_frames == 1:
-            return None, []  # as the reference: an image given for T2I conditions nothing
-        x0, clean = self.vae_encode_condition(
+        if image is None and video is None:
+            return None, []
+        return self.vae_encode_condition(
             image=image, video=video, height=text.height, width=text.width,
             condition_latent_frames=condition_latent_frames, keep=keep,
         )
-        latent_frames = (text.num_frames - 1) // 4 + 1
-        clean = [i for i in clean if i < latent_frames]
-        return x0[:, :, :latent_frames], clean
 
     def vae_encode_condition(
         self, *, image=None, video=None, height: int, width: int, condition_latent_frames=(0, 1), keep="first"
@@ -227,67 +222,145 @@ class Cosmos3Pipeline:
 
         Independent of the clip length (the VAE is causal in time), so it can run before the text encode.
         """
-        indexes = (0,) if video is None else tuple(condition_latent_frames)
-        num_frames = max(indexes) * 4 + 1 if video is not None else 5
+        indexes = self.condition_frames(video is not None, condition_latent_frames)
+        num_frames = defaults.pixel_frames(max(indexes) + 1) if video is not None else 5
         x0, clean = encode_condition(
             self.vae, image=image, video=video, num_frames=num_frames, height=height, width=width,
             condition_latent_frames=indexes, keep=keep,
         )
         return x0[:, :, : max(clean) + 1], list(clean)
 
+    @staticmethod
+    def condition_frames(is_video: bool, condition_latent_frames: Sequence[int] | int) -> tuple[int, ...]:
+        """Latent frames a condition keeps clean: latent 0 for an image; for a video the given indexes (or, given a
+        count ``k``, the first ``k``)."""
+        if not is_video:
+            return (0,)
+        if isinstance(condition_latent_frames, int):
+            return tuple(range(condition_latent_frames))
+        return tuple(condition_latent_frames)
+
+    def condition_latent_shape(self, is_video: bool, condition_latent_frames, height: int, width: int) -> tuple:
+        """Shape of the latent ``vae_encode_condition`` produces (for a memory estimate before encoding)."""
+        indexes = self.condition_frames(is_video, condition_latent_frames)
+        return self.vae.latent_shape(defaults.pixel_frames(max(indexes) + 1), height, width)
+
     # ------------------------------------------------------------------ 3. sampling
-    def sample(
+    def plan(
         self,
         text: TextConditioning,
         *,
-        seed: int,
+        seed: int = defaults.SEED,
         steps: int | None = None,
-        guidance: float = 6.0,
-        schedule: str = "flow_shift",
+        guidance: float = defaults.GUIDANCE,
+        schedule: str = defaults.SCHEDULE,
         shift: float | None = None,
         sound: bool = False,
         x0: torch.Tensor | None = None,
         clean_frames: Sequence[int] = (),
         guidance_interval: tuple[float, float] | None = None,
-        callback: StepCallback | None = None,
-        compile: bool = False,
-    ) -> SampleResult:
-        """Denoise; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up)."""
-        self.transformer.compile_generation_layers(compile)
+        action: ActionInput | None = None,
+        batch_size: int = defaults.BATCH_SIZE,
+        device: torch.device | str | None = None,
+        who: str = "sample",
+    ) -> SamplePlan:
+        """Decide the whole run (plan.py) after checking every argument; nothing is computed on the model yet.
+
+        ``device``: where the run's latents live (default: where the generation tower runs now); a caller that moves
+        the tower afterwards (ComfyUI's model management) passes the device it will run on.
+        """
+        check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
+                       guidance_interval=guidance_interval, batch_size=batch_size, who=who)
         if sound and not self.supports_sound:
             raise ValueError(
-                f"sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
-                "(Edge cannot generate sound); turn sound off or use a Nano/Super checkpoint."
+                f"{who}: sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
+                "(Edge cannot generate sound); set sound to false (CLI: drop --sound) or use a Nano/Super checkpoint."
             )
-        steps = steps or default_steps(text.num_frames)
-        shift = shift if shift is not None else default_shift(text.height, text.width)
+        if action is not None and not self.transformer.has_action:
+            raise ValueError(
+                f"{who}: an action mode needs a checkpoint trained with action_gen=True (and its action head); "
+                f"checkpoint {self.checkpoint_dir.name} has none. Use a Cosmos3 checkpoint with action_gen."
+            )
+        if x0 is not None and text.num_frames == 1:
+            raise ValueError(
+                f"{who}: a condition was given but num_frames is 1 (text-to-image), where it would be ignored; "
+                "use 5 or more frames (4k+1) for image/video-to-video."
+            )
+        steps = steps or defaults.default_steps(text.num_frames)
+        shift = shift if shift is not None else defaults.default_shift(text.height, text.width)
+        latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
+        clean_frames = [i for i in clean_frames if i < latent_shape[2]] if x0 is not None else []
+        sound_len = sound_latent_length(text.num_frames, text.fps) if sound else 0
+        action_len = 0 if action is None else int(action.values.shape[0])
+        num_tokens = generation_tokens(self.config, latent_shape, sound_len, action_len)
+        lengths = [text.cond.length] + ([text.uncond.length] if guidance != 1.0 and text.uncond is not None else [])
+        device = torch.device(device or self.transformer.device)
+        self._check_memory(step_memory_required(self.config, num_tokens, lengths * batch_size, self.transformer.dtype),
+                           num_tokens, device, who)
         scheduler = make_scheduler(
             self.scheduler_config, steps, schedule=schedule, shift=shift, native_flow_schedule=self.native_flow_schedule
         )
-        latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
-        sound_len = sound_latent_length(text.num_frames, text.fps) if sound else 0
-        return sample(
-            self.transformer, text.cond, text.uncond, scheduler, latent_shape=latent_shape, fps=text.fps, seed=seed,
-            guidance=guidance, x0=x0, clean_frames=clean_frames, sound_len=sound_len,
-            guidance_interval=guidance_interval, callback=callback,
+        return make_plan(
+            self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps, seed=seed,
+            guidance=float(guidance), vision_stepper=SchedulerStepper(scheduler), x0=x0, clean_frames=clean_frames,
+            sound_len=sound_len, action=action, guidance_interval=guidance_interval, batch_size=batch_size,
+            device=device, dtype=self.transformer.dtype, who=who,
         )
 
+    @staticmethod
+    def _check_memory(need: int, num_tokens: int, device: torch.device, who: str) -> None:
+        """Refuse a run whose step activations alone exceed the device's memory (never a raw allocator error after
+        minutes of work). Weights are left out: a tower that does not fit streams them (ComfyUI's lowvram path)."""
+        if device.type == "cuda":
+            capacity = torch.cuda.get_device_properties(device).total_memory
+        elif device.type == "cpu" and hasattr(os, "sysconf"):
+            capacity = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        else:
+            return
+        if need > capacity:
+            raise ValueError(
+                f"{who}: one denoising step of this clip ({num_tokens:,} generation tokens) needs about "
+                f"{need / 2**30:.1f} GiB on {device}, which has {capacity / 2**30:.1f} GiB; lower width/height or "
+                "num_frames (e.g. 1280x720 with 189 frames, or 832x480 with 93)."
+            )
+
+    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False) -> SampleResult:
+        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up)."""
+        self.transformer.compile_generation_layers(compile)
+        x = run(plan, self.transformer, callback)
+        return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
+
+    def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, compile: bool = False,
+               **plan_args) -> SampleResult:
+        """``plan`` then ``run``."""
+        return self.run(self.plan(text, **plan_args), callback=callback, compile=compile)
+
     # ------------------------------------------------------------------ 4. decode
-    def decode_video(self, latents: torch.Tensor, **kwargs) -> torch.Tensor:
-        return self.vae.decode(latents, **kwargs)
+    def decode_video(self, latents: torch.Tensor, on_chunk=None, **kwargs) -> torch.Tensor:
+        """``[N, 48, T, h, w]`` → frames ``[N·F, H, W, 3]`` (items one after another; ComfyUI's IMAGE batch);
+        ``on_chunk(done, total)`` counts latent frames over the whole batch."""
+        n, t = latents.shape[0], latents.shape[2]
+        frames = []
+        for k, item in enumerate(latents):
+            progress = None if on_chunk is None else (lambda done, _t, k=k: on_chunk(k * t + done, n * t))
+            frames.append(self.vae.decode(item[None], on_chunk=progress, **kwargs))
+        return torch.cat(frames)
 
     def decode_sound(self, sound_latent: torch.Tensor, num_frames: int, fps: float) -> torch.Tensor:
+        """``[N, 64, Ts]`` (or ``[64, Ts]``) → waveforms ``[N, 2, S]`` (``[2, S]``) trimmed to the clip."""
         if self.sound_decoder is None:
             raise ValueError(f"checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/; no sound to decode.")
-        return self.sound_decoder.decode(sound_latent, num_samples=num_audio_samples(num_frames, fps)).float().cpu()
+        n = num_audio_samples(num_frames, fps)
+        if sound_latent.ndim == 2:
+            return self.sound_decoder.decode(sound_latent, num_samples=n).float().cpu()
+        return torch.stack([self.sound_decoder.decode(item, num_samples=n).float().cpu() for item in sound_latent])
 
     # ------------------------------------------------------------------ all stages
     def generate(
         self, request: GenerationRequest, callback: StepCallback | None = None, decode: bool = True
     ) -> GenerationOutput:
         r = request
-        if r.image is not None and r.video is not None:
-            raise ValueError("generate: give either an image (image-to-video) or a video (video-to-video), not both.")
+        r.check()
         timings: dict[str, float] = {}
         with _timed(timings, "preprocess"):
             text = self.encode_text(
@@ -297,19 +370,21 @@ class Cosmos3Pipeline:
             x0, clean = self.encode_condition(
                 text, image=r.image, video=r.video, condition_latent_frames=r.condition_latent_frames, keep=r.keep
             )
-        with _timed(timings, "inference"):
-            result = self.sample(
+            plan = self.plan(
                 text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
-                sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, callback=callback,
-                compile=r.compile,
+                sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, who="generate",
             )
+        with _timed(timings, "inference"):
+            result = self.run(plan, callback=callback, compile=r.compile)
         frames = waveform = None
         if decode:
             with _timed(timings, "decode"):
                 frames = self.decode_video(result.latents)
                 if result.sound is not None:
-                    waveform = self.decode_sound(result.sound, r.num_frames, r.fps)
-        return GenerationOutput(result.latents, result.sound, frames, waveform, timings)
+                    waveform = self.decode_sound(result.sound[0], r.num_frames, r.fps)
+        sound = None if result.sound is None else result.sound[0]
+        action = None if result.action is None else result.action[0]
+        return GenerationOutput(result.latents, sound, frames, waveform, timings, action)
 
 
 def _read_model_index(root: Path) -> dict:

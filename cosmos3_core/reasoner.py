@@ -29,14 +29,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention
 from .config import CheckpointError, Cosmos3Config
+from .layers import transformers_rms_norm
+from .rope import apply_rope, rope_tables
 from .step_graph import GraphedCall
 from .towers import tower_module
-from .transformer import Cosmos3Transformer
+from .transformer import Cosmos3Transformer, text_layer_output, text_qkv
 from .vision import (PreparedPrompt, VisionEncoder, VisionFeatures, checkpoint_family, has_vision_encoder,
                      load_processor, load_vision_encoder, prepare_prompt, special_token_ids)
 
@@ -159,30 +160,6 @@ class StaticKVCache:
         return n <= self.max_len and self.keys.dtype == dtype and self.keys.device == device
 
 
-def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' RMSNorm (Qwen3VLTextRMSNorm / LlamaRMSNorm): fp32 statistics, cast back, then × weight."""
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)
-    return norm.weight * y.to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [N, heads, hd]``, ``cos/sin [N, hd]`` (rotate-half, as ``apply_rotary_pos_emb``)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
-def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``q [1,H,1,hd]`` over the whole static cache ``k/v [1,KV,T,hd]`` with a boolean ``mask [T]``."""
-    groups = q.shape[1] // k.shape[1]
-    m = mask.view(1, 1, 1, -1)
-    if groups > 1 and q.is_cuda:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=groups > 1)
-
-
 def process_logits(logits: torch.Tensor, seen: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """transformers' processors in generate's order: repetition penalty (over ``seen`` = prompt + generated ids),
     then, when sampling, temperature, top-k, top-p. fp32 ``logits [V]`` → filtered logits (static shapes)."""
@@ -302,7 +279,6 @@ class Cosmos3Reasoner:
         self.cuda_graphs = True  # decode steps on CUDA replay one captured graph (step_graph.GraphedCall)
         self.special = special_token_ids(processor, strict=False)
         self.cache: StaticKVCache | None = None
-        self._inv_freq: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ loading / placement
     @classmethod
@@ -351,10 +327,6 @@ class Cosmos3Reasoner:
     def _sync_devices(self) -> None:
         if self.lm_head.weight.device != self.device:
             self.lm_head.to(self.device)
-        if self._inv_freq is None or self._inv_freq.device != self.device:
-            hd = self.config.head_dim
-            self._inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32,
-                                                                            device=self.device) / hd))
 
     def _ensure_cache(self, needed: int) -> StaticKVCache:
         if self.cache is None or not self.cache.fits(needed, self.dtype, self.device):
@@ -364,33 +336,18 @@ class Cosmos3Reasoner:
 
     # ------------------------------------------------------------------ the text tower
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[N, hd]`` for mRoPE ids ``[3, N]`` (interleaved sections, fp32 angles, cast to model dtype)."""
-        freqs = positions.to(torch.float32).unsqueeze(-1) * self._inv_freq  # [3, N, hd/2]
-        out = freqs[0].clone()
-        sections = self.config.rope_axes_dim
-        for axis in (1, 2):
-            idx = slice(axis, sections[axis] * 3, 3)
-            out[..., idx] = freqs[axis][..., idx]
-        emb = torch.cat([out, out], dim=-1)
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        """cos/sin ``[N, hd]`` for mRoPE ids ``[3, N]`` (the generator's tables: rope.py)."""
+        return rope_tables(positions, self.config, self.dtype, self.device)
 
     def _qkv(self, layer, h: torch.Tensor, cos, sin):
-        attn = layer.self_attn
-        n = h.shape[0]
-        x = _rms(layer.input_layernorm, h)
-        q = attn.to_q(x).view(n, attn.num_heads, attn.head_dim)
-        k = attn.to_k(x).view(n, attn.num_kv_heads, attn.head_dim)
-        v = attn.to_v(x).view(n, attn.num_kv_heads, attn.head_dim)
-        if attn.norm_q is not None:  # Nano/Super text QK-norm (Edge has none)
-            q, k = _rms(attn.norm_q, q), _rms(attn.norm_k, k)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        q, k, v = text_qkv(layer, h, transformers_rms_norm)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _mlp_block(self, layer, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        h = h + layer.self_attn.to_out(out)
-        return h + layer.mlp(_rms(layer.post_attention_layernorm, h))
+        return text_layer_output(layer, h, out, transformers_rms_norm)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(_rms(self.transformer.norm, h)).float()
+        return self.lm_head(transformers_rms_norm(self.transformer.norm, h)).float()
 
     def embed(self, prompt: PreparedPrompt) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Input embeddings ``[L, D]`` with vision tokens scattered in; visual positions and deepstack features."""
@@ -452,7 +409,7 @@ class Cosmos3Reasoner:
             q, k, v = self._qkv(layer, h, cos, sin)
             cache.keys[i].index_copy_(1, slot, k.transpose(0, 1))
             cache.values[i].index_copy_(1, slot, v.transpose(0, 1))
-            out = _masked_attention(q.transpose(0, 1)[None], cache.keys[i][None], cache.values[i][None], mask)
+            out = attention(q.transpose(0, 1)[None], cache.keys[i][None], cache.values[i][None], mask=mask.view(1, 1, 1, -1))
             h = self._mlp_block(layer, h, out[0].transpose(0, 1).reshape(1, -1))
         return self._logits(h)[0]
 

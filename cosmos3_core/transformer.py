@@ -29,7 +29,7 @@ from torch import nn
 from .attention import attention, attention_backend
 from .caches import enable_persistent_caches
 from .config import Cosmos3Config
-from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder
+from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm
 from .layout import GenLayout, patchify, unpatchify
 from .rope import apply_rope, rope_tables, text_position_ids
 from .step_graph import StepGraphs
@@ -122,12 +122,7 @@ class Cosmos3Transformer(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.to_q(x).view(n, attn.num_heads, attn.head_dim)
-            k = attn.to_k(x).view(n, attn.num_kv_heads, attn.head_dim)
-            v = attn.to_v(x).view(n, attn.num_kv_heads, attn.head_dim)
-            if attn.norm_q is not None:
-                q, k = attn.norm_q(q), attn.norm_k(k)
+            q, k, v = text_qkv(layer, h)
             k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
             keys[i] = apply_rope(k_for_gen, cos, sin).transpose(0, 1)
             values[i] = v.transpose(0, 1)
@@ -135,8 +130,7 @@ class Cosmos3Transformer(nn.Module):
                 break  # the last layer's text output feeds nothing the generation tower reads
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True)
-            h = h + attn.to_out(out[0].transpose(0, 1).reshape(n, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = text_layer_output(layer, h, out[0].transpose(0, 1).reshape(n, -1))
         return TextKV(keys, values, ids.cpu())
 
     # ------------------------------------------------------------------ generation tower
@@ -144,26 +138,30 @@ class Cosmos3Transformer(nn.Module):
         self, latents: torch.Tensor, timestep: torch.Tensor, layout: GenLayout,
         sound: torch.Tensor | None, action: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Input embeddings of the generation stream ``[N, D]`` (identical for every branch)."""
+        """Input embeddings of the generation stream ``[N, tokens, D]``, one row per batch item (shared by every
+        guidance branch)."""
         cfg, dtype = self.config, self.dtype
         scaled_t = timestep.reshape(1) * cfg.timestep_scale  # int64 step index → fp32, as the reference
         t_emb = self.time_embedder(scaled_t).to(dtype)  # [1, D]
-        vision = self.proj_in(patchify(latents.reshape(latents.shape[-4:]).to(dtype), cfg.latent_patch_size))
+        items = latents.reshape(-1, *latents.shape[-4:]).to(dtype)  # [N, C, T, h, w]
+        vision = self.proj_in(torch.stack([patchify(item, cfg.latent_patch_size) for item in items]))
+        n = vision.shape[0]
         t, ph, pw = layout.grid
-        vision = vision.view(t, ph * pw, -1)
-        vision = torch.where(layout.noisy_frames.view(t, 1, 1), vision + t_emb, vision).view(t * ph * pw, -1)
+        vision = vision.view(n, t, ph * pw, -1)
+        vision = torch.where(layout.noisy_frames.view(1, t, 1, 1), vision + t_emb, vision).view(n, t * ph * pw, -1)
         parts = [vision]
         if layout.sound_len:
             if sound is None:
                 raise ValueError("denoise_step: the layout has a sound stream but no sound latent was given.")
-            s = self.audio_proj_in(sound.reshape(cfg.sound_dim, -1).t().to(dtype)) + self.audio_modality_embed
-            parts.append(s + t_emb)  # every sound token is noisy
+            s = sound.reshape(n, cfg.sound_dim, -1).transpose(1, 2).to(dtype)  # [N, Ts, Cs]
+            parts.append(self.audio_proj_in(s) + self.audio_modality_embed + t_emb)  # every sound token is noisy
         if layout.action_len:
             if action is None or not self.has_action:
                 raise ValueError("denoise_step: the layout has an action stream but no action latent/head.")
-            a = self.action_proj_in(action.to(dtype), layout.domain_id) + self.action_modality_embed
-            parts.append(torch.where(layout.noisy_actions.view(-1, 1), a + t_emb, a))
-        return torch.cat(parts) if len(parts) > 1 else vision
+            a = self.action_proj_in(action.reshape(n, layout.action_len, -1).to(dtype), layout.domain_id)
+            a = a + self.action_modality_embed
+            parts.append(torch.where(layout.noisy_actions.view(1, -1, 1), a + t_emb, a))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else vision
 
     @torch.no_grad()
     def denoise_step(
@@ -175,10 +173,11 @@ class Cosmos3Transformer(nn.Module):
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
     ) -> StepOutput:
-        """One generation-tower pass for ``len(text)`` branches sharing the same latents.
+        """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch.
 
-        ``latents`` ``[1, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
-        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[sound_dim, Ts]``; ``action`` ``[Ta, action_dim]``.
+        ``latents`` ``[N, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
+        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[N, sound_dim, Ts]``; ``action``
+        ``[N, Ta, action_dim]``. Output rows are branch-major: ``[cond × N | uncond × N]``.
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
@@ -190,8 +189,10 @@ class Cosmos3Transformer(nn.Module):
 
     def _denoise(self, latents, timestep, text, layout, sound=None, action=None) -> StepOutput:
         b = len(text)
-        x = self._embed_generation_tokens(latents, timestep, layout, sound, action)
-        x = x.unsqueeze(0).expand(b, -1, -1)  # [B, N, D]: branches differ only through their text K/V and RoPE
+        x = self._embed_generation_tokens(latents, timestep, layout, sound, action)  # [N, tokens, D]
+        n = x.shape[0]
+        # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
+        x = x.unsqueeze(0).expand(b, -1, -1, -1).reshape(b * n, *x.shape[1:])
         layer_fn = self._compiled_layer or generation_layer
         for i, layer in enumerate(self.layers):
             x = layer_fn(layer, x, layout.cos, layout.sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text])
@@ -232,6 +233,27 @@ class Cosmos3Transformer(nn.Module):
         return StepOutput(vision, sound, action)
 
 
+def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm):
+    """The text tower's attention inputs over ``h`` ``[L, D]``: q ``[L, H, hd]`` and k ``[L, KV, hd]`` after the
+    per-head QK-norm (Nano/Super; Edge has none) and before RoPE, and v ``[L, KV, hd]``. ``norm(module, x)`` applies
+    an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers')."""
+    attn = layer.self_attn
+    n = h.shape[0]
+    x = norm(layer.input_layernorm, h)
+    q = attn.to_q(x).view(n, attn.num_heads, attn.head_dim)
+    k = attn.to_k(x).view(n, attn.num_kv_heads, attn.head_dim)
+    v = attn.to_v(x).view(n, attn.num_kv_heads, attn.head_dim)
+    if attn.norm_q is not None:
+        q, k = norm(attn.norm_q, q), norm(attn.norm_k, k)
+    return q, k, v
+
+
+def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm):
+    """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``."""
+    h = h + layer.self_attn.to_out(attn_out)
+    return h + layer.mlp(norm(layer.post_attention_layernorm, h))
+
+
 def generation_layer(
     layer: DecoderLayer,
     x: torch.Tensor,
@@ -240,21 +262,25 @@ def generation_layer(
     text_keys: list[torch.Tensor],
     text_values: list[torch.Tensor],
 ) -> torch.Tensor:
-    """One generation-tower layer over ``x`` ``[B, N, D]``; branch ``j`` attends to ``[text_keys[j] | its own K]``."""
+    """One generation-tower layer over ``x`` ``[B·N, tokens, D]`` (rows branch-major, ``N`` items per branch);
+    branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]``."""
     attn = layer.self_attn
-    b, n, _ = x.shape
+    b = len(text_keys)
+    rows, n, _ = x.shape
+    items = rows // b
     y = layer.input_layernorm_moe_gen(x)
-    q = attn.norm_added_q(attn.add_q_proj(y).view(b, n, attn.num_heads, attn.head_dim))
-    k = attn.norm_added_k(attn.add_k_proj(y).view(b, n, attn.num_kv_heads, attn.head_dim))
-    v = attn.add_v_proj(y).view(b, n, attn.num_kv_heads, attn.head_dim)
-    q = apply_rope(q, cos, sin).transpose(1, 2)  # [B, H, N, hd]
-    k = apply_rope(k, cos, sin).transpose(1, 2)  # [B, KV, N, hd]
-    v = v.transpose(1, 2)
+    q = attn.norm_added_q(attn.add_q_proj(y).view(b, items, n, attn.num_heads, attn.head_dim))
+    k = attn.norm_added_k(attn.add_k_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim))
+    v = attn.add_v_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim)
+    cos, sin = cos[:, None], sin[:, None]  # [B, 1, tokens, hd]: one table per branch, shared by its items
+    q = apply_rope(q, cos, sin).transpose(2, 3)  # [B, N, H, tokens, hd]
+    k = apply_rope(k, cos, sin).transpose(2, 3)  # [B, N, KV, tokens, hd]
+    v = v.transpose(2, 3)
     outs = []
     for j in range(b):  # each branch attends to its own prompt's K/V only
-        keys = torch.cat([text_keys[j], k[j]], dim=1)[None]  # [1, KV, L_j + N, hd]
-        vals = torch.cat([text_values[j], v[j]], dim=1)[None]
-        outs.append(attention(q[j : j + 1], keys, vals))
-    out = torch.cat(outs).transpose(1, 2).reshape(b, n, -1)  # [B, N, H·hd]
+        keys = torch.cat([text_keys[j].expand(items, -1, -1, -1), k[j]], dim=2)  # [N, KV, L_j + tokens, hd]
+        vals = torch.cat([text_values[j].expand(items, -1, -1, -1), v[j]], dim=2)
+        outs.append(attention(q[j], keys, vals))
+    out = torch.cat(outs).transpose(1, 2).reshape(rows, n, -1)  # [B·N, tokens, H·hd]
     x = x + attn.to_add_out(out)
     return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))

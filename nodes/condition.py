@@ -14,6 +14,7 @@ import torch
 import comfy.model_management as mm
 from comfy_api.latest import io
 
+from ..cosmos3_core import defaults
 from .types import CATEGORY, Cosmos3Condition, Cosmos3Model
 
 
@@ -58,17 +59,19 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
             raise ValueError(
                 f"Cosmos3VAEEncodeCond: image has shape {shape}; expected a ComfyUI IMAGE [frames, H, W, 3]."
             )
-        if width % 16 or height % 16:
-            raise ValueError(f"Cosmos3VAEEncodeCond: {width}x{height} is not a multiple of 16; use e.g. "
-                             f"{width // 16 * 16}x{height // 16 * 16} (and the same on Cosmos3TextEncode).")
+        stride = defaults.VAE_SPATIAL_STRIDE
+        if width % stride or height % stride:
+            raise ValueError(f"Cosmos3VAEEncodeCond: {width}x{height} is not a multiple of {stride}; use e.g. "
+                             f"{width // stride * stride}x{height // stride * stride} (and the same on "
+                             "Cosmos3TextEncode).")
         frames = image[..., :3]
         is_video = frames.shape[0] > 1
-        indexes = tuple(range(clean_latent_frames)) if is_video else (0,)
-        model.load_vae((1, 48, len(indexes), height // 16, width // 16))
+        pipe = model.pipeline
+        model.load_vae(pipe.condition_latent_shape(is_video, clean_latent_frames, height, width))
         try:
-            x0, clean = model.pipeline.vae_encode_condition(
+            x0, clean = pipe.vae_encode_condition(
                 image=None if is_video else frames[0], video=frames if is_video else None,
-                height=height, width=width, condition_latent_frames=indexes, keep=keep,
+                height=height, width=width, condition_latent_frames=clean_latent_frames, keep=keep,
             )
         except ValueError as exc:
             raise ValueError(f"Cosmos3VAEEncodeCond: {exc}") from exc

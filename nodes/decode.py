@@ -8,6 +8,7 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
+from ..cosmos3_core import defaults
 from .types import CATEGORY, Cosmos3Model, Cosmos3Sound
 
 
@@ -32,23 +33,23 @@ class Cosmos3VAEDecode(io.ComfyNode):
     @classmethod
     def execute(cls, model, samples: dict, chunk_latent_frames: int = 1, tiled: bool = False) -> io.NodeOutput:
         latents = samples.get("samples") if isinstance(samples, dict) else None
-        if not isinstance(latents, torch.Tensor) or latents.ndim != 5 or latents.shape[1] != 48:
+        if not isinstance(latents, torch.Tensor) or latents.ndim != 5 or latents.shape[1] != defaults.LATENT_CHANNELS:
             shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else None
             raise ValueError(
-                f"Cosmos3VAEDecode: samples has shape {shape}; expected a Wan2.2 video latent [1, 48, T, h, w] "
+                f"Cosmos3VAEDecode: samples has shape {shape}; expected a Wan2.2 video latent "
+                f"[batch, {defaults.LATENT_CHANNELS}, T, h, w] "
                 "(connect the Cosmos3 sampler's latent)."
             )
-        vae = model.pipeline.vae
-        model.load_vae(latents.shape)
-        total = latents.shape[2]
-        bar = comfy.utils.ProgressBar(total)
+        pipe = model.pipeline
+        model.load_vae(latents[:1].shape)
+        bar = comfy.utils.ProgressBar(latents.shape[0] * latents.shape[2])
 
-        def on_chunk(done: int, _total: int) -> None:
+        def on_chunk(done: int, total: int) -> None:
             mm.throw_exception_if_processing_interrupted()
             bar.update_absolute(done, total)
 
-        frames = vae.decode(vae.normalize(latents), chunk_latent_frames=chunk_latent_frames, tile=tiled,
-                            on_chunk=on_chunk, out_device=mm.intermediate_device())
+        frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames, tile=tiled,
+                                   on_chunk=on_chunk, out_device=mm.intermediate_device())
         return io.NodeOutput(frames)
 
 
@@ -74,5 +75,5 @@ class Cosmos3AudioDecode(io.ComfyNode):
             raise ValueError(f"Cosmos3AudioDecode: checkpoint {model.name!r} has no sound_tokenizer/.")
         model.load_sound_decoder()
         waveform = pipe.decode_sound(sound.latent, sound.num_frames, sound.fps)
-        return io.NodeOutput({"waveform": waveform.unsqueeze(0).to(mm.intermediate_device()),
+        return io.NodeOutput({"waveform": waveform.to(mm.intermediate_device()),  # [batch, 2, samples]
                               "sample_rate": pipe.sound_decoder.sampling_rate})

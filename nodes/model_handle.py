@@ -22,7 +22,7 @@ import comfy.model_patcher
 import comfy.ops
 
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
-from ..cosmos3_core.towers import prefill_memory_required, step_memory_required, tower_module
+from ..cosmos3_core.towers import prefill_memory_required, tower_module
 
 
 def _unstreamable_tensors(patcher: comfy.model_patcher.ModelPatcher):
@@ -110,8 +110,13 @@ class Cosmos3ModelHandle:
     def load_text_tower(self, text_length: int) -> None:
         _load(self.text_patcher, prefill_memory_required(self.pipeline.config, text_length, self.dtype))
 
-    def load_generation_tower(self, num_tokens: int, text_lengths: list[int]) -> None:
-        _load(self.generation_patcher, step_memory_required(self.pipeline.config, num_tokens, text_lengths, self.dtype))
+    @property
+    def generation_device(self) -> torch.device:
+        """Where the generation tower runs once loaded (a run's latents are planned there)."""
+        return self.generation_patcher.load_device
+
+    def load_generation_tower(self, memory_required: int) -> None:
+        _load(self.generation_patcher, memory_required)
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
 

@@ -14,8 +14,7 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
-from ..cosmos3_core.layout import patch_grid
-from ..cosmos3_core.sampling import SCHEDULES
+from ..cosmos3_core import defaults
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
@@ -39,14 +38,16 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             inputs=[
                 Cosmos3Model.Input("model"),
                 Cosmos3Text.Input("text"),
-                io.Int.Input("seed", default=42, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-                io.Int.Input("steps", default=35, min=1, max=200, tooltip="35 for video, 50 for images."),
-                io.Float.Input("cfg", default=6.0, min=1.0, max=20.0, step=0.1, round=0.01,
-                               tooltip="Guidance scale; 1 runs the conditional branch only."),
-                io.Combo.Input("schedule", options=list(SCHEDULES), default="flow_shift",
+                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
+                             tooltip="Noise seed; the same seed and settings give the same result."),
+                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
+                             tooltip=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images."),
+                io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
+                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only."),
+                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE,
                                tooltip="flow_shift: linear flow sigmas with the shift below; karras: the "
                                        "checkpoint's released scheduler config."),
-                io.Float.Input("shift", default=0.0, min=0.0, max=50.0, step=0.5,
+                io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
                                tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
                 io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
                 Cosmos3Condition.Input("condition", optional=True,
@@ -54,55 +55,41 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
+                io.Int.Input("batch_size", default=defaults.BATCH_SIZE, min=1, max=defaults.MAX_BATCH_SIZE,
+                             optional=True,
+                             tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
+                                     "same as its own single run); they share every denoising step's forward pass."),
             ],
             outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
         )
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None, compile: bool = False) -> io.NodeOutput:
+                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE) -> io.NodeOutput:
         pipe = model.pipeline
-        if schedule not in SCHEDULES:
-            raise ValueError(f"Cosmos3KSamplerUniPCDualTower: schedule {schedule!r} is not one of {list(SCHEDULES)}.")
-        if sound and not pipe.supports_sound:
-            raise ValueError(
-                f"Cosmos3KSamplerUniPCDualTower: sound=True but checkpoint {model.name!r} has no sound_tokenizer/ "
-                "(Edge has no sound head); set sound to false or load a Nano/Super checkpoint."
-            )
+        who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
         if condition is not None:
             if (condition.height, condition.width) != (text.height, text.width):
                 raise ValueError(
-                    f"Cosmos3KSamplerUniPCDualTower: condition was encoded at {condition.width}x{condition.height} "
-                    f"but the text describes {text.width}x{text.height}; set the same width and height on "
-                    "Cosmos3 VAE Encode (Condition) and Cosmos3 Text Encode."
+                    f"{who}: condition was encoded at {condition.width}x{condition.height} but the text describes "
+                    f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode (Condition) "
+                    "and Cosmos3 Text Encode."
                 )
-            if text.num_frames == 1:
-                raise ValueError("Cosmos3KSamplerUniPCDualTower: a condition was connected but num_frames is 1 "
-                                 "(text-to-image); use 5 or more frames for image/video-to-video.")
-            latent_frames = (text.num_frames - 1) // 4 + 1
-            x0, clean = condition.x0, [i for i in condition.clean_frames if i < latent_frames]
-            if len(clean) >= latent_frames:
-                raise ValueError(
-                    f"Cosmos3KSamplerUniPCDualTower: the condition keeps {len(clean)} clean latent frames but a "
-                    f"{text.num_frames}-frame clip has only {latent_frames}; nothing would be generated. Lower "
-                    "clean_latent_frames on Cosmos3 VAE Encode (Condition) or raise num_frames."
-                )
-        t, ph, pw = patch_grid(pipe.vae.latent_shape(text.num_frames, text.height, text.width)[2:], pipe.config.latent_patch_size)
-        grid_tokens = t * ph * pw
-        branches = [text.cond.length] + ([text.uncond.length] if cfg != 1.0 else [])
-        model.load_generation_tower(grid_tokens, branches)
+            x0, clean = condition.x0, condition.clean_frames
+        plan = pipe.plan(
+            text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound, x0=x0,
+            clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
+        )
+        model.load_generation_tower(plan.memory_required)
 
-        bar = comfy.utils.ProgressBar(steps)
+        bar = comfy.utils.ProgressBar(plan.steps)
         preview = make_previewer(model)
 
         def on_step(step: int, total: int, x0_pred: torch.Tensor) -> None:
             bar.update_absolute(step, total, preview(x0_pred) if preview else None)
 
-        result = pipe.sample(
-            text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-            x0=x0, clean_frames=clean, callback=on_step, compile=compile,
-        )
+        result = pipe.run(plan, callback=on_step, compile=compile)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

@@ -10,10 +10,9 @@ from __future__ import annotations
 import comfy.model_management as mm
 from comfy_api.latest import io
 
-from ..cosmos3_core.pipeline import validate_shape
+from ..cosmos3_core import defaults
+from ..cosmos3_core.plan import check_clip
 from .types import CATEGORY, Cosmos3Model, Cosmos3Text
-
-MAX_SIZE = 4096
 
 
 class Cosmos3TextEncode(io.ComfyNode):
@@ -32,11 +31,14 @@ class Cosmos3TextEncode(io.ComfyNode):
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="Leave empty to use the checkpoint's assets/negative_prompt.json "
                                         "(or no negative prompt when the checkpoint has none)."),
-                io.Int.Input("width", default=1280, min=16, max=MAX_SIZE, step=16),
-                io.Int.Input("height", default=720, min=16, max=MAX_SIZE, step=16),
-                io.Int.Input("num_frames", default=189, min=1, max=1025, step=4,
+                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
+                             tooltip="Clip width in pixels (a multiple of 16); every downstream node uses it."),
+                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
+                             tooltip="Clip height in pixels (a multiple of 16); every downstream node uses it."),
+                io.Int.Input("num_frames", default=defaults.NUM_FRAMES, min=1, max=defaults.MAX_FRAMES, step=4,
                              tooltip="1 for an image, else 4k+1 (93, 121, 189, …)."),
-                io.Float.Input("fps", default=24.0, min=1.0, max=120.0, step=0.5),
+                io.Float.Input("fps", default=defaults.FPS, min=1.0, max=120.0, step=0.5,
+                               tooltip="Frame rate the prompt describes and the video is made for."),
             ],
             outputs=[Cosmos3Text.Output(display_name="text")],
         )
@@ -44,7 +46,7 @@ class Cosmos3TextEncode(io.ComfyNode):
     @classmethod
     def execute(cls, model, prompt: str, negative_prompt: str, width: int, height: int, num_frames: int,
                 fps: float) -> io.NodeOutput:
-        validate_shape(num_frames, height, width, fps, "Cosmos3TextEncode")
+        check_clip(num_frames, height, width, fps, "Cosmos3TextEncode")
         if not prompt.strip():
             raise ValueError("Cosmos3TextEncode: prompt is empty; describe what to generate.")
         pipe = model.pipeline

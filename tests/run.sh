@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command:   bash tests/run.sh [pytest args...]
+# The project's test command:   bash tests/run.sh [pytest args...]   (test paths among the args replace "tests")
 #
 # 1. Creates (or reuses) a Python 3.11 venv at ${COSMOS3_VENV:-$HOME/.cache/cosmos3/venv}.
 # 2. Installs the pinned torch stack, the pack's test dependencies and a real ComfyUI 0.3.75
@@ -155,9 +155,14 @@ fi
 
 STEP="pytest"
 cd "$REPO"
+# Test paths given (e.g. tests/test_x.py or tests/test_x.py::test_y) replace the default "tests" folder.
+TARGETS=(tests)
+for arg in "$@"; do
+    if [ -e "${arg%%::*}" ]; then TARGETS=(); break; fi
+done
 set +e
 COMFYUI_DIR="$COMFYUI_DIR" COSMOS3_VENV="$VENV" \
-    "$PY" -m pytest -q -p no:cacheprovider --rootdir=tests tests "$@"
+    "$PY" -m pytest -q -p no:cacheprovider --rootdir=tests "${TARGETS[@]}" "$@"
 RC=$?
 set -e
 T_END=$(date +%s)

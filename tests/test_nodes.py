@@ -20,8 +20,8 @@ import torch
 
 import comfy_host
 from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
-                            TINY_NANO_VLM, check_outputs, ensure_tiny_checkpoints, load_api, nodes_of, shrink_api,
-                            write_test_inputs)
+                            TINY_NANO_VLM, check_outputs, ensure_tiny_checkpoints, load_api, nodes_of, output_files,
+                            shrink_api, write_test_inputs)
 
 pytestmark = pytest.mark.comfy
 
@@ -122,6 +122,22 @@ def test_workflow_runs_and_writes_media(host, mode, checkpoint):
         steps = graph[ks]["inputs"]["steps"]
         ticks = [(v, t) for n, v, t, _ in host.progress if n == ks]
         assert [v for v, _ in ticks][-1] == steps and all(t == steps for _, t in ticks), ticks
+
+
+def test_sampler_batch_size_makes_one_result_per_seed(host):
+    """batch_size 2 on the T2I workflow: two different images from one sampler run (seeds s and s+1)."""
+    import numpy as np
+    from PIL import Image
+
+    g = shrink_api(load_api("t2i"), prefix="cosmos3_tests/batch", seed=11)
+    (ks,) = nodes_of(g, "Cosmos3KSamplerUniPCDualTower")
+    g[ks]["inputs"]["batch_size"] = 2
+    success, outputs, messages, _ = run(host, g)
+    assert success, comfy_host._execution_error_text(messages)
+    files = output_files(host.base_dir, outputs[nodes_of(g, "SaveImage")[0]])
+    assert len(files) == 2, files
+    a, b = (np.asarray(Image.open(f), dtype=np.float64) for f in files)
+    assert a.shape == b.shape == (64, 96, 3) and np.abs(a - b).mean() > 1.0
 
 
 def test_text_encode_runs_once_across_seeds(host):

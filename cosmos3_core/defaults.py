@@ -1,0 +1,62 @@
+"""Every default of a Cosmos3 run and every model constant the pack relies on, in one place.
+
+Node schemas, ``GenerationRequest``, the plan and both CLIs read these names; nothing else spells the numbers.
+Values follow diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` defaults and the per-mode table of
+``shared/reference/cosmos3-architecture.md`` §10 (the released checkpoints' training tiers).
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------------------------------- model constants
+# Wan2.2 VAE (``AutoencoderKLWan``, TI2V-5B geometry): 4× in time, 16× in space, 48 latent channels.
+VAE_TEMPORAL_STRIDE = 4
+VAE_SPATIAL_STRIDE = 16
+LATENT_CHANNELS = 48
+# The AVAE sound tokenizer: 48 kHz stereo, hop 1920 samples → 25 latent steps per second.
+SOUND_SAMPLING_RATE = 48_000
+
+# ---------------------------------------------------------------------------------------------- request defaults
+NUM_FRAMES = 189  # ≈7.9 s at 24 fps: the released models' clip length
+WIDTH = 1280
+HEIGHT = 720
+FPS = 24.0
+GUIDANCE = 6.0
+SEED = 42
+SCHEDULES = ("flow_shift", "karras")
+SCHEDULE = "flow_shift"
+STEPS_IMAGE = 50
+STEPS_VIDEO = 35
+BATCH_SIZE = 1
+
+# Request limits: what the nodes' widgets and the request checks allow.
+MAX_SIZE = 4096  # pixels per side
+MAX_FRAMES = 1025
+MAX_STEPS = 200
+MAX_GUIDANCE = 20.0
+MAX_SHIFT = 50.0
+MAX_BATCH_SIZE = 16
+MAX_SEED = 2**64 - 1  # ComfyUI's seed widget range; torch seeds are taken modulo 2**64 too
+
+# Training flow shift by resolution tier (the short side): 720p → 10, 480p → 5, 256p → 3.
+SHIFT_BY_TIER = ((704, 10.0), (448, 5.0), (0, 3.0))
+
+
+def default_steps(num_frames: int) -> int:
+    """Per-mode defaults of the reference docs: image 50, video 35."""
+    return STEPS_IMAGE if num_frames == 1 else STEPS_VIDEO
+
+
+def default_shift(height: int, width: int) -> float:
+    """Training flow shift of the resolution tier of a ``height`` × ``width`` clip."""
+    short = min(height, width)
+    return next(shift for floor, shift in SHIFT_BY_TIER if short >= floor)
+
+
+def latent_frames(num_frames: int) -> int:
+    """Latent frames of a clip of ``num_frames`` pixel frames (1 or 4k+1): the first frame alone, then 4 per latent."""
+    return (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+
+
+def pixel_frames(num_latent_frames: int) -> int:
+    """Pixel frames that ``num_latent_frames`` latents decode to (inverse of ``latent_frames``)."""
+    return 1 + VAE_TEMPORAL_STRIDE * (num_latent_frames - 1) if num_latent_frames > 0 else 0
