@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from . import defaults
+from .attention import BACKENDS, set_attention_backend
 from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
@@ -79,10 +80,13 @@ class GenerationRequest:
     use_system_prompt: bool | None = None
     guidance_interval: tuple[float, float] | None = None
     compile: bool = False
+    attention: str = "auto"  # attention.BACKENDS: auto | sdpa (the reference's route) | flash4
 
     def check(self, who: str = "generate") -> None:
         """Every check of the request that needs no model: the clip, the sampling values, the conditioning."""
         check_clip(self.num_frames, self.height, self.width, self.fps, who)
+        if self.attention not in BACKENDS:
+            raise ValueError(f"{who}: attention={self.attention!r} is not one of {BACKENDS}; 'sdpa' forces PyTorch SDPA.")
         check_sampling(seed=self.seed, steps=self.steps, guidance=self.guidance, schedule=self.schedule,
                        shift=self.shift, guidance_interval=self.guidance_interval, batch_size=1, who=who)
         if self.image is not None and self.video is not None:
@@ -324,16 +328,22 @@ class Cosmos3Pipeline:
                 "num_frames (e.g. 1280x720 with 189 frames, or 832x480 with 93)."
             )
 
-    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False) -> SampleResult:
-        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up)."""
+    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False,
+            attention: str = "auto") -> SampleResult:
+        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up);
+        ``attention`` picks the kernel route for this run (attention.py: ``auto`` | ``sdpa`` | ``flash4``)."""
         self.transformer.compile_generation_layers(compile)
-        x = run(plan, self.transformer, callback)
+        previous = set_attention_backend(attention)
+        try:
+            x = run(plan, self.transformer, callback)
+        finally:
+            set_attention_backend(previous)
         return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
 
     def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, compile: bool = False,
-               **plan_args) -> SampleResult:
+               attention: str = "auto", **plan_args) -> SampleResult:
         """``plan`` then ``run``."""
-        return self.run(self.plan(text, **plan_args), callback=callback, compile=compile)
+        return self.run(self.plan(text, **plan_args), callback=callback, compile=compile, attention=attention)
 
     # ------------------------------------------------------------------ 4. decode
     def decode_video(self, latents: torch.Tensor, on_chunk=None, **kwargs) -> torch.Tensor:
@@ -375,7 +385,7 @@ class Cosmos3Pipeline:
                 sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, who="generate",
             )
         with _timed(timings, "inference"):
-            result = self.run(plan, callback=callback, compile=r.compile)
+            result = self.run(plan, callback=callback, compile=r.compile, attention=r.attention)
         frames = waveform = None
         if decode:
             with _timed(timings, "decode"):

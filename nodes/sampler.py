@@ -15,6 +15,7 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.attention import flash4_unavailable_reason
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
@@ -55,6 +56,10 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
+                io.Combo.Input("attention", options=["auto", "sdpa", "flash4"], default="auto", optional=True,
+                               tooltip="Attention kernels. auto: FlashAttention-4 (if the optional flash-attn-4 "
+                                       "package is installed) on Hopper GPUs for long sequences, else PyTorch SDPA. "
+                                       "sdpa: always PyTorch SDPA (the reference's route). flash4: require it."),
                 io.Int.Input("batch_size", default=defaults.BATCH_SIZE, min=1, max=defaults.MAX_BATCH_SIZE,
                              optional=True,
                              tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
@@ -65,7 +70,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE) -> io.NodeOutput:
+                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE,
+                attention: str = "auto") -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -77,6 +83,9 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                     "and Cosmos3 Text Encode."
                 )
             x0, clean = condition.x0, condition.clean_frames
+        if attention == "flash4" and flash4_unavailable_reason():
+            raise ValueError(f"{who}: attention='flash4' cannot run here ({flash4_unavailable_reason()}); choose "
+                             "'auto' or 'sdpa', or install flash-attn-4 on a Hopper (sm90) GPU.")
         plan = pipe.plan(
             text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound, x0=x0,
             clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
@@ -89,7 +98,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         def on_step(step: int, total: int, x0_pred: torch.Tensor) -> None:
             bar.update_absolute(step, total, preview(x0_pred) if preview else None)
 
-        result = pipe.run(plan, callback=on_step, compile=compile)
+        result = pipe.run(plan, callback=on_step, compile=compile, attention=attention)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

@@ -118,3 +118,25 @@ def test_flash4_op_traces_without_graph_breaks(flash4_stub):
     assert len(flash4_stub) == 2  # the compiled graph called the op, it did not fall back to SDPA
     out = torch.library.opcheck(attn.flash4_attention, (q, k, v, False), test_utils=("test_schema", "test_faketensor"))
     assert all(v == "SUCCESS" for v in out.values())
+
+
+def test_pipeline_run_sets_and_restores_the_route(monkeypatch):
+    """The CLI's --attention / the sampler node's ``attention`` reach the one entry point for that run only."""
+    from cosmos3_core import pipeline as pl
+
+    seen = []
+    monkeypatch.setattr(pl, "run", lambda plan, model, callback: seen.append(attn.attention_backend()) or {"vision": 0})
+
+    class Model:
+        def compile_generation_layers(self, enable):
+            pass
+
+    pipe = pl.Cosmos3Pipeline.__new__(pl.Cosmos3Pipeline)
+    pipe.transformer = Model()
+    pipe.run(object(), attention="sdpa")
+    assert seen == ["sdpa"] and attn.attention_backend() == "auto"
+    with pytest.raises(ValueError, match="not one of"):
+        pipe.run(object(), attention="fast")
+    assert attn.attention_backend() == "auto"
+    with pytest.raises(ValueError, match="attention='fast' is not one of"):
+        pl.GenerationRequest(prompt="x", attention="fast").check("generate")
