@@ -1,12 +1,15 @@
-"""Kernel caches on disk, so a second process (a ComfyUI restart, the next CLI run) does not compile again.
+"""Kernel caches on disk, so a second process (a ComfyUI restart, the next CLI run) compiles less.
 
-* ``torch.compile``: inductor's FX-graph cache and AOT-autograd cache (compiled Triton kernels and wrapper code),
-  kept in ``<root>/inductor`` instead of ``/tmp/torchinductor_<user>`` (cleared at reboot);
-* FlashAttention-4: its CuTe-DSL kernels are JIT-compiled on first use per configuration; its own persistent cache
-  (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``) is switched on, in ``<root>/flash4``.
+* FlashAttention-4: its CuTe-DSL kernels are JIT-compiled on first use per configuration (~2.5 s); its own
+  persistent cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``) is switched on, in ``<root>/flash4``. Measured on an H200
+  (BENCHMARKS.md, run 8): a fresh process's first FlashAttention-4 step cost 0.13 s more than a steady one.
+* ``torch.compile``: inductor's FX-graph and AOT-autograd caches are switched on, in ``<root>/inductor`` instead of
+  ``/tmp/torchinductor_<user>`` when ``TORCHINDUCTOR_CACHE_DIR`` is still unset (on the lent H200 it was already set
+  by the time this ran, so the cache stayed in /tmp). Not shown to pay yet: a fresh process still spent 14 s
+  compiling 480p, because the first process had moved on to a dynamic-shape graph and the fresh one asked for a
+  static one (BENCHMARKS.md).
 
 ``<root>`` is ``$COSMOS3_CACHE_DIR`` or ``~/.cache/cosmos3``. Settings the user already made in the environment win.
-Dynamo still traces Python in a new process (seconds); what the cache saves is code generation and kernel builds.
 """
 
 from __future__ import annotations

@@ -56,14 +56,14 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
-                io.Combo.Input("attention", options=["auto", "sdpa", "flash4"], default="auto", optional=True,
-                               tooltip="Attention kernels. auto: FlashAttention-4 (if the optional flash-attn-4 "
-                                       "package is installed) on Hopper GPUs for long sequences, else PyTorch SDPA. "
-                                       "sdpa: always PyTorch SDPA (the reference's route). flash4: require it."),
                 io.Int.Input("batch_size", default=defaults.BATCH_SIZE, min=1, max=defaults.MAX_BATCH_SIZE,
                              optional=True,
                              tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
                                      "same as its own single run); they share every denoising step's forward pass."),
+                io.Combo.Input("attention", options=["auto", "sdpa", "flash4"], default="auto", optional=True,
+                               tooltip="Attention kernels. auto: FlashAttention-4 (if the optional flash-attn-4 "
+                                       "package is installed) on Hopper GPUs for long sequences, else PyTorch SDPA. "
+                                       "sdpa: always PyTorch SDPA (the reference's route). flash4: require it."),
             ],
             outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
         )
