@@ -17,6 +17,7 @@ entries are kept (least recently used dropped first).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -25,6 +26,8 @@ import torch
 
 from .layout import GenLayout
 from .text_kv import TextKV
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,8 +107,11 @@ class GraphedCall:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.output: torch.Tensor | None = None
+        self.failed = False  # capture raised: every call runs ``fn`` directly (logged once)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        if self.failed:
+            return self.fn(*args)
         if self.graph is None:
             self.inputs = tuple(a.clone() for a in args)
             current, side = torch.cuda.current_stream(), torch.cuda.Stream()
@@ -116,8 +122,13 @@ class GraphedCall:
             for static, a in zip(self.inputs, args):
                 static.copy_(a)  # the warm-up may have updated state the inputs index; replay sees fresh values
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.output = self.fn(*self.inputs)
+            try:
+                with torch.cuda.graph(self.graph):
+                    self.output = self.fn(*self.inputs)
+            except RuntimeError as exc:  # e.g. a host copy inside fn: keep going uncaptured, and say so
+                _log.warning("CUDA-graph capture of %s failed (%s); running it uncaptured.",
+                             getattr(self.fn, "__qualname__", self.fn), str(exc).splitlines()[0] if str(exc) else exc)
+                self.failed, self.graph, self.output = True, None, None
             return result
         for static, a in zip(self.inputs, args):
             static.copy_(a)
