@@ -65,12 +65,9 @@ def load_sound_decoder(checkpoint_dir, dtype: torch.dtype = torch.float32, devic
             "generation is unavailable with it (e.g. Cosmos3-Edge has no sound head). Use a sound-capable "
             "checkpoint such as Cosmos3-Nano, or disable sound."
         )
-    if not (sound_dir / "config.json").is_file():
-        raise FileNotFoundError(
-            f"Sound tokenizer config not found: {sound_dir / 'config.json'}. The sound_tokenizer/ folder must hold "
-            "the Cosmos3AVAEAudioTokenizer config.json and diffusion_pytorch_model*.safetensors."
-        )
-    module = Cosmos3AVAEAudioTokenizer.from_pretrained(sound_dir, torch_dtype=dtype, local_files_only=True)
+    from .loader import load_diffusers_folder
+
+    module = load_diffusers_folder(Cosmos3AVAEAudioTokenizer, sound_dir, "sound tokenizer", dtype)
     return Cosmos3SoundDecoder(module).to(device=device).eval()
 
 

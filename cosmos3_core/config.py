@@ -130,15 +130,24 @@ class Cosmos3Config:
     def from_checkpoint(cls, checkpoint_dir: str | Path) -> "Cosmos3Config":
         """Read ``<checkpoint_dir>/transformer/config.json`` (or a ``transformer`` folder given directly)."""
         path = _transformer_dir(checkpoint_dir) / "config.json"
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            raise CheckpointError(
+                f"{path} exists but is not a readable file (a folder or a broken link); replace it with the "
+                "checkpoint's transformer/config.json."
+            )
         if not path.is_file():
             raise CheckpointError(
                 f"{path} not found: a Cosmos3 checkpoint folder holds transformer/config.json "
                 "(download the whole nvidia/Cosmos3-* repository folder, not single files)."
             )
         try:
-            values = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path} is not readable JSON ({exc}).") from exc
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(
+                f"{path} is not readable JSON ({exc}); fix its permissions or download it again."
+            ) from exc
+        if not isinstance(values, dict):
+            raise CheckpointError(f"{path} holds a JSON {type(values).__name__}, not a config object; download it again.")
         class_name = values.get("_class_name")
         if class_name is not None and class_name != "Cosmos3OmniTransformer":
             raise CheckpointError(

@@ -35,6 +35,7 @@ MAX_STEPS = 200
 MAX_GUIDANCE = 20.0
 MAX_SHIFT = 50.0
 MAX_BATCH_SIZE = 16
+MIN_FPS, MAX_FPS = 1.0, 120.0  # frames per second a clip is described and written at
 MAX_SEED = 2**64 - 1  # ComfyUI's seed widget range; torch seeds are taken modulo 2**64 too
 
 # Training flow shift by resolution tier (the short side): 720p → 10, 480p → 5, 256p → 3.

@@ -3,14 +3,17 @@
 Text/image/video to video (with sound on Nano/Super) or, with ``--num-frames 1``, to a PNG. Prints the stage
 timings ``model_load, preprocess, inference, to_cpu, encode`` as the PhyAI generation script does (inference =
 denoising loop + VAE/audio decode; encode = writing the file). A user mistake exits with one ``error:`` line and
-status 2, never a traceback.
+status 2, never a traceback; every argument and output path is checked before anything is loaded. Ctrl-C exits
+with one line and status 130, leaving no partial output file.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -48,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
+    from .parallel.cli import add_arguments as add_parallel_arguments
+
+    add_parallel_arguments(p)  # --cfg-parallel, --ulysses, --parallel-timeout
     return p
 
 
@@ -63,6 +69,8 @@ def _request(args: argparse.Namespace, image=None, video=None):
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    from .prompt import check_text
+
     _request(args, image=args.image, video=args.video).check("generate")  # every request check, before any load
     ckpt = check_common_args(args)
     if args.attention == "flash4":
@@ -71,17 +79,46 @@ def _check_args(args: argparse.Namespace) -> None:
         if flash4_unavailable_reason():
             raise ValueError(f"--attention flash4: FlashAttention-4 cannot run here ({flash4_unavailable_reason()}); "
                              "use --attention auto or sdpa, or install flash-attn-4 on a Hopper (sm90) GPU.")
+    if args.negative_prompt is not None:
+        check_text(args.negative_prompt, "--negative-prompt")
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
     out = Path(args.out)
     want = ".png" if args.num_frames == 1 else ".mp4"
     if out.suffix.lower() != want:
         raise ValueError(f"--out {out}: with --num-frames {args.num_frames} the output is a {want} file.")
+    check_writable(out, "--out")
+    if args.latents_out is not None:
+        if Path(args.latents_out).suffix.lower() != ".safetensors":
+            raise ValueError(f"--latents-out {args.latents_out}: the latents are written as a .safetensors file; "
+                             "give a name ending in .safetensors.")
+        check_writable(Path(args.latents_out), "--latents-out")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """``path`` can be written: not a folder, and its nearest existing parent is a folder we can create files in
+    (missing folders below it are created at write time)."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name inside it.")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; choose another output path.")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot write in {parent} ({exc.strerror}); choose a writable folder.") from None
 
 
 def check_common_args(args: argparse.Namespace) -> Path:
-    """Checks shared by the package's CLIs (--checkpoint, --device, --image/--video); returns the checkpoint path."""
+    """Checks shared by the package's CLIs (--prompt, --checkpoint, --device, --image/--video); returns the
+    checkpoint path."""
+    from .prompt import check_text
+
     ckpt = Path(args.checkpoint)
+    check_text(args.prompt, "--prompt")
     if not ckpt.is_dir():
         raise ValueError(f"--checkpoint {ckpt} is not a folder; give the downloaded Cosmos3 checkpoint folder.")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -93,23 +130,43 @@ def check_common_args(args: argparse.Namespace) -> Path:
     return ckpt
 
 
-def run(args: argparse.Namespace) -> dict[str, float]:
-    from . import media
+def run(args: argparse.Namespace) -> dict[str, float] | None:
     from .pipeline import Cosmos3Pipeline
 
+    # ---- more than one GPU: torchrun ... --cfg-parallel / --ulysses K (parallel/cli.py); None on ranks > 0
+    from .parallel import cli as parallel_cli
+
+    if parallel_cli.wanted(args):
+        return parallel_cli.run_parallel(args)
+    # ----
     _check_args(args)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
     timings["model_load"] = time.perf_counter() - start
-    image = media.read_image(args.image) if args.image else None
-    video = media.read_video(args.video)[0] if args.video else None
-    request = _request(args, image=image, video=video)
+    request = read_request(args)
 
     def progress(step: int, total: int, _preview) -> None:
         print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
 
     out = pipe.generate(request, callback=progress)
+    write_outputs(args, pipe, out, timings)
+    return timings
+
+
+def read_request(args: argparse.Namespace):
+    """The request with the ``--image``/``--video`` files read."""
+    from . import media
+
+    image = media.read_image(args.image) if args.image else None
+    video = media.read_video(args.video)[0] if args.video else None
+    return _request(args, image=image, video=video)
+
+
+def write_outputs(args: argparse.Namespace, pipe, out, timings: dict[str, float]) -> None:
+    """Write the clip (and ``--latents-out``); fills the ``preprocess, inference, to_cpu, encode`` timings."""
+    from . import media
+
     timings["preprocess"] = out.timings["preprocess"]
     timings["inference"] = out.timings["inference"] + out.timings["decode"]
     start = time.perf_counter()
@@ -117,24 +174,37 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     waveform = out.waveform.cpu().numpy() if out.waveform is not None else None
     timings["to_cpu"] = time.perf_counter() - start
     start = time.perf_counter()
-    if args.num_frames == 1:
-        media.write_png(args.out, frames[0])
-    else:
-        media.write_video(args.out, frames, args.fps, audio=waveform)
+    with _removed_if_unfinished(args.out):
+        if args.num_frames == 1:
+            media.write_png(args.out, frames[0])
+        else:
+            media.write_video(args.out, frames, args.fps, audio=waveform)
     if args.latents_out:
         from safetensors.torch import save_file
 
         tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
         if out.sound_latent is not None:
             tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
-        save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
+        Path(args.latents_out).parent.mkdir(parents=True, exist_ok=True)
+        with _removed_if_unfinished(args.latents_out):
+            save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
     timings["encode"] = time.perf_counter() - start
-    return timings
+
+
+@contextmanager
+def _removed_if_unfinished(path):
+    """Deletes ``path`` when the block fails or is interrupted, so no half-written file is left behind."""
+    try:
+        yield
+    except BaseException:
+        Path(path).unlink(missing_ok=True)
+        raise
 
 
 def run_reporting_user_errors(run_fn, args: argparse.Namespace):
     """``(True, run_fn(args))``, or ``(False, None)`` after printing one ``error:`` line for a user mistake
-    (bad argument, missing or damaged file) — never a traceback for those. Shared by the package's CLIs."""
+    (bad argument, missing or damaged file) — never a traceback for those. Ctrl-C prints one line and exits with
+    status 130 (the shell's convention for SIGINT). Shared by the package's CLIs."""
     from .config import CheckpointError
 
     try:
@@ -142,6 +212,9 @@ def run_reporting_user_errors(run_fn, args: argparse.Namespace):
     except (ValueError, FileNotFoundError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return False, None
+    except KeyboardInterrupt:
+        print("\ninterrupted (Ctrl-C); nothing more was written.", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ok, timings = run_reporting_user_errors(run, args)
     if not ok:
         return 2
+    if timings is None:  # a parallel run's rank > 0: rank 0 reports
+        return 0
     for name in ("model_load", "preprocess", "inference", "to_cpu", "encode"):
         print(f"{name:>10}: {timings[name]:8.2f} s")
     print(f"wrote {args.out}")

@@ -9,11 +9,19 @@ stays fp32) and assigned in place — so the peak host memory is one tensor, not
 Every key must be accounted for: a key the model lacks, a key the checkpoint lacks, or a shape that disagrees
 with ``config.json`` is one error naming the first few offenders. Weights deliberately left out
 (``skip_modules``: ``lm_head`` for generation-only use, the action heads) are listed explicitly.
+
+``load_diffusers_folder`` is the one guarded entry for the diffusers modules of a checkpoint (``vae/``,
+``sound_tokenizer/``): it checks ``config.json`` and every weight file itself first — safetensors only, never a
+pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — and calls ``from_pretrained`` with
+``use_safetensors=True`` so diffusers can never fall back to unsafe serialization. ``checkpoint_fingerprint`` is
+what a cache of loaded checkpoints keys on: it changes when a folder is replaced under the same name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -25,6 +33,7 @@ from .layers import KEEP_FP32
 from .transformer import Cosmos3Transformer
 
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "diffusion_pytorch_model.safetensors"
 
 
@@ -114,3 +123,58 @@ def load_transformer(
                 state[name] = tensor.to(device=device, dtype=target)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
+
+
+def load_diffusers_folder(module_cls, folder: Path, what: str, dtype: torch.dtype) -> torch.nn.Module:
+    """``module_cls.from_pretrained(folder)`` from local safetensors only; any problem is one ``CheckpointError``
+    naming the file and the fix (never diffusers' traceback, never a pickle load)."""
+    folder = Path(folder)
+    redownload = f"download the checkpoint's {folder.name}/ folder again"
+    config = folder / "config.json"
+    if not config.is_file():
+        raise CheckpointError(f"{config} not found: the {what} folder {folder.name}/ must hold config.json and "
+                              f"diffusion_pytorch_model*.safetensors; {redownload}.")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{config} is not readable JSON ({exc}); {redownload}.") from exc
+    weights = sorted(folder.glob("*.safetensors"))
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if not weights:
+        found = f"only pickle weights {pickles}, which are never loaded (unsafe)" if pickles else "no weights"
+        raise CheckpointError(f"{folder}: the {what} has {found}; it needs diffusion_pytorch_model*.safetensors — "
+                              f"{redownload} (or convert the weights to safetensors).")
+    for path in weights:
+        with _open(path):
+            pass
+    try:
+        return module_cls.from_pretrained(folder, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{folder}: the {what} cannot be loaded ({reason}); {redownload}.") from exc
+
+
+def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
+    """A digest of what a loaded checkpoint depends on: the resolved folder, ``transformer/config.json``'s bytes
+    and (name, size, mtime, ctime, inode) of every file up to two levels deep. Replacing the folder (another model,
+    a re-download, a copy with preserved mtimes: a new ctime, which no copy can preserve) changes it; reading the
+    same folder again does not.
+    Unreadable entries count as such, so the fingerprint itself never raises."""
+    root = Path(checkpoint_dir)
+    digest = hashlib.sha256(str(root.resolve()).encode())
+    try:
+        digest.update((_transformer_dir(root) / "config.json").read_bytes())
+    except OSError as exc:
+        digest.update(f"config unreadable: {exc.errno}".encode())
+    for dirpath, dirnames, filenames in os.walk(root):
+        depth = len(Path(dirpath).relative_to(root).parts)
+        dirnames[:] = sorted(dirnames) if depth < 1 else []
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            try:
+                st = path.stat()
+                entry = f"{path.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+            except OSError as exc:
+                entry = f"{path.relative_to(root)}|unreadable {exc.errno}"
+            digest.update(entry.encode())
+    return digest.hexdigest()

@@ -329,13 +329,14 @@ class Cosmos3Pipeline:
             )
 
     def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False,
-            attention: str = "auto") -> SampleResult:
+            attention: str = "auto", denoiser=None) -> SampleResult:
         """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up);
-        ``attention`` picks the kernel route for this run (attention.py: ``auto`` | ``sdpa`` | ``flash4``)."""
+        ``attention`` picks the kernel route for this run (attention.py: ``auto`` | ``sdpa`` | ``flash4``).
+        ``denoiser``: runs the steps instead of the transformer, with its ``denoise_step`` contract (parallel/)."""
         self.transformer.compile_generation_layers(compile)
         previous = set_attention_backend(attention)
         try:
-            x = run(plan, self.transformer, callback)
+            x = run(plan, denoiser or self.transformer, callback)
         finally:
             set_attention_backend(previous)
         return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))

@@ -57,8 +57,9 @@ def check_clip(num_frames, height, width, fps, who: str = "generate") -> None:
             raise ValueError(f"{who}: {name}={value!r} must be a positive multiple of {stride}; try {fixed}.")
         if value > defaults.MAX_SIZE:
             raise ValueError(f"{who}: {name}={value} is above the limit of {defaults.MAX_SIZE} pixels.")
-    if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
-        raise ValueError(f"{who}: fps={fps!r} must be a positive number (e.g. {defaults.FPS:g}).")
+    if not (isinstance(fps, (int, float)) and math.isfinite(fps) and defaults.MIN_FPS <= fps <= defaults.MAX_FPS):
+        raise ValueError(f"{who}: fps={fps!r} must be a number from {defaults.MIN_FPS:g} to {defaults.MAX_FPS:g} "
+                         f"(e.g. {defaults.FPS:g}).")
 
 
 def check_sampling(*, seed, steps, guidance, schedule, shift, guidance_interval, batch_size, who: str) -> None:

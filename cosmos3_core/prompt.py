@@ -10,6 +10,17 @@ non-action modes) token for token; architecture.md §9 describes the steps:
 3. The checkpoint's own chat template renders ``[system?, user]`` with ``add_generation_prompt=True`` and
    ``add_vision_id=False``; then ``[eos, <|vision_start|>]`` are appended (Qwen: 151645, 151652).
 
+User text is text. The reference tokenizes the rendered chat as one string, so a control token typed into a
+prompt (``<|im_start|>``, ``<|vision_start|>``, ``<|image_pad|>`` …) would become that control token and forge
+the chat structure. Here a prompt that contains one is tokenized in three pieces: the template before the user
+text and after it as the reference does (their control tokens stay control tokens), and the user text — joined to
+the template's plain text around it, exactly the span the tokenizer would encode as one piece anyway — with
+``split_special_tokens=True``, i.e. as the characters it is made of. Prompts without such strings take the
+reference path unchanged (token-for-token parity); for them both ways give the same ids (tested on the real Qwen
+BPE tokenizer). Non-special added tokens (``<tool_call>``) are ordinary vocabulary and stay as they are. A prompt
+that is not valid Unicode text (a non-UTF-8 byte from the command line, a lone surrogate from JSON) is refused
+with its position.
+
 Cond and uncond are tokenized separately and have different lengths. The checkpoint helpers read
 ``text_tokenizer/``, ``model_index.json`` (``default_use_system_prompt``: True Nano/Super, False Edge) and
 ``assets/negative_prompt.json`` (NVIDIA's recommended structured negative, a JSON document).
@@ -148,23 +159,83 @@ def _special_ids(tokenizer) -> tuple[int, int]:
     return int(eos), int(vs)
 
 
-def _chat_ids(tokenizer, text: str, system_prompt: str | None) -> list[int]:
+def check_text(value: str, name: str) -> None:
+    """Refuse a string that is not valid Unicode text (it cannot be tokenized): a lone surrogate, which is what a
+    non-UTF-8 command-line byte becomes in Python (``surrogateescape``) or what JSON's ``"\\ud800"`` decodes to."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        what = (f"the byte 0x{code - 0xDC00:02x}, which is not UTF-8," if 0xDC80 <= code <= 0xDCFF
+                else f"a lone surrogate U+{code:04X}, which is not a character,")
+        raise ValueError(f"{name} contains {what} at character {exc.start}; give the text as UTF-8 "
+                         "(re-save the file or fix the terminal encoding) or remove that character.") from None
+
+
+def control_tokens(tokenizer) -> list[str]:
+    """The tokenizer's special (control) token strings, longest first."""
+    found = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
+    found |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+    return sorted((t for t in found if t), key=len, reverse=True)
+
+
+def control_tokens_in(tokenizer, text: str) -> list[str]:
+    """The control-token strings that occur in ``text`` (user text), in the order of ``control_tokens``."""
+    return [t for t in control_tokens(tokenizer) if t in text]
+
+
+def _messages(text: str, system_prompt: str | None) -> list[dict]:
     messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     messages.append({"role": "user", "content": text})
-    enc = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, add_vision_id=False,
-                                        return_dict=True)
+    return messages
+
+
+def _render(tokenizer, text: str, system_prompt: str | None) -> str:
+    return tokenizer.apply_chat_template(_messages(text, system_prompt), tokenize=False, add_generation_prompt=True,
+                                         add_vision_id=False)
+
+
+def _chat_ids(tokenizer, text: str, system_prompt: str | None) -> list[int]:
+    if control_tokens_in(tokenizer, text):
+        return chat_ids_user_text_as_text(tokenizer, text, system_prompt)
+    enc = tokenizer.apply_chat_template(_messages(text, system_prompt), tokenize=True, add_generation_prompt=True,
+                                        add_vision_id=False, return_dict=True)
     return [int(i) for i in enc["input_ids"]]
+
+
+def chat_ids_user_text_as_text(tokenizer, text: str, system_prompt: str | None) -> list[int]:
+    """Chat-template ids in which control-token strings inside ``text`` are plain characters (module docstring)."""
+    marker = "\x00cosmos3-user-text\x00"
+    head, found, tail = _render(tokenizer, marker, system_prompt).partition(marker)
+    if not found or head + text + tail != _render(tokenizer, text, system_prompt):
+        raise ValueError(f"the prompt contains the chat-template control token(s) {control_tokens_in(tokenizer, text)}, "
+                         "which this checkpoint's chat template cannot keep as plain text; remove them.")
+    specials = control_tokens(tokenizer)
+    cut_head = max((head.rfind(t) + len(t) for t in specials if t in head), default=0)
+    cut_tail = min((tail.find(t) for t in specials if t in tail), default=len(tail))
+
+    def encode(piece: str, as_text: bool) -> list[int]:
+        if not piece:
+            return []
+        ids = tokenizer(piece, add_special_tokens=False, split_special_tokens=as_text)["input_ids"]
+        return [int(i) for i in ids]
+
+    return (encode(head[:cut_head], False) + encode(head[cut_head:] + text + tail[:cut_tail], True)
+            + encode(tail[cut_tail:], False))
 
 
 def _check_args(prompt, negative_prompt, num_frames, height, width, fps, max_tokens) -> None:
     if not isinstance(prompt, str):
         raise TypeError(f"encode_prompts: prompt must be a str, got {type(prompt).__name__}.")
+    check_text(prompt, "encode_prompts: prompt")
     if not prompt.strip():
         raise ValueError("encode_prompts: prompt is empty; describe the scene to generate (a JSON-upsampled "
                          "caption works best), or use negative_prompt for what to avoid.")
     if negative_prompt is not None and not isinstance(negative_prompt, str):
         raise TypeError(f"encode_prompts: negative_prompt must be a str or None, got "
                         f"{type(negative_prompt).__name__}.")
+    if negative_prompt is not None:
+        check_text(negative_prompt, "encode_prompts: negative_prompt")
     for name, v in (("num_frames", num_frames), ("height", height), ("width", width), ("max_tokens", max_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"encode_prompts: {name} must be a positive int, got {v!r}.")

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from . import defaults
 from .attention import attention
 from .config import CheckpointError, Cosmos3Config
 from .layers import transformers_rms_norm
@@ -131,6 +132,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= defaults.MAX_SEED:
+            raise ValueError(f"seed={self.seed!r} must be an integer from 0 to 2**64-1.")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}.")
 
@@ -416,7 +419,18 @@ class Cosmos3Reasoner:
     # ------------------------------------------------------------------ prompts and generation
     def prepare(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
                 system_prompt: str | None = None) -> PreparedPrompt:
-        """Render a task preset (``question`` | ``caption`` | ``expand``) with the checkpoint's chat template."""
+        """Render a task preset (``question`` | ``caption`` | ``expand``) with the checkpoint's chat template.
+
+        A prompt holding a chat control token (``<|image_pad|>``, ``<|im_start|>`` …) is refused, not tokenized as
+        text: the processor expands ``<|image_pad|>``/``<|video_pad|>`` by string replacement before tokenizing, so
+        a typed one would be taken for a real media placeholder (and ``<|im_start|>`` for a new chat turn)."""
+        from .prompt import check_text, control_tokens_in
+
+        check_text(prompt, "prompt")
+        typed = control_tokens_in(self.processor.tokenizer, prompt)
+        if typed:
+            raise ValueError(f"the prompt contains the chat control token(s) {typed}; the reasoner would read them as "
+                             "real image/video placeholders or chat turns. Remove them from the prompt.")
         if image is not None or video is not None:
             if not self.has_vision:
                 self.vision_encoder()  # raises the clear "no vision_encoder/" error

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from diffusers import UniPCMultistepScheduler
 
+from .config import CheckpointError
 from .defaults import SCHEDULES
 
 
@@ -30,7 +31,15 @@ def load_scheduler_config(checkpoint_dir: str | Path) -> dict:
     path = Path(checkpoint_dir) / "scheduler" / "scheduler_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a Cosmos3 checkpoint holds scheduler/scheduler_config.json.")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON ({exc}); download the checkpoint's scheduler/ folder "
+                              "again.") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}, not the UniPC scheduler settings object; "
+                              "download the checkpoint's scheduler/ folder again.")
+    return config
 
 
 def make_scheduler(

@@ -21,7 +21,7 @@ Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetens
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from .layout import GenLayout, patchify, unpatchify
 from .rope import apply_rope, rope_tables, text_position_ids
 from .step_graph import StepGraphs
 from .text_kv import TextKV
+
+if TYPE_CHECKING:
+    from .parallel.ulysses import SequenceParallel
 
 # Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
 SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
@@ -172,12 +175,15 @@ class Cosmos3Transformer(nn.Module):
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
+        sequence_parallel: "SequenceParallel | None" = None,
     ) -> StepOutput:
         """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch.
 
         ``latents`` ``[N, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
         0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[N, sound_dim, Ts]``; ``action``
         ``[N, Ta, action_dim]``. Output rows are branch-major: ``[cond × N | uncond × N]``.
+        ``sequence_parallel`` (``parallel/ulysses.py``): the layers run over this rank's share of the tokens and
+        ``text`` holds this rank's share of the K/V heads; the stream is gathered back before the heads.
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
@@ -193,9 +199,14 @@ class Cosmos3Transformer(nn.Module):
         n = x.shape[0]
         # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
         x = x.unsqueeze(0).expand(b, -1, -1, -1).reshape(b * n, *x.shape[1:])
+        cos, sin, sp = layout.cos, layout.sin, sequence_parallel
+        if sp is not None:
+            x, cos, sin = sp.shard_tokens(x), sp.shard_tokens(cos), sp.shard_tokens(sin)
         layer_fn = self._compiled_layer or generation_layer
         for i, layer in enumerate(self.layers):
-            x = layer_fn(layer, x, layout.cos, layout.sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text])
+            x = layer_fn(layer, x, cos, sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text], sp)
+        if sp is not None:
+            x = sp.gather_tokens(x, layout.num_tokens)
         x = self.norm_moe_gen(x)
         return self._heads(x, layout)
 
@@ -261,9 +272,13 @@ def generation_layer(
     sin: torch.Tensor,
     text_keys: list[torch.Tensor],
     text_values: list[torch.Tensor],
+    sequence_parallel: "SequenceParallel | None" = None,
 ) -> torch.Tensor:
     """One generation-tower layer over ``x`` ``[B·N, tokens, D]`` (rows branch-major, ``N`` items per branch);
-    branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]``."""
+    branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]``.
+
+    With ``sequence_parallel`` ``x`` holds this rank's tokens: attention runs on all tokens of this rank's heads
+    (an all-to-all before and after it); everything else is per token."""
     attn = layer.self_attn
     b = len(text_keys)
     rows, n, _ = x.shape
@@ -276,11 +291,16 @@ def generation_layer(
     q = apply_rope(q, cos, sin).transpose(2, 3)  # [B, N, H, tokens, hd]
     k = apply_rope(k, cos, sin).transpose(2, 3)  # [B, N, KV, tokens, hd]
     v = v.transpose(2, 3)
+    if sequence_parallel is not None:
+        q, k, v = sequence_parallel.to_heads(q, k, v)  # all tokens, this rank's heads
     outs = []
     for j in range(b):  # each branch attends to its own prompt's K/V only
         keys = torch.cat([text_keys[j].expand(items, -1, -1, -1), k[j]], dim=2)  # [N, KV, L_j + tokens, hd]
         vals = torch.cat([text_values[j].expand(items, -1, -1, -1), v[j]], dim=2)
         outs.append(attention(q[j], keys, vals))
-    out = torch.cat(outs).transpose(1, 2).reshape(rows, n, -1)  # [B·N, tokens, H·hd]
+    out = torch.cat(outs)  # [B·N, H, tokens, hd]
+    if sequence_parallel is not None:
+        out = sequence_parallel.to_tokens(out)  # this rank's tokens, all heads
+    out = out.transpose(1, 2).reshape(rows, n, -1)  # [B·N, tokens, H·hd]
     x = x + attn.to_add_out(out)
     return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))

@@ -50,12 +50,9 @@ def load_vae(checkpoint_dir, dtype: torch.dtype = torch.float32, device="cpu") -
             f"Cosmos3 VAE folder not found: {vae_dir}. Expected the checkpoint's 'vae/' subfolder "
             "(config.json + diffusion_pytorch_model.safetensors, as in nvidia/Cosmos3-* on the Hub)."
         )
-    if not (vae_dir / "config.json").is_file():
-        raise FileNotFoundError(
-            f"Cosmos3 VAE config not found: {vae_dir / 'config.json'}. The 'vae/' folder must hold the "
-            "AutoencoderKLWan config.json and its diffusion_pytorch_model*.safetensors weights."
-        )
-    module = AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=dtype, local_files_only=True)
+    from .loader import load_diffusers_folder
+
+    module = load_diffusers_folder(AutoencoderKLWan, vae_dir, "Wan2.2 VAE", dtype)
     return Cosmos3VAE(module).to(device=device).eval()
 
 
@@ -274,17 +271,23 @@ class Cosmos3VAE(torch.nn.Module):
         }
 
     def _decode_frames_tiled(self, z: torch.Tensor, start: int, stop: int, caches: dict, g: dict) -> torch.Tensor:
+        tiles = {ij: self._decode_tile(z, ij, start, stop, caches[ij], g) for ij in g["tiles"]}
+        return self._stitch_tiles(tiles, g)
+
+    def _decode_tile(self, z: torch.Tensor, ij: tuple[int, int], start: int, stop: int, cache: list,
+                     g: dict) -> torch.Tensor:
+        """Latent frames [start, stop) of tile ``ij`` through the decoder with the tile's running cache."""
+        vae, (i, j) = self.vae, ij
+        outs = []
+        for k in range(start, stop):
+            tile = vae.post_quant_conv(z[:, :, k:k + 1, i:i + g["lat_h"], j:j + g["lat_w"]])
+            outs.append(vae.decoder(tile, feat_cache=cache, feat_idx=[0], first_chunk=(k == 0)))
+        return torch.cat(outs, dim=2)
+
+    def _stitch_tiles(self, tiles: dict, g: dict) -> torch.Tensor:
+        """Decoded tiles (keyed by their latent corner) → blended frames, as ``AutoencoderKLWan.tiled_decode``."""
         vae = self.vae
-        rows = []
-        for i in g["rows"]:
-            row = []
-            for j in g["cols"]:
-                outs = []
-                for k in range(start, stop):
-                    tile = vae.post_quant_conv(z[:, :, k:k + 1, i:i + g["lat_h"], j:j + g["lat_w"]])
-                    outs.append(vae.decoder(tile, feat_cache=caches[(i, j)], feat_idx=[0], first_chunk=(k == 0)))
-                row.append(torch.cat(outs, dim=2))
-            rows.append(row)
+        rows = [[tiles[(i, j)] for j in g["cols"]] for i in g["rows"]]
         result_rows = []
         for r, row in enumerate(rows):
             kept = []

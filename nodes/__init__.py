@@ -7,6 +7,7 @@ from comfy_api.latest import ComfyExtension, io
 from .condition import Cosmos3VAEEncodeCond
 from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
 from .loader import Cosmos3Loader, register_model_folder
+from .multigpu import Cosmos3GuidanceOnTwoGPUs
 from .reasoner import Cosmos3Reasoner
 from .sampler import Cosmos3KSamplerUniPCDualTower
 from .text import Cosmos3TextEncode
@@ -19,6 +20,7 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3VAEDecode,
     Cosmos3AudioDecode,
     Cosmos3Reasoner,
+    Cosmos3GuidanceOnTwoGPUs,
 ]
 
 

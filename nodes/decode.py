@@ -63,13 +63,21 @@ class Cosmos3AudioDecode(io.ComfyNode):
             description="Sound latent → 48 kHz stereo waveform trimmed to the clip's duration.",
             inputs=[Cosmos3Model.Input("model"), Cosmos3Sound.Input("sound")],
             outputs=[io.Audio.Output(display_name="audio")],
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
         )
+
+    @classmethod
+    def fingerprint_inputs(cls, **kwargs):
+        # The fps check below reads CreateVideo's fps from the graph, which is no part of this node's cache key:
+        # NaN (never equal) makes ComfyUI run this cheap decode on every queue so the check always runs.
+        return float("nan")
 
     @classmethod
     def execute(cls, model, sound) -> io.NodeOutput:
         if sound is None:
             raise ValueError("Cosmos3AudioDecode: the sampler produced no sound; set sound=true on "
                              "KSampler UniPC (Dual Tower).")
+        _check_create_video_fps(cls.hidden.prompt, cls.hidden.unique_id, sound.fps)
         pipe = model.pipeline
         if pipe.sound_decoder is None:
             raise ValueError(f"Cosmos3AudioDecode: checkpoint {model.name!r} has no sound_tokenizer/.")
@@ -77,3 +85,25 @@ class Cosmos3AudioDecode(io.ComfyNode):
         waveform = pipe.decode_sound(sound.latent, sound.num_frames, sound.fps)
         return io.NodeOutput({"waveform": waveform.to(mm.intermediate_device()),  # [batch, 2, samples]
                               "sample_rate": pipe.sound_decoder.sampling_rate})
+
+
+def _check_create_video_fps(prompt: dict | None, node_id: str | None, fps: float) -> None:
+    """A CreateVideo that takes this node's audio must play the frames at the fps the sound was generated for
+    (Text Encode's), else the mp4's sound covers only part of the video (or runs past it). Reads the fps that
+    CreateVideo will use from the graph: a number, or a Primitive node's value (other sources are not known yet)."""
+    for other_id, node in (prompt or {}).items():
+        inputs = node.get("inputs", {}) if isinstance(node, dict) else {}
+        audio = inputs.get("audio")
+        if node.get("class_type") != "CreateVideo" or not (isinstance(audio, list) and str(audio[0]) == str(node_id)):
+            continue
+        value = inputs.get("fps")
+        if isinstance(value, list):  # linked: follow it into a Primitive node
+            source = prompt.get(str(value[0]), {})
+            value = source.get("inputs", {}).get("value") if source.get("class_type", "").startswith("Primitive") else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(float(value) - fps) > 1e-3 * fps:
+            raise ValueError(
+                f"Cosmos3AudioDecode: CreateVideo (node {other_id}) plays the frames at {float(value):g} fps, but the "
+                f"sound was generated for {fps:g} fps (Cosmos3 Text Encode), so the sound would last "
+                f"{float(value) / fps:.0%} of the video. Set CreateVideo's fps to {fps:g}, or set Text Encode's fps "
+                f"to {float(value):g} and generate again."
+            )

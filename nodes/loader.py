@@ -12,6 +12,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..cosmos3_core.config import DTYPES
+from ..cosmos3_core.loader import checkpoint_fingerprint
 from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 
@@ -37,9 +38,31 @@ def find_checkpoints() -> dict[str, Path]:
             for entry in sorted(os.listdir(root)):
                 path = Path(root) / entry
                 config = path / "transformer" / "config.json"
-                if config.is_file() and "Cosmos3OmniTransformer" in config.read_text(errors="ignore")[:4096]:
+                try:
+                    listed = config.is_file() and "Cosmos3OmniTransformer" in config.read_text(errors="ignore")[:4096]
+                except OSError:  # unreadable: list it, so that loading it says what is wrong with it
+                    listed = True
+                if listed:
                     found.setdefault(entry, path)
     return found
+
+
+def _roots() -> list[str]:
+    return [p for k in FOLDER_KEYS if k in folder_paths.folder_names_and_paths for p in folder_paths.get_folder_paths(k)]
+
+
+def _checkpoint_path(checkpoint: str) -> Path | None:
+    """The folder a checkpoint name stands for: a listed one, or else a folder of that name that holds a
+    ``transformer/`` folder (its config is damaged or unreadable: loading it explains), else None."""
+    found = find_checkpoints()
+    if checkpoint in found:
+        return found[checkpoint]
+    if not checkpoint or os.sep in checkpoint or (os.altsep and os.altsep in checkpoint) or checkpoint in (".", ".."):
+        return None
+    for root in _roots():
+        if (Path(root) / checkpoint / "transformer").is_dir():
+            return Path(root) / checkpoint
+    return None
 
 
 class Cosmos3Loader(io.ComfyNode):
@@ -63,15 +86,21 @@ class Cosmos3Loader(io.ComfyNode):
         )
 
     @classmethod
+    def fingerprint_inputs(cls, checkpoint: str, dtype: str = "auto", device: str = "default"):
+        """ComfyUI re-runs the loader (and everything downstream) when this changes: a checkpoint folder replaced
+        under the same name while the server runs is loaded again, never served from the cached model."""
+        path = _checkpoint_path(checkpoint)
+        return checkpoint_fingerprint(path) if path is not None else f"missing {checkpoint}"
+
+    @classmethod
     def execute(cls, checkpoint: str, dtype: str = "auto", device: str = "default") -> io.NodeOutput:
         if dtype not in ("auto", *DTYPES):
             raise ValueError(f"Cosmos3Loader: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}.")
         if device not in ("default", "cpu"):
             raise ValueError(f"Cosmos3Loader: device {device!r} is not one of default, cpu.")
-        found = find_checkpoints()
-        if checkpoint not in found:
-            where = ", ".join(p for k in FOLDER_KEYS if k in folder_paths.folder_names_and_paths
-                              for p in folder_paths.get_folder_paths(k))
+        path = _checkpoint_path(checkpoint)
+        if path is None:
+            where = ", ".join(_roots())
             raise ValueError(
                 f"Cosmos3Loader: checkpoint {checkpoint!r} was not found. Put the Cosmos3 checkpoint folder "
                 f"(with transformer/config.json) under one of: {where}, then refresh."
@@ -82,7 +111,7 @@ class Cosmos3Loader(io.ComfyNode):
         else:
             torch_dtype = DTYPES[dtype]
         try:
-            handle = Cosmos3ModelHandle.load(checkpoint, found[checkpoint], torch_dtype, device)
+            handle = Cosmos3ModelHandle.load(checkpoint, path, torch_dtype, device)
         except (ValueError, FileNotFoundError) as exc:
             raise ValueError(f"Cosmos3Loader: checkpoint {checkpoint!r} cannot be loaded: {exc}") from exc
         return io.NodeOutput(handle)

@@ -12,6 +12,7 @@ models when VRAM is short, with a memory estimate for the work about to run:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,9 @@ class Cosmos3ModelHandle:
     vae_patcher: comfy.model_patcher.ModelPatcher
     sound_patcher: comfy.model_patcher.ModelPatcher | None
     _reasoner: object | None = field(default=None, repr=False, compare=False)
+    # Cosmos3GuidanceOnTwoGPUs (nodes/multigpu.py): (model's GPU, second GPU) and the BranchDevices built for them
+    branch_devices: tuple[torch.device, torch.device] | None = None
+    _branch_split: object | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str) -> "Cosmos3ModelHandle":
@@ -126,6 +130,22 @@ class Cosmos3ModelHandle:
     def load_sound_decoder(self) -> None:
         if self.sound_patcher is not None:
             _load(self.sound_patcher)
+
+    def with_branch_devices(self, second: torch.device) -> "Cosmos3ModelHandle":
+        """This handle, with the negative guidance branch on ``second`` (the same loaded pipeline and patchers)."""
+        return dataclasses.replace(self, branch_devices=(self.generation_patcher.load_device, second),
+                                   _branch_split=None)
+
+    def branch_denoiser(self):
+        """``BranchDevices`` over the transformer when a second GPU is set (its replica built on first use), else
+        ``None``: what the sampler hands to ``pipeline.sample`` as the denoiser of a guided run."""
+        if self.branch_devices is None:
+            return None
+        if self._branch_split is None:
+            from ..cosmos3_core.parallel.devices import BranchDevices
+
+            self._branch_split = BranchDevices(self.pipeline.transformer, self.branch_devices)
+        return self._branch_split
 
     def get_reasoner(self):
         """The checkpoint's ``cosmos3_core.reasoner.Cosmos3Reasoner`` over this handle's transformer (no second copy

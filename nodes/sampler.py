@@ -98,7 +98,9 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         def on_step(step: int, total: int, x0_pred: torch.Tensor) -> None:
             bar.update_absolute(step, total, preview(x0_pred) if preview else None)
 
-        result = pipe.run(plan, callback=on_step, compile=compile, attention=attention)
+        # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
+        denoiser = model.branch_denoiser() if cfg != 1.0 else None
+        result = pipe.run(plan, callback=on_step, compile=compile, attention=attention, denoiser=denoiser)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

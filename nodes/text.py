@@ -37,7 +37,7 @@ class Cosmos3TextEncode(io.ComfyNode):
                              tooltip="Clip height in pixels (a multiple of 16); every downstream node uses it."),
                 io.Int.Input("num_frames", default=defaults.NUM_FRAMES, min=1, max=defaults.MAX_FRAMES, step=4,
                              tooltip="1 for an image, else 4k+1 (93, 121, 189, …)."),
-                io.Float.Input("fps", default=defaults.FPS, min=1.0, max=120.0, step=0.5,
+                io.Float.Input("fps", default=defaults.FPS, min=defaults.MIN_FPS, max=defaults.MAX_FPS, step=0.5,
                                tooltip="Frame rate the prompt describes and the video is made for."),
             ],
             outputs=[Cosmos3Text.Output(display_name="text")],

@@ -13,6 +13,7 @@ from diffusers.video_processor import VideoProcessor
 
 from cosmos3_core.tiny import build_tiny_checkpoint
 from cosmos3_core.vae import Cosmos3VAE, load_vae
+from cosmos3_core.config import CheckpointError
 
 TOL = 1e-5
 
@@ -123,7 +124,7 @@ def test_missing_vae_dir(tmp_path):
         load_vae(tmp_path)
     assert str(tmp_path / "vae") in str(e.value)
     (tmp_path / "vae").mkdir()
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(CheckpointError, match="config.json"):
         load_vae(tmp_path)
 
 
