@@ -1,10 +1,11 @@
-"""CUDA-graph replay of ``Cosmos3Transformer.denoise_step``: one captured graph per (layout, text K/V, shapes).
+"""CUDA-graph replay of ``Cosmos3Transformer.denoise_step``: one captured graph per (layout, text K/V, shapes),
+and ``GraphedCall`` for any fixed-shape step (the reasoner's decode step over its static KV cache).
 
-At small shapes the guided step is launch-bound (T2I 1280×720: 920 generation tokens, ~2,000 kernel launches per
-step, 47 ms compiled on an H200 against a few ms of math), so replaying the whole 36-layer step as one CUDA graph
-removes the launch and Python cost; at 720p/189f (6 s of math per step) it changes nothing. The seed engine and
-vLLM-Omni do the same (a graph per resolution bucket). Same kernels, same order: results equal the un-captured step
-bit for bit (tests/test_gpu.py).
+Replaying a step as one graph removes kernel-launch and Python cost, and nothing else. Measured on an H200 (run 8,
+BENCHMARKS.md): the reasoner's batch-1 decode step is launch-bound and gains 4.6–6.5× (Nano 21.5 → 99.7 tokens/s, Edge
+32 → 210); the guided denoise step is not (T2I 1280×720: 27 TFLOP a step, 46–48 ms compiled against a 35 ms matmul
+floor) and gains 48.1 → 46.0 ms at T2I and nothing from 256p up, so it stays opt-in. Same kernels, same order: the
+results equal the un-captured step (relative difference 0.0 on the H200).
 
 How: the first call for a key runs the step normally on a side stream (the warm-up: cuBLAS workspaces, compiled
 kernels, FlashAttention-4's JIT) and returns that real result, then captures the step into a graph whose inputs
