@@ -28,6 +28,22 @@ STEPS_IMAGE = 50
 STEPS_VIDEO = 35
 BATCH_SIZE = 1
 
+# Action (world-model) modes — policy / forward dynamics / inverse dynamics (architecture.md §10: the diffusers docs'
+# action examples and cosmos-framework agree): 5 fps, 30 steps, no guidance, flow shift 10 with Karras off, no system
+# prompt, no negative prompt. Tier and view point: ``CosmosActionCondition``'s defaults. Chunk size and domain are
+# the node's / CLI's starting values (the reference has no default for them).
+ACTION_FPS = 5.0
+ACTION_STEPS = 30
+ACTION_GUIDANCE = 1.0
+ACTION_SCHEDULE = "flow_shift"
+ACTION_SHIFT = 10.0
+ACTION_USE_SYSTEM_PROMPT = False
+ACTION_NEGATIVE_PROMPT = ""
+ACTION_RESOLUTION_TIER = 480
+ACTION_VIEW_POINT = "ego_view"
+ACTION_CHUNK_SIZE = 16
+ACTION_DOMAIN = "bridge_orig_lerobot"
+
 # Request limits: what the nodes' widgets and the request checks allow.
 MAX_SIZE = 4096  # pixels per side
 MAX_FRAMES = 1025

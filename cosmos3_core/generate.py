@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from . import defaults
+from .action_cli import add_action_arguments, apply_mode_defaults, check_action_args, run_action
 from .config import DTYPES
 
 
@@ -31,10 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-frames", type=int, default=defaults.NUM_FRAMES)
     p.add_argument("--height", type=int, default=defaults.HEIGHT)
     p.add_argument("--width", type=int, default=defaults.WIDTH)
-    p.add_argument("--fps", type=float, default=defaults.FPS)
+    p.add_argument("--fps", type=float, default=None,
+                   help=f"default: {defaults.FPS:g} (action modes: {defaults.ACTION_FPS:g})")
     p.add_argument("--steps", type=int, default=None,
-                   help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video")
-    p.add_argument("--guidance", type=float, default=defaults.GUIDANCE)
+                   help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video "
+                        f"(a distilled checkpoint: its fixed schedule's length; action modes: {defaults.ACTION_STEPS})")
+    p.add_argument("--guidance", type=float, default=None,
+                   help=f"default: {defaults.GUIDANCE:g} (a distilled checkpoint: 1, guidance is baked in; action "
+                        f"modes: {defaults.ACTION_GUIDANCE:g})")
     p.add_argument("--seed", type=int, default=defaults.SEED)
     p.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.SCHEDULE)
     p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")
@@ -54,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .parallel.cli import add_arguments as add_parallel_arguments
 
     add_parallel_arguments(p)  # --cfg-parallel, --ulysses, --parallel-timeout
+    add_action_arguments(p)  # --action-mode and the other CosmosActionCondition fields (action_cli.py)
     return p
 
 
@@ -69,8 +75,10 @@ def _request(args: argparse.Namespace, image=None, video=None):
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    from .distilled import read_distilled
     from .prompt import check_text
 
+    check_action_args(args)  # action flags need --action-mode
     _request(args, image=args.image, video=args.video).check("generate")  # every request check, before any load
     ckpt = check_common_args(args)
     if args.attention == "flash4":
@@ -81,6 +89,12 @@ def _check_args(args: argparse.Namespace) -> None:
                              "use --attention auto or sdpa, or install flash-attn-4 on a Hopper (sm90) GPU.")
     if args.negative_prompt is not None:
         check_text(args.negative_prompt, "--negative-prompt")
+    distilled = read_distilled(ckpt)  # a distilled checkpoint fixes steps, guidance, ...: refuse before any load
+    if distilled is not None:
+        distilled.check(steps=args.steps, guidance=args.guidance, shift=args.shift, schedule=args.schedule,
+                        negative_prompt=args.negative_prompt, sound=args.sound, who="generate")
+    if args.guidance is None:
+        args.guidance = 1.0 if distilled is not None else defaults.GUIDANCE
     if args.sound and not (ckpt / "sound_tokenizer").is_dir():
         raise ValueError(f"--sound: checkpoint {ckpt} has no sound_tokenizer/ (Edge has no sound); drop --sound.")
     out = Path(args.out)
@@ -133,6 +147,8 @@ def check_common_args(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> dict[str, float] | None:
     from .pipeline import Cosmos3Pipeline
 
+    if args.action_mode is not None:  # world-model modes: action_cli.py
+        return run_action(args)
     # ---- more than one GPU: torchrun ... --cfg-parallel / --ulysses K (parallel/cli.py); None on ranks > 0
     from .parallel import cli as parallel_cli
 
@@ -219,6 +235,7 @@ def run_reporting_user_errors(run_fn, args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_mode_defaults(args)  # --fps / --guidance left unset: the mode's defaults (action modes: 5 fps, cfg 1)
     ok, timings = run_reporting_user_errors(run, args)
     if not ok:
         return 2

@@ -26,10 +26,13 @@ from typing import Any, Sequence
 import torch
 
 from . import defaults
+from . import action as action_mod
+from .action import ActionCondition, ActionGenerationRequest, ActionRequest
 from .attention import BACKENDS, set_attention_backend
 from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
+from .distilled import DistilledSchedule, read_distilled
 from .loader import load_transformer
 from .plan import ActionInput, SamplePlan, check_clip, check_sampling, generation_tokens, make_plan
 from .prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
@@ -67,8 +70,8 @@ class GenerationRequest:
     height: int = defaults.HEIGHT
     width: int = defaults.WIDTH
     fps: float = defaults.FPS
-    steps: int | None = None  # None → defaults.default_steps (50 for images, 35 for video)
-    guidance: float = defaults.GUIDANCE
+    steps: int | None = None  # None → defaults.default_steps (50 for images, 35 for video), or a distilled schedule's
+    guidance: float | None = None  # None → defaults.GUIDANCE, or 1 for a distilled checkpoint
     seed: int = defaults.SEED
     schedule: str = defaults.SCHEDULE
     shift: float | None = None  # None → defaults.default_shift (by resolution tier)
@@ -107,6 +110,7 @@ class GenerationOutput:
     waveform: torch.Tensor | None  # [2, N] at 48 kHz, trimmed to the clip
     timings: dict[str, float] = field(default_factory=dict)
     action: torch.Tensor | None = None  # [Ta, action_dim] padded action latent
+    actions: torch.Tensor | None = None  # [Ta, raw_action_dim] predicted actions (policy, inverse dynamics)
 
 
 class Cosmos3Pipeline:
@@ -130,6 +134,10 @@ class Cosmos3Pipeline:
         self.native_flow_schedule = bool(index.get("use_native_flow_schedule", False))
         self.default_use_system_prompt = default_use_system_prompt(self.checkpoint_dir)
         self.default_negative_prompt = default_negative_prompt(self.checkpoint_dir)
+        # a distilled (few-step) checkpoint: its fixed schedule, guidance baked in (distilled.py); else None
+        self.distilled: DistilledSchedule | None = read_distilled(self.checkpoint_dir)
+        if self.distilled is not None and self.distilled.default_use_system_prompt is not None:
+            self.default_use_system_prompt = self.distilled.default_use_system_prompt  # diffusers reads it there
         self.prefill_count = 0  # text-tower runs since load (tests and the ComfyUI cache check read it)
 
     @classmethod
@@ -164,6 +172,15 @@ class Cosmos3Pipeline:
     def supports_sound(self) -> bool:
         return self.config.sound_gen and self.sound_decoder is not None
 
+    @property
+    def is_distilled(self) -> bool:
+        return self.distilled is not None
+
+    @property
+    def default_guidance(self) -> float:
+        """The guidance scale a run gets when none is given: 1 on a distilled checkpoint (baked in)."""
+        return 1.0 if self.distilled is not None else defaults.GUIDANCE
+
     # ------------------------------------------------------------------ 1. text
     def encode_text(
         self,
@@ -175,20 +192,27 @@ class Cosmos3Pipeline:
         width: int,
         fps: float,
         use_system_prompt: bool | None = None,
+        who: str = "encode_text",
     ) -> TextConditioning:
         """Render both prompts as trained and run the text tower once per distinct prompt."""
         ids = self.tokenize(
             prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
-            use_system_prompt=use_system_prompt,
+            use_system_prompt=use_system_prompt, who=who,
         )
         return self.prefill_prompts(ids, num_frames=num_frames, height=height, width=width, fps=fps)
 
     def tokenize(
         self, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int, width: int,
-        fps: float, use_system_prompt: bool | None = None,
+        fps: float, use_system_prompt: bool | None = None, who: str = "encode_text",
     ) -> PromptIds:
-        """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default."""
-        check_clip(num_frames, height, width, fps, "encode_text")
+        """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default.
+
+        A distilled checkpoint has no negative branch (``Cosmos3DistilledTextEncoderStep``): a negative prompt is
+        refused and the unused uncond ids are those of an empty prompt, as the reference builds them."""
+        check_clip(num_frames, height, width, fps, who)
+        if self.distilled is not None:
+            self.distilled.check(steps=None, guidance=None, negative_prompt=negative_prompt, who=who)
+            negative_prompt = ""
         if negative_prompt is None:
             negative_prompt = self.default_negative_prompt
         if use_system_prompt is None:
@@ -200,7 +224,10 @@ class Cosmos3Pipeline:
 
     def prefill_prompts(self, ids: PromptIds, *, num_frames: int, height: int, width: int, fps: float) -> TextConditioning:
         cond = self._prefill(ids.cond)
-        uncond = cond if ids.uncond == ids.cond else self._prefill(ids.uncond)
+        if self.distilled is not None:  # one branch: the uncond K/V would never be used
+            uncond = None
+        else:
+            uncond = cond if ids.uncond == ids.cond else self._prefill(ids.uncond)
         return TextConditioning(cond, uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
 
     def _prefill(self, ids: list[int]) -> TextKV:
@@ -256,7 +283,7 @@ class Cosmos3Pipeline:
         *,
         seed: int = defaults.SEED,
         steps: int | None = None,
-        guidance: float = defaults.GUIDANCE,
+        guidance: float | None = None,
         schedule: str = defaults.SCHEDULE,
         shift: float | None = None,
         sound: bool = False,
@@ -271,10 +298,14 @@ class Cosmos3Pipeline:
         """Decide the whole run (plan.py) after checking every argument; nothing is computed on the model yet.
 
         ``device``: where the run's latents live (default: where the generation tower runs now); a caller that moves
-        the tower afterwards (ComfyUI's model management) passes the device it will run on.
+        the tower afterwards (ComfyUI's model management) passes the device it will run on. ``steps``/``guidance``
+        ``None``: the checkpoint's defaults (a distilled checkpoint: its schedule's length and 1, and nothing else).
         """
         check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
                        guidance_interval=guidance_interval, batch_size=batch_size, who=who)
+        if self.distilled is not None:
+            self.distilled.check(steps=steps, guidance=guidance, shift=shift, schedule=schedule, sound=sound, who=who)
+        guidance = self.default_guidance if guidance is None else guidance
         if sound and not self.supports_sound:
             raise ValueError(
                 f"{who}: sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
@@ -290,8 +321,6 @@ class Cosmos3Pipeline:
                 f"{who}: a condition was given but num_frames is 1 (text-to-image), where it would be ignored; "
                 "use 5 or more frames (4k+1) for image/video-to-video."
             )
-        steps = steps or defaults.default_steps(text.num_frames)
-        shift = shift if shift is not None else defaults.default_shift(text.height, text.width)
         latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
         clean_frames = [i for i in clean_frames if i < latent_shape[2]] if x0 is not None else []
         sound_len = sound_latent_length(text.num_frames, text.fps) if sound else 0
@@ -301,14 +330,22 @@ class Cosmos3Pipeline:
         device = torch.device(device or self.transformer.device)
         self._check_memory(step_memory_required(self.config, num_tokens, lengths * batch_size, self.transformer.dtype),
                            num_tokens, device, who)
-        scheduler = make_scheduler(
-            self.scheduler_config, steps, schedule=schedule, shift=shift, native_flow_schedule=self.native_flow_schedule
-        )
+        generators = None
+        if self.distilled is not None:  # the checkpoint's sigmas; SDE steps from the noise's generators; re-anchor
+            stepper, generators = self.distilled.make_stepper(seed, batch_size)
+        else:
+            scheduler = make_scheduler(
+                self.scheduler_config, steps or defaults.default_steps(text.num_frames), schedule=schedule,
+                shift=shift if shift is not None else defaults.default_shift(text.height, text.width),
+                native_flow_schedule=self.native_flow_schedule,
+            )
+            stepper = SchedulerStepper(scheduler)
         return make_plan(
             self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps, seed=seed,
-            guidance=float(guidance), vision_stepper=SchedulerStepper(scheduler), x0=x0, clean_frames=clean_frames,
+            guidance=float(guidance), vision_stepper=stepper, x0=x0, clean_frames=clean_frames,
             sound_len=sound_len, action=action, guidance_interval=guidance_interval, batch_size=batch_size,
-            device=device, dtype=self.transformer.dtype, who=who,
+            reanchor_vision=self.distilled is not None, generators=generators, device=device,
+            dtype=self.transformer.dtype, who=who,
         )
 
     @staticmethod
@@ -372,11 +409,14 @@ class Cosmos3Pipeline:
     ) -> GenerationOutput:
         r = request
         r.check()
+        if self.distilled is not None:  # fail before any model work (the plan checks the same again)
+            self.distilled.check(steps=r.steps, guidance=r.guidance, shift=r.shift, schedule=r.schedule,
+                                 negative_prompt=r.negative_prompt, sound=r.sound, who="generate")
         timings: dict[str, float] = {}
         with _timed(timings, "preprocess"):
             text = self.encode_text(
                 r.prompt, r.negative_prompt, num_frames=r.num_frames, height=r.height, width=r.width, fps=r.fps,
-                use_system_prompt=r.use_system_prompt,
+                use_system_prompt=r.use_system_prompt, who="generate",
             )
             x0, clean = self.encode_condition(
                 text, image=r.image, video=r.video, condition_latent_frames=r.condition_latent_frames, keep=r.keep
@@ -396,6 +436,70 @@ class Cosmos3Pipeline:
         sound = None if result.sound is None else result.sound[0]
         action = None if result.action is None else result.action[0]
         return GenerationOutput(result.latents, sound, frames, waveform, timings, action)
+
+
+    # ------------------------------------------------------------------ action modes (action.py decides)
+    def action_encode_shape(self, request: ActionRequest, who: str = "action") -> tuple[int, ...]:
+        """Latent shape the VAE encode of an action request produces (for a memory estimate before encoding)."""
+        return action_mod.encode_latent_shape(request, self.vae, self.config, who)
+
+    def encode_action(self, request: ActionRequest, who: str = "action") -> ActionCondition:
+        """Check an action request and encode its frames: clean latents (cropped to the content) and actions."""
+        return action_mod.encode_action_condition(self.vae, request, self.config, who)
+
+    def tokenize_action(self, condition: ActionCondition, prompt: str, negative_prompt: str | None = None, *,
+                        fps: float = defaults.ACTION_FPS, use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT,
+                        who: str = "action") -> PromptIds:
+        """Token ids of an action run: the prompt as the JSON action caption, the negative prompt raw."""
+        try:
+            return action_mod.action_prompt_ids(self.tokenizer, condition, prompt, negative_prompt, fps=fps,
+                                                use_system_prompt=use_system_prompt)
+        except ValueError as exc:
+            raise ValueError(f"{who}: {exc}") from exc
+
+    def prefill_action_prompts(self, ids: PromptIds, condition: ActionCondition, *, fps: float) -> TextConditioning:
+        """Text K/V of an action run; its clip shape is the generated one (``chunk_size + 1`` frames at the
+        content size; the caption itself describes the tier's canvas)."""
+        height, width = condition.output_size
+        return self.prefill_prompts(ids, num_frames=condition.num_frames, height=height, width=width, fps=fps)
+
+    def plan_action(self, text: TextConditioning, condition: ActionCondition, *, seed: int = defaults.SEED,
+                    steps: int | None = None, guidance: float = defaults.ACTION_GUIDANCE,
+                    schedule: str = defaults.ACTION_SCHEDULE, shift: float | None = None, sound: bool = False,
+                    batch_size: int = defaults.BATCH_SIZE, device=None, who: str = "action") -> SamplePlan:
+        """The plan of an action run: the mode's clean latent frames and action stream, the action defaults."""
+        action_mod.check_text_matches(text, condition, who)
+        return self.plan(
+            text, seed=seed, steps=steps or defaults.ACTION_STEPS, guidance=guidance, schedule=schedule,
+            shift=shift if shift is not None else defaults.ACTION_SHIFT, sound=sound, x0=condition.x0,
+            clean_frames=condition.clean_frames, action=condition.plan_input(), batch_size=batch_size, device=device,
+            who=who,
+        )
+
+    def generate_action(self, request: ActionGenerationRequest, callback: StepCallback | None = None,
+                        decode: bool = True) -> GenerationOutput:
+        """A whole action-mode run; ``output.actions`` holds the predicted actions without padding (policy,
+        inverse dynamics) and ``output.action`` the padded action latent."""
+        r = request
+        timings: dict[str, float] = {}
+        with _timed(timings, "preprocess"):
+            condition = self.encode_action(r.action, who="generate")
+            ids = self.tokenize_action(condition, r.prompt, r.negative_prompt, fps=r.fps,
+                                       use_system_prompt=r.use_system_prompt, who="generate")
+            text = self.prefill_action_prompts(ids, condition, fps=r.fps)
+            plan = self.plan_action(text, condition, seed=r.seed, steps=r.steps, guidance=r.guidance,
+                                    schedule=r.schedule, shift=r.shift, sound=r.sound, who="generate")
+        with _timed(timings, "inference"):
+            result = self.run(plan, callback=callback, compile=r.compile)
+        frames = waveform = None
+        if decode:
+            with _timed(timings, "decode"):
+                frames = self.decode_video(result.latents)
+                if result.sound is not None:
+                    waveform = self.decode_sound(result.sound[0], condition.num_frames, r.fps)
+        sound = None if result.sound is None else result.sound[0]
+        actions = action_mod.unpadded_actions(result.action[0], condition)
+        return GenerationOutput(result.latents, sound, frames, waveform, timings, result.action[0], actions)
 
 
 def _read_model_index(root: Path) -> dict:

@@ -69,7 +69,7 @@ def check_sampling(*, seed, steps, guidance, schedule, shift, guidance_interval,
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= defaults.MAX_STEPS):
         raise ValueError(f"{who}: steps={steps!r} must be an integer from 1 to {defaults.MAX_STEPS} "
                          f"(the defaults: {defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for an image).")
-    if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= defaults.MAX_GUIDANCE):
+    if guidance is not None and not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= defaults.MAX_GUIDANCE):
         raise ValueError(f"{who}: guidance (cfg)={guidance!r} must be a number from 0 to {defaults.MAX_GUIDANCE:g} "
                          f"(1 = no guidance; the default is {defaults.GUIDANCE:g}).")
     if schedule not in defaults.SCHEDULES:
@@ -166,9 +166,11 @@ def generation_tokens(config: Cosmos3Config, latent_shape: Sequence[int], sound_
     return t * ph * pw + sound_len + action_len
 
 
-def initial_noise(seed: int, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Seeded fp32 noise drawn in the given order from one CPU generator — device independent."""
-    generator = torch.Generator("cpu").manual_seed(int(seed))
+def initial_noise(seed: int, shapes: Sequence[Sequence[int]], generator: torch.Generator | None = None
+                  ) -> list[torch.Tensor]:
+    """Seeded fp32 noise drawn in the given order from one CPU generator — device independent. ``generator``: draw
+    from this one (already seeded) instead, e.g. the one a stochastic stepper then continues from."""
+    generator = generator if generator is not None else torch.Generator("cpu").manual_seed(int(seed))
     return [torch.randn(tuple(shape), generator=generator, dtype=torch.float32) for shape in shapes]
 
 
@@ -189,18 +191,23 @@ def make_plan(
     guidance_interval: tuple[float, float] | None = None,
     reanchor_vision: bool = False,
     batch_size: int = 1,
+    generators: Sequence[torch.Generator] | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     who: str = "sample",
 ) -> SamplePlan:
-    """Assemble the plan of one run from checked arguments (see ``Cosmos3Pipeline.plan`` for the user-facing checks)."""
+    """Assemble the plan of one run from checked arguments (see ``Cosmos3Pipeline.plan`` for the user-facing checks).
+
+    ``generators``: per batch item, the seeded CPU generator of its initial noise when the vision stepper draws from
+    it too (a stochastic scheduler: diffusers' distilled pipeline passes one generator to both, noise first)."""
     device = torch.device(device)
     use_cfg = guidance != 1.0
     if use_cfg and uncond is None:
         raise ValueError(f"{who}: guidance != 1 needs the negative prompt's text K/V (uncond).")
     t_lat = int(latent_shape[2])
     clean_frames = sorted({int(i) for i in clean_frames})
-    if clean_frames and len(clean_frames) >= t_lat:
+    actions_noisy = action is not None and len(set(action.clean)) < int(action.values.shape[0])
+    if clean_frames and len(clean_frames) >= t_lat and not actions_noisy:  # inverse dynamics: only actions are noisy
         raise ValueError(
             f"{who}: the condition keeps {len(clean_frames)} clean latent frames but a "
             f"{defaults.pixel_frames(t_lat)}-frame clip has only {t_lat}; nothing would be generated (the prompt and "
@@ -221,7 +228,8 @@ def make_plan(
         shapes.append((1, config.sound_dim, sound_len))
     if action is not None:
         shapes.append((1, *action.values.shape))
-    per_item = [initial_noise(seed + k, shapes) for k in range(batch_size)]
+    per_item = [initial_noise(seed + k, shapes, None if generators is None else generators[k])
+                for k in range(batch_size)]
     noise = [torch.cat(parts) for parts in zip(*per_item)]  # each [N, ...]
     mask = torch.zeros(t_lat, 1, 1)
     mask[clean_frames] = 1.0

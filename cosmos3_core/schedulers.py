@@ -92,3 +92,25 @@ class SchedulerStepper:
         if self.keep_channels is not None:
             out[..., self.keep_channels:] = 0
         return out
+
+
+class ItemSteppers:
+    """One stepper per batch item, each advancing its own row of the latents ``[N, ...]`` — for a stochastic
+    scheduler that draws from each item's own generator (the distilled steps), so every item equals its single run."""
+
+    def __init__(self, steppers: list[SchedulerStepper]):
+        self.steppers = list(steppers)
+
+    def fork(self, **changes) -> "ItemSteppers":
+        return ItemSteppers([s.fork(**changes) for s in self.steppers])
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        return self.steppers[0].timesteps
+
+    @property
+    def sigmas(self) -> torch.Tensor:
+        return self.steppers[0].sigmas
+
+    def step(self, velocity: torch.Tensor, index: int, latents: torch.Tensor) -> torch.Tensor:
+        return torch.cat([s.step(velocity[k:k + 1], index, latents[k:k + 1]) for k, s in enumerate(self.steppers)])

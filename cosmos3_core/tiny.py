@@ -1,7 +1,7 @@
 """Tiny random-weight Cosmos3 checkpoint builder (a test fixture, never a model).
 
-``build_tiny_checkpoint(out_dir, variant="nano"|"edge", sound=None, seed=0)`` (or
-``python -m cosmos3_core.tiny --out DIR [--variant nano|edge] [--sound/--no-sound] [--seed N]``)
+``build_tiny_checkpoint(out_dir, variant="nano"|"edge"|"super", sound=None, seed=0, distilled=False)`` (or
+``python -m cosmos3_core.tiny --out DIR [--variant nano|edge|super] [--sound/--no-sound] [--seed N] [--distilled]``)
 writes a complete folder in the Hugging Face Hub layout of ``nvidia/Cosmos3-Nano`` (Edge: ``-Edge``)::
 
     model_index.json                   Cosmos3OmniPipeline components + default_use_system_prompt /
@@ -30,6 +30,18 @@ the tests run in fp32; the released checkpoints are bf16.
 ``assets/negative_prompt.json`` is a JSON object (NVIDIA's real file is a much longer structured "bad video"
 caption). Consumers pass the whole object re-serialized, ``json.dumps(json.load(f))``, as ``negative_prompt``,
 the way diffusers' examples/cosmos3 ``_load_json_caption`` and cosmos-framework's ``negative_prompt_file`` do.
+
+``variant="super"``: Super's config *shape* at tiny size — the q/kv head ratio 8:1 of Super's 64/8 heads and a
+query width 1.6x the hidden size (Super: 64·128 = 8192 vs 5120; tiny: 8·128 = 1024 vs 640), Nano's norms and
+RoPE. The MLP is narrower than Super's 5x (2x) to keep the file small.
+
+``distilled=True`` writes the layout of NVIDIA's few-step checkpoints (Cosmos3-Super-Text2Image-4Step,
+-Image2Video-4Step) as diffusers 0.42.1 ``Cosmos3DistilledModularPipeline`` reads it: a ``modular_model_index.json``
+naming that pipeline class and ``Cosmos3DistilledBlocks``, with the configs ``is_distilled`` and
+``distilled_sigmas`` (``DISTILLED_SIGMAS`` below), each component's loading spec, and a
+``FlowMatchEulerDiscreteScheduler`` with ``stochastic_sampling`` (the SDE re-noising step) in ``scheduler/``. The
+sigma values are the four a third-party ComfyUI pack ships for these checkpoints (peers.md) — the real files were
+not available here; the parity tests only need *a* fixed schedule read from the files.
 
 Deterministic: the same seed gives byte-identical safetensors (global RNG is forked for default inits).
 """
@@ -84,6 +96,14 @@ SCHEDULER_CONFIG = {
     "solver_order": 2, "solver_type": "bh2", "predict_x0": True, "lower_order_final": True,
     "final_sigmas_type": "zero", "timestep_spacing": "linspace",
 }
+# Distilled (4-step) layout: the scheduler the distilled blocks expect and the fixed schedule (see docstring).
+DISTILLED_SIGMAS = [1.0, 0.9375, 0.8333, 0.625]
+DISTILLED_SCHEDULER_CONFIG = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.42.1",
+    "num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False, "stochastic_sampling": True,
+}
+DISTILLED_PIPELINE_CLASS = "Cosmos3DistilledModularPipeline"
+DISTILLED_BLOCKS_CLASS = "Cosmos3DistilledBlocks"
 _LEGACY_TRANSFORMER_KEYS = {"model_type": "cosmos3", "use_moe": True}  # carried by Hub configs, ignored by loaders
 _SHARDS = 3  # target shard count for the transformer
 
@@ -93,18 +113,21 @@ def _write_json(path: pathlib.Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def transformer_config(variant: str, sound: bool, vocab_size: int) -> dict:
-    """Cosmos3OmniTransformer kwargs: Nano/Edge-shaped, hidden 256, 2 layers, real per-head geometry."""
+def transformer_config(variant: str, sound: bool, vocab_size: int, action: bool = True) -> dict:
+    """Cosmos3OmniTransformer kwargs: Nano/Edge-shaped hidden 256 (Super-shaped: 640, 8/1 heads), 2 layers,
+    real per-head geometry."""
     cfg = dict(
         attention_bias=False, head_dim=128, hidden_size=256, intermediate_size=384,
         num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
         latent_channel=48, latent_patch_size=2, patch_latent_dim=192, base_fps=24, enable_fps_modulation=True,
         unified_3d_mrope_reset_spatial_ids=True, unified_3d_mrope_temporal_modality_margin=15000,
         timestep_scale=0.001, vocab_size=vocab_size, sound_latent_fps=25.0,
-        action_gen=True, action_dim=64, num_embodiment_domains=32,
+        action_gen=action, action_dim=64 if action else None, num_embodiment_domains=32,
         sound_gen=sound, sound_dim=64 if sound else None,
     )
-    if variant == "nano":
+    if variant == "super":  # Super's shape: 64/8 heads -> 8/1, q width 1.6x hidden as 8192 vs 5120
+        cfg.update(hidden_size=640, intermediate_size=1280, num_attention_heads=8, num_key_value_heads=1)
+    if variant in ("nano", "super"):
         cfg.update(hidden_act="silu", qk_norm_for_text=True, use_und_k_norm_for_gen=False, rms_norm_eps=1e-6,
                    rope_theta=5e6, rope_axes_dim=None,
                    rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
@@ -190,14 +213,16 @@ def _build_sound_tokenizer(seed: int):
 
 
 def build_tiny_checkpoint(out_dir, variant: str = "nano", sound: bool | None = None,
-                          seed: int = 0) -> pathlib.Path:
-    """Write a tiny random Cosmos3 checkpoint folder (Hub layout) to ``out_dir`` and return its path."""
+                          seed: int = 0, distilled: bool = False, action: bool = True) -> pathlib.Path:
+    """Write a tiny random Cosmos3 checkpoint folder (Hub layout) to ``out_dir`` and return its path.
+
+    ``action=False`` leaves out the action head (``action_gen`` false), as a checkpoint without world-model modes."""
     from diffusers import Cosmos3OmniTransformer
 
-    if variant not in ("nano", "edge"):
-        raise ValueError(f"build_tiny_checkpoint: variant must be 'nano' or 'edge', got {variant!r}.")
+    if variant not in ("nano", "edge", "super"):
+        raise ValueError(f"build_tiny_checkpoint: variant must be 'nano', 'edge' or 'super', got {variant!r}.")
     if sound is None:
-        sound = variant == "nano"
+        sound = variant in ("nano", "super") and not distilled
     if sound and variant == "edge":
         raise ValueError("build_tiny_checkpoint: Cosmos3-Edge has no sound head; use sound=False "
                          "(or --no-sound) with variant='edge'.")
@@ -209,7 +234,7 @@ def build_tiny_checkpoint(out_dir, variant: str = "nano", sound: bool | None = N
     n_vocab = build_text_tokenizer(out / "text_tokenizer")
     vocab_size = max(128, -(-n_vocab // 64) * 64)
 
-    cfg = transformer_config(variant, sound, vocab_size)
+    cfg = transformer_config(variant, sound, vocab_size, action)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Cosmos3OmniTransformer(**cfg)  # fp32; the released checkpoints are bf16
@@ -226,33 +251,62 @@ def build_tiny_checkpoint(out_dir, variant: str = "nano", sound: bool | None = N
     _build_vae(seed, gen).save_pretrained(out / "vae")
     if sound:
         _build_sound_tokenizer(seed).save_pretrained(out / "sound_tokenizer")
-    _write_json(out / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
+    scheduler_config = DISTILLED_SCHEDULER_CONFIG if distilled else SCHEDULER_CONFIG
+    _write_json(out / "scheduler" / "scheduler_config.json", scheduler_config)
     _write_json(out / "assets" / "negative_prompt.json", _NEGATIVE_PROMPT)
-    _write_json(out / "model_index.json", {
-        "_class_name": "Cosmos3OmniPipeline",
-        "_diffusers_version": "0.42.1",
-        "default_use_system_prompt": variant == "nano",
-        "enable_safety_checker": False,
-        "use_native_flow_schedule": variant == "edge",
-        "safety_checker": [None, None],
-        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+    components = {
+        "scheduler": ["diffusers", scheduler_config["_class_name"]],
         "sound_tokenizer": ["diffusers", "Cosmos3AVAEAudioTokenizer"] if sound else [None, None],
         "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
         "transformer": ["diffusers", "Cosmos3OmniTransformer"],
         "vae": ["diffusers", "AutoencoderKLWan"],
+    }
+    flags = {
+        "default_use_system_prompt": variant != "edge",
+        "enable_safety_checker": False,
+        "use_native_flow_schedule": variant == "edge",
+    }
+    _write_json(out / "model_index.json", {
+        "_class_name": "Cosmos3OmniPipeline", "_diffusers_version": "0.42.1", **flags,
+        "safety_checker": [None, None], **components,
     })
+    if distilled:
+        _write_json(out / "modular_model_index.json", _modular_model_index(flags, components))
     return out
+
+
+def _modular_model_index(flags: dict, components: dict) -> dict:
+    """``modular_model_index.json`` of a distilled checkpoint: pipeline/blocks class, configs, loading specs.
+
+    Each component is ``[library, class, spec]`` with the spec pointing at the Hub repo, as a downloaded copy keeps
+    it (diffusers loads the files from the local folder when they are present)."""
+    index = {
+        "_class_name": DISTILLED_PIPELINE_CLASS, "_diffusers_version": "0.42.1",
+        "_blocks_class_name": DISTILLED_BLOCKS_CLASS,
+        "default_use_system_prompt": flags["default_use_system_prompt"],
+        "enable_safety_checker": flags["enable_safety_checker"],
+        "is_distilled": True, "distilled_sigmas": list(DISTILLED_SIGMAS),
+    }
+    for name, (library, class_name) in components.items():
+        if library is None or name == "sound_tokenizer":  # the distilled blocks use no sound tokenizer
+            continue
+        index[name] = [library, class_name, {
+            "pretrained_model_name_or_path": "nvidia/Cosmos3-Super-Text2Image-4Step", "subfolder": name,
+            "variant": None, "revision": None, "type_hint": [library, class_name]}]
+    return index
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m cosmos3_core.tiny", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output checkpoint folder")
-    ap.add_argument("--variant", choices=["nano", "edge"], default="nano")
+    ap.add_argument("--variant", choices=["nano", "edge", "super"], default="nano")
     ap.add_argument("--sound", action=argparse.BooleanOptionalAction, default=None,
                     help="sound head + sound_tokenizer (default: on for nano, off for edge)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--distilled", action="store_true", help="few-step distilled layout (modular_model_index.json)")
     args = ap.parse_args(argv)
-    path = build_tiny_checkpoint(args.out, variant=args.variant, sound=args.sound, seed=args.seed)
+    path = build_tiny_checkpoint(args.out, variant=args.variant, sound=args.sound, seed=args.seed,
+                                 distilled=args.distilled)
     print(f"wrote tiny Cosmos3-{args.variant} checkpoint to {path}")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .action import Cosmos3ActionCondition, Cosmos3LoadActions, Cosmos3SaveActions
 from .condition import Cosmos3VAEEncodeCond
 from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
 from .loader import Cosmos3Loader, register_model_folder
@@ -21,6 +22,9 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3AudioDecode,
     Cosmos3Reasoner,
     Cosmos3GuidanceOnTwoGPUs,
+    Cosmos3ActionCondition,
+    Cosmos3SaveActions,
+    Cosmos3LoadActions,
 ]
 
 

@@ -73,7 +73,8 @@ class Cosmos3Loader(io.ComfyNode):
             node_id="Cosmos3Loader",
             display_name="Load Cosmos3 Checkpoint",
             category=CATEGORY,
-            description="Loads a Cosmos3 (Nano/Edge/Super) checkpoint folder in the Hugging Face layout.",
+            description="Loads a Cosmos3 (Nano/Edge/Super) checkpoint folder in the Hugging Face layout; a distilled "
+                        "*-4Step checkpoint (modular_model_index.json) samples on its own fixed schedule.",
             inputs=[
                 io.Combo.Input("checkpoint", options=names, tooltip="A folder under models/cosmos3 or models/diffusers "
                                "holding transformer/, vae/, text_tokenizer/, scheduler/ (and sound_tokenizer/)."),

@@ -16,8 +16,10 @@ from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
 from ..cosmos3_core.attention import flash4_unavailable_reason
+from ..cosmos3_core.action import unpadded_actions
+from .action import ActionVectors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
+from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
 
 @dataclass(frozen=True)
@@ -35,21 +37,25 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             display_name="KSampler UniPC (Dual Tower)",
             category=CATEGORY,
             description="Denoises the video (and sound) latent with the generation tower; the text tower's K/V "
-                        "comes cached from Cosmos3 Text Encode. Both guidance branches run as one batch.",
+                        "comes cached from Cosmos3 Text Encode. Both guidance branches run as one batch. A "
+                        "distilled (*-4Step) checkpoint runs its own fixed schedule with one branch: steps 4, cfg 1.",
             inputs=[
                 Cosmos3Model.Input("model"),
                 Cosmos3Text.Input("text"),
                 io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
                              tooltip="Noise seed; the same seed and settings give the same result."),
                 io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
-                             tooltip=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images."),
+                             tooltip=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images. A distilled "
+                                     "(*-4Step) checkpoint fixes it: its schedule's length (4)."),
                 io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
-                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only."),
+                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only. A distilled "
+                                                     "(*-4Step) checkpoint fixes it at 1 (guidance is baked in)."),
                 io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE,
                                tooltip="flow_shift: linear flow sigmas with the shift below; karras: the "
                                        "checkpoint's released scheduler config."),
                 io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
-                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
+                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3). Keep 0 (and "
+                                       "flow_shift) for a distilled checkpoint: its schedule is fixed."),
                 io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
                 Cosmos3Condition.Input("condition", optional=True,
                                        tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition)."),
@@ -60,18 +66,23 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                              optional=True,
                              tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
                                      "same as its own single run); they share every denoising step's forward pass."),
+                Cosmos3Action.Input("action", optional=True,
+                                    tooltip="Action modes: Cosmos3 Action Condition's action (its text goes to text). "
+                                            f"The action models run at {defaults.ACTION_STEPS} steps, cfg "
+                                            f"{defaults.ACTION_GUIDANCE:g}, shift {defaults.ACTION_SHIFT:g}."),
                 io.Combo.Input("attention", options=["auto", "sdpa", "flash4"], default="auto", optional=True,
                                tooltip="Attention kernels. auto: FlashAttention-4 (if the optional flash-attn-4 "
                                        "package is installed) on Hopper GPUs for long sequences, else PyTorch SDPA. "
                                        "sdpa: always PyTorch SDPA (the reference's route). flash4: require it."),
             ],
-            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound")],
+            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound"),
+                     Cosmos3Actions.Output(display_name="actions")],
         )
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
                 condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE,
-                attention: str = "auto") -> io.NodeOutput:
+                action=None, attention: str = "auto") -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -86,10 +97,18 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         if attention == "flash4" and flash4_unavailable_reason():
             raise ValueError(f"{who}: attention='flash4' cannot run here ({flash4_unavailable_reason()}); choose "
                              "'auto' or 'sdpa', or install flash-attn-4 on a Hopper (sm90) GPU.")
-        plan = pipe.plan(
-            text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound, x0=x0,
-            clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
-        )
+        if action is not None and condition is not None:
+            raise ValueError(f"{who}: both a condition and an action are connected; an action mode brings its own "
+                             "frames (Cosmos3 Action Condition) — disconnect the condition.")
+        if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
+            plan = pipe.plan_action(text, action, seed=seed, steps=steps, guidance=cfg, schedule=schedule,
+                                    shift=shift or None, sound=sound, batch_size=batch_size,
+                                    device=model.generation_device, who=who)
+        else:
+            plan = pipe.plan(
+                text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
+                x0=x0, clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
+            )
         model.load_generation_tower(plan.memory_required)
 
         bar = comfy.utils.ProgressBar(plan.steps)
@@ -106,4 +125,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         sound_latent = None
         if result.sound is not None:
             sound_latent = SoundLatent(result.sound.to(out), text.num_frames, text.fps)
-        return io.NodeOutput(latent, sound_latent)
+        actions = None  # [Ta, width] ([N, Ta, width] for a batch)
+        if action is not None and action.predicts_actions:
+            values = unpadded_actions(result.action, action)
+            actions = ActionVectors(values[0] if len(values) == 1 else values, action.domain_name, action.mode)
+        return io.NodeOutput(latent, sound_latent, actions)

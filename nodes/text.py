@@ -30,7 +30,8 @@ class Cosmos3TextEncode(io.ComfyNode):
                                 tooltip="What to generate. Long structured (JSON) prompts work best."),
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="Leave empty to use the checkpoint's assets/negative_prompt.json "
-                                        "(or no negative prompt when the checkpoint has none)."),
+                                        "(or no negative prompt when the checkpoint has none). Must stay empty "
+                                        "for a distilled (*-4Step) checkpoint: it has no negative branch."),
                 io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
                              tooltip="Clip width in pixels (a multiple of 16); every downstream node uses it."),
                 io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
@@ -51,10 +52,11 @@ class Cosmos3TextEncode(io.ComfyNode):
             raise ValueError("Cosmos3TextEncode: prompt is empty; describe what to generate.")
         pipe = model.pipeline
         shape = dict(num_frames=num_frames, height=height, width=width, fps=fps)
+        who = "Cosmos3TextEncode"
         try:
-            ids = pipe.tokenize(prompt, negative_prompt if negative_prompt.strip() else None, **shape)
+            ids = pipe.tokenize(prompt, negative_prompt if negative_prompt.strip() else None, **shape, who=who)
         except ValueError as exc:
-            raise ValueError(f"Cosmos3TextEncode: {exc}") from exc
+            raise ValueError(str(exc) if str(exc).startswith(who) else f"{who}: {exc}") from exc
         model.load_text_tower(text_length=max(len(ids.cond), len(ids.uncond)))
         text = pipe.prefill_prompts(ids, **shape)
         return io.NodeOutput(text.to(mm.intermediate_device()))

@@ -21,7 +21,7 @@ import torch
 import comfy_host
 from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
                             TINY_NANO_VLM, check_outputs, ensure_tiny_checkpoints, load_api, nodes_of, output_files,
-                            shrink_api, write_test_inputs)
+                            shrink_api, tiny_checkpoint_for, write_test_inputs)
 
 pytestmark = pytest.mark.comfy
 
@@ -105,7 +105,8 @@ def test_pack_registers_all_nodes(host):
     assert TINY_NANO in options and TINY_EDGE in options, options
 
 
-CASES = [(m, TINY_NANO) for m in MODES if m not in REASONER_MODES] + [("t2v", TINY_EDGE), ("i2v", TINY_EDGE)]
+CASES = [(m, tiny_checkpoint_for(load_api(m))) for m in MODES if m not in REASONER_MODES] + \
+    [("t2v", TINY_EDGE), ("i2v", TINY_EDGE)]
 
 
 @pytest.mark.parametrize("mode,checkpoint", CASES, ids=[f"{m}-{c.rsplit('-', 1)[1]}" for m, c in CASES])

@@ -29,7 +29,9 @@ import comfy_host
 pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
-MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v")
+MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v", "distilled_t2i", "distilled_i2v")
+ACTION_WORKFLOWS = ("action_policy", "action_forward_dynamics", "action_inverse_dynamics")  # world-model modes
+ALL_WORKFLOWS = MODES + ACTION_WORKFLOWS
 REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
 PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
                  "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
@@ -40,10 +42,16 @@ TINY_NANO = "cosmos3-tiny-nano"
 TINY_EDGE = "cosmos3-tiny-edge"
 TINY_NANO_VLM = "cosmos3-tiny-nano-vlm"  # + vision_encoder/ and processor files (the reasoner can look at images)
 TINY_EDGE_VLM = "cosmos3-tiny-edge-vlm"
+TINY_DISTILLED = "cosmos3-tiny-nano-4step"  # the distilled layout (modular_model_index.json, distilled_sigmas)
+DISTILLED_CHECKPOINTS = {"distilled_t2i": "Cosmos3-Super-Text2Image-4Step",
+                         "distilled_i2v": "Cosmos3-Super-Image2Video-4Step"}
 TEST_IMAGE = "cosmos3_test_image.png"
 TEST_CLIP = "cosmos3_test_clip.mp4"
 # combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
-REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file")}
+REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file"),
+                     ("Cosmos3LoadActions", "file")}
+TEST_ACTIONS = "cosmos3_test_actions.json"  # 4 bridge actions (10-dim), for the shrunk forward-dynamics workflow
+SAVE_NODES = ("SaveImage", "SaveVideo", "Cosmos3SaveActions")
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "file_upload")
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
@@ -71,10 +79,12 @@ def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
     from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     out = {}
-    for name, variant in ((TINY_NANO, "nano"), (TINY_EDGE, "edge")):
+    for name, variant, distilled in ((TINY_NANO, "nano", False), (TINY_EDGE, "edge", False),
+                                     (TINY_DISTILLED, "nano", True)):
         path = Path(models_dir) / name
-        if not (path / "model_index.json").is_file():  # written last by build_tiny_checkpoint
-            build_tiny_checkpoint(path, variant=variant, seed=0)
+        last = "modular_model_index.json" if distilled else "model_index.json"  # written last by the builder
+        if not (path / last).is_file():
+            build_tiny_checkpoint(path, variant=variant, seed=0, distilled=distilled)
         out[name] = path
     for name, variant in ((TINY_NANO_VLM, "nano"), (TINY_EDGE_VLM, "edge")):
         path = Path(models_dir) / name
@@ -90,7 +100,11 @@ def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
 
 
 def tiny_checkpoint_for(api: dict, variant: str = "nano") -> str:
-    """The tiny checkpoint a graph runs on: the ``*-vlm`` one when a reasoner looks at an image."""
+    """The tiny checkpoint a graph runs on: the ``*-vlm`` one when a reasoner looks at an image, the distilled one
+    for a graph made for a distilled (``*-4Step``) checkpoint."""
+    if any(n["class_type"] == "Cosmos3Loader" and str(n["inputs"].get("checkpoint", "")).endswith("-4Step")
+           for n in api.values()):
+        return TINY_DISTILLED
     looks = any(n["class_type"] == "Cosmos3Reasoner" and source_node(api, n["inputs"].get("image")) is not None
                 for n in api.values())
     if variant == "nano":
@@ -107,6 +121,9 @@ def write_test_inputs(input_dir: Path, clip_frames: int = 13, fps: int = 24) -> 
     input_dir = Path(input_dir)
     input_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
+    if not (input_dir / TEST_ACTIONS).is_file():
+        actions = rng.standard_normal((4, 10)).round(4).tolist()
+        (input_dir / TEST_ACTIONS).write_text(json.dumps({"domain_name": "bridge_orig_lerobot", "actions": actions}))
     if not (input_dir / TEST_IMAGE).is_file():
         yy, xx = np.mgrid[0:80, 0:120]
         img = np.stack([xx * 2, yy * 3, (xx + yy) % 256], -1).astype(np.uint8)
@@ -157,7 +174,7 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
     """A copy of a shipped API graph that runs in a second on the tiny checkpoint.
 
     ``checkpoint`` None: the tiny Nano, with reasoner parts when a reasoner looks at an image
-    (``tiny_checkpoint_for``). Sizes go through the PrimitiveInt nodes when width/height are linked (one source of
+    (``tiny_checkpoint_for``); a distilled checkpoint keeps the sampler's steps (fixed by it). Sizes go through the PrimitiveInt nodes when width/height are linked (one source of
     truth stays one). Text-to-image (num_frames 1) stays one frame. A reasoner writes ``max_new_tokens`` tokens at
     most; ``prompt_suffix`` goes to the text encode's prompt, or to the reasoner's when the prompt is its caption.
     """
@@ -181,8 +198,16 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
                     g[src]["inputs"]["prompt"] = g[src]["inputs"]["prompt"] + prompt_suffix
         elif ct == "Cosmos3Reasoner":
             inp["max_new_tokens"] = max_new_tokens
+        elif ct == "Cosmos3ActionCondition":  # 256 tier; inverse dynamics reads all 13 frames of the test clip
+            inp.update(chunk_size=12 if inp["mode"] == "inverse_dynamics" else 4, resolution_tier="256")
+            inp["prompt"] = inp["prompt"] + prompt_suffix
+        elif ct == "Cosmos3LoadActions":
+            inp["file"] = TEST_ACTIONS
+        elif ct == "Cosmos3SaveActions" and prefix is not None:
+            inp["filename_prefix"] = prefix
         elif ct == "Cosmos3KSamplerUniPCDualTower":
-            inp["steps"] = steps
+            if checkpoint != TINY_DISTILLED:
+                inp["steps"] = steps
             if seed is not None:
                 inp["seed"] = seed
         elif ct == "LoadImage":
@@ -269,7 +294,7 @@ def check_outputs(base_dir: Path, mode: str, api: dict, outputs: dict) -> list[P
     te = nodes_of(api, "Cosmos3TextEncode")[0]
     width, height = resolve(api, te, "width"), resolve(api, te, "height")
     frames, fps = api[te]["inputs"]["num_frames"], api[te]["inputs"]["fps"]
-    if mode == "t2i":
+    if frames == 1:
         check_png(files[0], width, height)
     else:
         cv = nodes_of(api, "CreateVideo")[0]
@@ -352,9 +377,9 @@ def host():
 
 def test_every_mode_ships_a_ui_and_api_pair():
     names = sorted(p.name for p in WORKFLOWS_DIR.glob("*.json"))
-    want = sorted([f"cosmos3_{m}.json" for m in MODES] + [f"cosmos3_{m}.api.json" for m in MODES])
+    want = sorted([f"cosmos3_{m}.json" for m in ALL_WORKFLOWS] + [f"cosmos3_{m}.api.json" for m in ALL_WORKFLOWS])
     assert names == want, "every workflow JSON must be a UI/API pair covered by MODES (add new modes there)"
-    for mode in MODES:
+    for mode in ALL_WORKFLOWS:
         ui, api = load_ui(mode), load_api(mode)
         assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
         assert all(isinstance(k, str) and k.isdigit() and "class_type" in v and "inputs" in v for k, v in api.items())
@@ -363,13 +388,13 @@ def test_every_mode_ships_a_ui_and_api_pair():
         assert len({n["id"] for n in ui["nodes"]}) == len(ui["nodes"]), "duplicate node ids"
         assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
     readme = (WORKFLOWS_DIR / "README.md").read_text()
-    for mode in MODES:
+    for mode in ALL_WORKFLOWS:
         assert f"cosmos3_{mode}.json" in readme
     for mode in REASONER_MODES:
         assert nodes_of(load_api(mode), "Cosmos3Reasoner"), mode
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_ui_and_api_agree(host, mode):
     """(a) Same ids, class types, links and widget values (mapped through the live schemas)."""
     ui, api = load_ui(mode), load_api(mode)
@@ -450,7 +475,7 @@ def test_ui_and_api_agree(host, mode):
             assert name in widget_names or (str(nid), name) in api_links, f"API {nid}.{name} has no UI counterpart"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_nodes_and_inputs_exist_in_host(host, mode):
     """(b) Node types, input names, required inputs, combo options, ranges and link types vs the live host."""
     api = load_api(mode)
@@ -492,7 +517,15 @@ def test_nodes_and_inputs_exist_in_host(host, mode):
 def test_shipped_real_use_defaults(mode):
     api = load_api(mode)
     (loader,) = nodes_of(api, "Cosmos3Loader")
-    assert api[loader]["inputs"] == {"checkpoint": REAL_CHECKPOINT, "dtype": "auto", "device": "default"}
+    checkpoint = DISTILLED_CHECKPOINTS.get(mode, REAL_CHECKPOINT)
+    assert api[loader]["inputs"] == {"checkpoint": checkpoint, "dtype": "auto", "device": "default"}
+    base = {"distilled_t2i": "t2i", "distilled_i2v": "i2v"}.get(mode, mode)  # distilled: as its base mode, but
+    if base != mode:  # 4 steps and cfg 1 (the checkpoint's fixed schedule, guidance baked in)
+        api = json.loads(json.dumps(api))
+        (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
+        assert (api[ks]["inputs"]["steps"], api[ks]["inputs"]["cfg"]) == (4, 1.0)
+        api[ks]["inputs"].update(steps=load_api(base)[ks]["inputs"]["steps"], cfg=6.0)
+        mode = base
     (te,) = nodes_of(api, "Cosmos3TextEncode")
     t = api[te]["inputs"]
     assert (resolve(api, te, "width"), resolve(api, te, "height")) == (1280, 720)
@@ -537,20 +570,20 @@ def test_shipped_real_use_defaults(mode):
             (["example.mp4"] if mode == "v2v" else ["example.png"])
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
 def test_api_validates_in_host(host, mode):
     """(c) ``execution.validate_prompt`` accepts the graphs with the tiny checkpoint and test inputs."""
     api = load_api(mode)
     as_shipped = json.loads(json.dumps(api))  # shipped sizes and steps; only the real-world names replaced
     for node in as_shipped.values():
         replace = {"Cosmos3Loader": ("checkpoint", tiny_checkpoint_for(api)), "LoadImage": ("image", TEST_IMAGE),
-                   "LoadVideo": ("file", TEST_CLIP)}.get(node["class_type"])
+                   "LoadVideo": ("file", TEST_CLIP), "Cosmos3LoadActions": ("file", TEST_ACTIONS)}.get(node["class_type"])
         if replace:
             node["inputs"][replace[0]] = replace[1]
     for graph in (as_shipped, shrink_api(api)):
         ok, err, outputs, node_errors = host.validate(graph)
         assert ok, f"{mode}: {json.dumps(err, indent=1)}\n{json.dumps(node_errors, indent=1, default=str)}"
-        saves = nodes_of(graph, "SaveImage") + nodes_of(graph, "SaveVideo")
+        saves = [nid for s in SAVE_NODES for nid in nodes_of(graph, s)]
         previews = [nid for p in PREVIEW_NODES for nid in nodes_of(graph, p)]
         assert sorted(outputs) == sorted(saves + previews)
         assert len(previews) == (1 if mode in REASONER_MODES else 0), previews
@@ -558,3 +591,30 @@ def test_api_validates_in_host(host, mode):
     bad = shrink_api(api)
     bad["99"] = {"class_type": "Cosmos3NoSuchNode", "inputs": {}}
     assert not host.validate(bad)[0]
+
+
+@pytest.mark.parametrize("mode", ACTION_WORKFLOWS)
+def test_action_workflow_real_use_defaults(mode):
+    """The action models' settings (defaults.ACTION_*): 5 fps, 30 steps, cfg 1, shift 10, the condition node's
+    text and action both wired into the sampler; policy / inverse dynamics save their actions."""
+    from cosmos3_core import defaults
+
+    api = load_api(mode)
+    (loader,) = nodes_of(api, "Cosmos3Loader")
+    assert api[loader]["inputs"] == {"checkpoint": REAL_CHECKPOINT, "dtype": "auto", "device": "default"}
+    (ac,) = nodes_of(api, "Cosmos3ActionCondition")
+    a = api[ac]["inputs"]
+    assert a["mode"] == mode.removeprefix("action_") and a["fps"] == defaults.ACTION_FPS
+    assert a["chunk_size"] == defaults.ACTION_CHUNK_SIZE and a["resolution_tier"] == str(defaults.ACTION_RESOLUTION_TIER)
+    assert a["use_system_prompt"] is defaults.ACTION_USE_SYSTEM_PROMPT and a["negative_prompt"] == ""
+    assert ("actions" in a) is (mode == "action_forward_dynamics")
+    (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
+    k = api[ks]["inputs"]
+    assert (k["steps"], k["cfg"], k["schedule"], k["shift"], k["sound"]) == (
+        defaults.ACTION_STEPS, defaults.ACTION_GUIDANCE, defaults.ACTION_SCHEDULE, defaults.ACTION_SHIFT, False)
+    assert k["text"] == [ac, 0] and k["action"] == [ac, 1] and "condition" not in k
+    saves = nodes_of(api, "Cosmos3SaveActions")
+    assert [api[s]["inputs"]["actions"] for s in saves] == ([] if mode == "action_forward_dynamics" else [[ks, 2]])
+    if mode != "action_inverse_dynamics":
+        (cv,) = nodes_of(api, "CreateVideo")
+        assert api[cv]["inputs"]["fps"] == a["fps"], "Create Video fps must equal the action fps"

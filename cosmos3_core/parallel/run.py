@@ -13,6 +13,8 @@ Every rank returns the same ``GenerationOutput``; the caller writes files on ran
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 
 import torch
@@ -47,6 +49,8 @@ def generate(
     """``Cosmos3Pipeline.generate`` on this rank (the same stages, checks and plan)."""
     r = request
     r.check()
+    if r.guidance is None:  # the checkpoint's default (1 for a distilled checkpoint), decided before the branches
+        r = dataclasses.replace(r, guidance=pipe.default_guidance)
     if mesh.cfg == 2 and r.guidance == 1.0:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")
     denoiser = ParallelDenoiser(pipe.transformer, mesh)

@@ -1,0 +1,165 @@
+"""Action (world-model) nodes: Cosmos3ActionCondition, Cosmos3SaveActions, Cosmos3LoadActions.
+
+Cosmos3ActionCondition turns IMAGE frames (+ actions for forward dynamics) and the fields of diffusers'
+``CosmosActionCondition`` into the two things the sampler needs: the action condition (clean latents, clean actions,
+embodiment) and the text K/V of the action caption (a JSON document describing the clip, as the action models were
+trained; no metadata templates). Wire both outputs into KSampler UniPC (Dual Tower) — ``text`` and ``action`` —
+and take the sampler's ``actions`` output into Cosmos3 Save Actions. All decisions live in ``cosmos3_core.action``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+import comfy.model_management as mm
+import folder_paths
+from comfy_api.latest import io
+
+from ..cosmos3_core import action as core
+from ..cosmos3_core import defaults
+from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Model, Cosmos3Text
+
+ACTION_FILE_SUFFIXES = (".npy", ".json", ".safetensors")
+NO_VIEW_POINT = "none"
+
+
+@dataclass(frozen=True)
+class ActionVectors:
+    """Action vectors between nodes: ``values`` ``[T, raw_action_dim]`` float32 on the CPU."""
+
+    values: torch.Tensor
+    domain_name: str | None = None
+    mode: str | None = None
+
+
+class Cosmos3ActionCondition(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Cosmos3ActionCondition",
+            display_name="Cosmos3 Action Condition",
+            category=CATEGORY,
+            description="World-model modes: policy (start frame + prompt → future video + actions), forward dynamics "
+                        "(start frame + actions → video), inverse dynamics (video → actions). Encodes the frames and "
+                        "the prompt's action caption; feed both outputs to KSampler UniPC (Dual Tower).",
+            inputs=[
+                Cosmos3Model.Input("model"),
+                io.Image.Input("image", tooltip="Policy / forward dynamics: the start frame (the first of a batch). "
+                                                "Inverse dynamics: exactly chunk_size + 1 frames."),
+                io.Combo.Input("mode", options=list(core.ACTION_MODES), default="policy"),
+                io.Combo.Input("domain_name", options=list(core.DOMAINS), default=defaults.ACTION_DOMAIN,
+                               tooltip="Embodiment: selects the action head's weights and the action width."),
+                io.Int.Input("chunk_size", default=defaults.ACTION_CHUNK_SIZE, min=1, max=defaults.MAX_FRAMES - 1,
+                             tooltip="Actions per chunk; the clip spans chunk_size + 1 frames."),
+                io.Combo.Input("resolution_tier", options=[str(t) for t in core.RESOLUTION_TIERS],
+                               default=str(defaults.ACTION_RESOLUTION_TIER),
+                               tooltip="Canvas tier; pick the one closest to the input's native resolution "
+                                       "(frames are only downscaled, never upscaled)."),
+                io.Combo.Input("view_point", options=list(core.VIEW_POINTS) + [NO_VIEW_POINT],
+                               default=defaults.ACTION_VIEW_POINT, tooltip="Camera framing sentence of the caption."),
+                io.String.Input("prompt", multiline=True, default="", tooltip="What the agent does (policy)."),
+                io.String.Input("negative_prompt", multiline=True, default="",
+                                tooltip="Used raw (only with cfg > 1 on the sampler)."),
+                io.Float.Input("fps", default=defaults.ACTION_FPS, min=1.0, max=120.0, step=0.5),
+                io.Boolean.Input("use_system_prompt", default=defaults.ACTION_USE_SYSTEM_PROMPT),
+                Cosmos3Actions.Input("actions", optional=True,
+                                     tooltip="Forward dynamics: chunk_size actions (Cosmos3 Load Actions)."),
+            ],
+            outputs=[Cosmos3Text.Output(display_name="text"), Cosmos3Action.Output(display_name="action")],
+        )
+
+    @classmethod
+    def execute(cls, model, image: torch.Tensor, mode: str, domain_name: str, chunk_size: int,
+                resolution_tier: str, view_point: str, prompt: str, negative_prompt: str, fps: float,
+                use_system_prompt: bool, actions: ActionVectors | None = None) -> io.NodeOutput:
+        who = "Cosmos3ActionCondition"
+        if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (3, 4):
+            shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+            raise ValueError(f"{who}: image has shape {shape}; expected a ComfyUI IMAGE [frames, H, W, 3].")
+        if actions is not None and actions.domain_name not in (None, domain_name):
+            raise ValueError(f"{who}: the actions are for domain_name={actions.domain_name!r} but domain_name is "
+                             f"{domain_name!r}; pick the embodiment the actions were recorded with.")
+        frames = image[..., :3]
+        request = core.ActionRequest(
+            mode=mode, chunk_size=chunk_size, domain_name=domain_name,
+            resolution_tier=int(resolution_tier) if resolution_tier.isdigit() else resolution_tier,
+            raw_actions=None if actions is None else actions.values,
+            image=frames[0] if frames.shape[0] == 1 else None, video=frames if frames.shape[0] > 1 else None,
+            view_point=None if view_point == NO_VIEW_POINT else view_point,
+        )
+        pipe = model.pipeline
+        model.load_vae(pipe.action_encode_shape(request, who=who))
+        condition = pipe.encode_action(request, who=who)
+        ids = pipe.tokenize_action(condition, prompt, negative_prompt, fps=fps, use_system_prompt=use_system_prompt,
+                                   who=who)
+        model.load_text_tower(text_length=max(len(ids.cond), len(ids.uncond)))
+        text = pipe.prefill_action_prompts(ids, condition, fps=fps)
+        out = mm.intermediate_device()
+        return io.NodeOutput(text.to(out), condition.to(out))
+
+
+class Cosmos3SaveActions(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Cosmos3SaveActions",
+            display_name="Cosmos3 Save Actions",
+            category=CATEGORY,
+            description="Writes the sampler's predicted actions [chunk_size, action width] to the output folder "
+                        "as JSON ({domain_name, mode, actions}) or .npy.",
+            inputs=[
+                Cosmos3Actions.Input("actions"),
+                io.String.Input("filename_prefix", default="cosmos3/actions"),
+                io.Combo.Input("format", options=["json", "npy"], default="json"),
+            ],
+            outputs=[],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, actions: ActionVectors | None, filename_prefix: str, format: str) -> io.NodeOutput:
+        if actions is None:
+            raise ValueError("Cosmos3SaveActions: the sampler predicted no actions — only policy and inverse "
+                             "dynamics do (forward dynamics takes actions; other modes have none).")
+        if format not in ("json", "npy"):
+            raise ValueError(f"Cosmos3SaveActions: format={format!r} is not one of ['json', 'npy'].")
+        output_dir = folder_paths.get_output_directory()
+        folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, output_dir)
+        filename = f"{name}_{counter:05}_.{format}"
+        core.save_actions(os.path.join(folder, filename), actions.values, domain_name=actions.domain_name,
+                          mode=actions.mode)
+        return io.NodeOutput(ui={"actions": [{"filename": filename, "subfolder": subfolder, "type": "output"}]})
+
+
+class Cosmos3LoadActions(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        files = sorted(f for f in os.listdir(folder_paths.get_input_directory())
+                       if f.lower().endswith(ACTION_FILE_SUFFIXES)) if os.path.isdir(
+            folder_paths.get_input_directory()) else []
+        return io.Schema(
+            node_id="Cosmos3LoadActions",
+            display_name="Cosmos3 Load Actions",
+            category=CATEGORY,
+            description="Reads actions [T, action width] from ComfyUI's input folder: .npy, .json (a list of rows "
+                        "or {\"actions\": rows}, as Cosmos3 Save Actions writes) or .safetensors.",
+            inputs=[io.Combo.Input("file", options=files, tooltip="A file in ComfyUI/input.")],
+            outputs=[Cosmos3Actions.Output(display_name="actions")],
+        )
+
+    @classmethod
+    def execute(cls, file: str) -> io.NodeOutput:
+        path = folder_paths.get_annotated_filepath(file)
+        try:
+            values, meta = core.load_actions_with_metadata(path)
+        except ValueError as exc:
+            raise ValueError(f"Cosmos3LoadActions: {exc}") from exc
+        return io.NodeOutput(ActionVectors(torch.from_numpy(values), meta.get("domain_name"), meta.get("mode")))
+
+    @classmethod
+    def fingerprint_inputs(cls, file: str):
+        path = folder_paths.get_annotated_filepath(file)
+        return os.path.getmtime(path) if os.path.isfile(path) else file
