@@ -13,8 +13,9 @@ BENCHMARKS.md). It is used when all of these hold, else SDPA: the backend is ``"
 least ``FLASH4_MIN_QUERIES`` query tokens (``set_attention_backend``; the CLI's ``--attention`` / the sampler node's
 ``attention`` input), the package imports, the tensors are CUDA bf16/fp16 on an sm90 (Hopper) GPU, ``head_dim`` is
 64/96/128, the query heads are a multiple of the key/value heads and there is no ``mask``. Forcing ``"flash4"`` where
-it cannot run raises (no silent fallback); ``"sdpa"`` never touches it. The call is a registered custom op (``cosmos3::flash4_attention``) with a fake
-(meta) implementation, so ``torch.compile`` traces through it instead of breaking the graph at every layer.
+it cannot run raises (no silent fallback); ``"sdpa"`` never touches it. The call is a registered custom op
+(``cosmos3::flash4_attention_<module>``) with a fake (meta) implementation, so ``torch.compile`` traces through it
+instead of breaking the graph at every layer.
 
 Layout: ``q`` ``[B, H, Sq, hd]``, ``k``/``v`` ``[B, KV, Sk, hd]`` → ``[B, H, Sq, hd]``. ``mask`` (boolean,
 broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static-cache decode and always takes SDPA;
@@ -25,6 +26,7 @@ with a mask.
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +123,12 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
 
 
-@torch.library.custom_op("cosmos3::flash4_attention", mutates_args=())
+# One op per copy of this module: ComfyUI imports the pack under its folder's name, so a process running the CLI code
+# and the node pack (the test suite does) holds two copies, and each must call its own kernel lookup.
+_OP_NAME = "cosmos3::flash4_attention_" + re.sub(r"\W", "_", __name__)
+
+
+@torch.library.custom_op(_OP_NAME, mutates_args=())
 def flash4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """FlashAttention-4 forward in this module's ``[B, H, S, hd]`` layout (its kernel reads ``[B, S, H, hd]``
     strided views; scale 1/√hd as SDPA; grouped-query heads native)."""
