@@ -155,14 +155,17 @@ class Cosmos3Pipeline:
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist.")
         config = Cosmos3Config.from_checkpoint(root)
-        transformer = load_transformer(
-            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear
-        )
+        # the small parts first: a damaged one is reported before minutes of reading the transformer's weights
+        load_scheduler_config(root)
+        tokenizer = load_tokenizer(root)
         vae = load_vae(root, dtype=vae_dtype or dtype, device=device)
         sound = None
         if with_sound and config.sound_gen and (root / "sound_tokenizer").is_dir():
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
-        return cls(root, transformer, vae, load_tokenizer(root), sound)
+        transformer = load_transformer(
+            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear
+        )
+        return cls(root, transformer, vae, tokenizer, sound)
 
     @property
     def config(self) -> Cosmos3Config:
