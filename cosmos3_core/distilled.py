@@ -106,7 +106,8 @@ class DistilledSchedule:
         must also draw that item's initial noise (first) — the reference passes one generator to the noise draw and
         to every scheduler step. A batch steps each item with its own scheduler and generator, so every item
         equals its own single run."""
-        generators = [torch.Generator("cpu").manual_seed(int(seed) + k) for k in range(batch_size)]
+        generators = [torch.Generator("cpu").manual_seed((int(seed) + k) % (defaults.MAX_SEED + 1))
+                      for k in range(batch_size)]
         steppers = [SchedulerStepper(self.make_scheduler(), step_kwargs={"generator": g}) for g in generators]
         return (steppers[0] if batch_size == 1 else ItemSteppers(steppers)), generators
 

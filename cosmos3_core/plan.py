@@ -222,14 +222,15 @@ def make_plan(
     )
 
     # starting values: noise in the reference order, mixed with each stream's clean values; batch item k is the
-    # single run of seed + k (its own generator), so every item equals its own single run
+    # single run of seed + k (its own generator, wrapping past 2**64-1 like torch seeds), so every item equals its
+    # own single run
     shapes = [tuple(latent_shape)]
     if sound_len:
         shapes.append((1, config.sound_dim, sound_len))
     if action is not None:
         shapes.append((1, *action.values.shape))
-    per_item = [initial_noise(seed + k, shapes, None if generators is None else generators[k])
-                for k in range(batch_size)]
+    per_item = [initial_noise((seed + k) % (defaults.MAX_SEED + 1), shapes,
+                              None if generators is None else generators[k]) for k in range(batch_size)]
     noise = [torch.cat(parts) for parts in zip(*per_item)]  # each [N, ...]
     mask = torch.zeros(t_lat, 1, 1)
     mask[clean_frames] = 1.0

@@ -65,7 +65,7 @@ class Cosmos3Reasoner(io.ComfyNode):
                 seed: int = 0, fps: float | None = None) -> io.NodeOutput:
         params = SamplingParams(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_k=int(top_k),
                                 top_p=float(top_p), repetition_penalty=float(repetition_penalty),
-                                seed=int(seed) % (2**63))
+                                seed=int(seed))
         still = video = None
         if image is not None:
             frames = image.detach().cpu()

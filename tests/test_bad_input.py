@@ -378,3 +378,21 @@ def test_clip_too_large_for_the_machine_is_refused_before_sampling(nano, tmp_pat
     msg = gen_error(nano, capsys, "--width", "4096", "--height", "4096", "--num-frames", "1025")
     assert "one denoising step of this clip" in msg and "GiB on cpu" in msg and "lower width/height" in msg, msg
     assert time.monotonic() - start < 60  # no sampling happened
+
+
+def test_damaged_small_parts_are_reported_before_the_transformer_is_read(nano, tmp_path, monkeypatch):
+    """A damaged vae/, sound_tokenizer/, scheduler config or tokenizer fails before the (large) transformer loads."""
+    from cosmos3_core import pipeline
+    from cosmos3_core.config import CheckpointError
+
+    def never(*a, **k):
+        raise AssertionError("the transformer was read before the small parts were checked")
+
+    monkeypatch.setattr(pipeline, "load_transformer", never)
+    for damage in ("vae/config.json", "sound_tokenizer/diffusion_pytorch_model.safetensors",
+                   "scheduler/scheduler_config.json"):
+        ckpt = tmp_path / damage.split("/")[0]
+        shutil.copytree(nano, ckpt)
+        (ckpt / damage).write_text("{damaged")
+        with pytest.raises(CheckpointError, match=str(ckpt / damage)):
+            pipeline.Cosmos3Pipeline.load(ckpt, dtype=torch.float32)

@@ -89,6 +89,27 @@ def test_unreadable_transformer_config_is_not_reported_as_missing(host, broken, 
     assert ("is not readable JSON" if damage == "garbage" else "exists but is not a readable file") in msg, msg
 
 
+def test_permission_denied_config_is_not_reported_as_missing(host, broken, monkeypatch):
+    """As root nothing is unreadable, so the read itself is made to fail as it does for another user."""
+    import pathlib
+
+    ckpt = broken("cosmos3-no-permission")
+    config = ckpt / "transformer" / "config.json"
+    real = pathlib.Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self == config:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", read_text)
+    options = host.node_class_mappings["Cosmos3Loader"].INPUT_TYPES()["required"]["checkpoint"][1]["options"]
+    assert ckpt.name in options, options  # listed, so that loading it can say what is wrong
+    msg = _loader_error(host, ckpt.name, f"{config} is not readable JSON", "Permission denied",
+                        "fix its permissions")
+    assert "was not found" not in msg, msg
+
+
 # -- 8: seeds ------------------------------------------------------------------------------------------------------
 
 def test_largest_seed_runs_and_a_larger_one_is_refused_by_validation(host):
@@ -99,6 +120,10 @@ def test_largest_seed_runs_and_a_larger_one_is_refused_by_validation(host):
     err = e.value.node_errors["3"]
     assert err["class_type"] == "Cosmos3KSamplerUniPCDualTower" and err["errors"][0]["details"] == "seed", err
     assert "bigger than max" in err["errors"][0]["message"], err
+    g = t2i_graph(seed=2**64 - 1)
+    g["3"]["inputs"]["batch_size"] = 2  # items run seeds 2**64-1 and (wrapping) 0
+    success, outputs, messages, _ = run(host, g)
+    assert success, comfy_host._execution_error_text(messages)
     success, _, messages, _ = run(host, reasoner_graph(seed=2**64 - 1, max_new_tokens=2, temperature=0.7))
     assert success, comfy_host._execution_error_text(messages)
 
