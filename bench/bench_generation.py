@@ -29,11 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESOLUTIONS = {"256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
+RESOLUTIONS = {"t2i": (720, 1280, 1), "256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
 COND_TOKENS, UNCOND_TOKENS = 1500, 60
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
 FP8 = False  # --fp8: also time the approximate FP8-GEMM fast mode
 SKIP_REFERENCE = False  # --skip-reference: time ours only (diffusers' numbers taken from an earlier run)
+HOST_COPY = None  # the text tower's pinned host copy, made once
+ROUTES = False  # --routes: time ours per variant (eager/compiled × SDPA/FlashAttention-4 × CUDA graph)
 NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
             num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
             action_gen=True, action_dim=64,
@@ -154,6 +156,58 @@ def time_ours(ours, step) -> tuple[float, int, dict]:
     return eager_s, peak, extra
 
 
+def route_variants(name: str) -> list[tuple[str, str, bool, bool]]:
+    """(label, attention backend, compiled, CUDA graph) to time at this shape; 720p skips the eager ones."""
+    from cosmos3_core.attention import flash4_unavailable_reason
+
+    flash4 = not flash4_unavailable_reason()
+    big = name == "720p"
+    out = [] if big else [("eager_sdpa", "sdpa", False, False)]
+    out.append(("compiled_sdpa", "sdpa", True, False))
+    if flash4:
+        out += [] if big else [("eager_flash4", "flash4", False, False)]
+        out.append(("compiled_flash4", "flash4", True, False))
+    if not big:  # CUDA graphs pay where the step is launch-bound; a 6 s step has nothing to gain
+        best = "flash4" if flash4 else "sdpa"
+        out += [(f"eager_{best}_graph", best, False, True), (f"compiled_{best}_graph", best, True, True)]
+    return out
+
+
+def time_routes(ours, step, name: str) -> dict:
+    """Every variant: first-call warm-up (compile, FlashAttention-4 JIT, graph capture), step time, peak memory,
+    and the relative L2 difference of its vision velocity from eager SDPA (bf16 rounding level expected)."""
+    from cosmos3_core.attention import set_attention_backend
+
+    iters = 2 if name == "720p" else 5
+    out, reference = {}, None
+    for label, backend, compiled, graphs in route_variants(name):
+        set_attention_backend(backend)
+        ours.compile_generation_layers(compiled)
+        ours.use_cuda_graphs(graphs)
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            sync()
+            start = time.perf_counter()
+            first = step().vision.float()
+            sync()
+            warmup = time.perf_counter() - start
+            seconds = timed(step, warmup=1, iters=iters)
+            v = step().vision.float()
+            reference = v if reference is None else reference
+            out[label] = dict(step_s=round(seconds, 4), warmup_s=round(warmup, 2),
+                              peak_gib=gib(torch.cuda.max_memory_allocated()),
+                              rel_vs_first_variant=float(f"{((v - reference).norm() / reference.norm()).item():.2e}"),
+                              first_call_rel=float(f"{((first - v).norm() / v.norm()).item():.2e}"))
+        except Exception as exc:  # noqa: BLE001 — report the failing variant, keep timing the others
+            out[label] = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        finally:
+            ours.use_cuda_graphs(False)
+            ours.compile_generation_layers(False)
+            set_attention_backend("auto")
+        print(name, label, out[label], flush=True)
+    return out
+
+
 def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
     from cosmos3_core.layout import build_layout
 
@@ -171,7 +225,13 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
     sync()
     prefill_s = time.perf_counter() - start
     layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device=device, dtype=torch.bfloat16)
-    ours_s, ours_peak, compiled = time_ours(ours, lambda: ours.denoise_step(latents, t, kvs, layout))
+    step = lambda: ours.denoise_step(latents, t, kvs, layout)  # noqa: E731
+    if ROUTES:
+        compiled = dict(routes=time_routes(ours, step, name))
+        first = next(iter(compiled["routes"].values()))
+        ours_s, ours_peak = first.get("step_s", float("nan")), int(first.get("peak_gib", 0) * 2**30)
+    else:
+        ours_s, ours_peak, compiled = time_ours(ours, step)
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -180,7 +240,7 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
         inputs = [reference_inputs(ref, ids, latents, 24.0, 900) for ids in (cond, uncond)]
         torch.cuda.reset_peak_memory_stats()
         with torch.no_grad():
-            ref_s = timed(lambda: [ref(**kw) for kw in inputs])
+            ref_s = timed(lambda: [ref(**kw) for kw in inputs], iters=1 if name == "720p" else 3)
         ref_peak = torch.cuda.max_memory_allocated()
         del inputs
     tokens = shape[2] * -(-shape[3] // 2) * -(-shape[4] // 2)
@@ -269,20 +329,39 @@ def make_components(device: str, tmp: Path):
 LONG_PROMPT = " ".join(["a red robot walks down a busy city street at night while the camera follows"] * 100)
 
 
+def best_route(results: dict, name: str) -> tuple[str, bool, bool]:
+    """(attention backend, compile, CUDA graph) of the fastest variant measured at this shape in this run."""
+    routes = results["steps"].get(name, {}).get("routes", {})
+    timed_ok = {k: v["step_s"] for k, v in routes.items() if "step_s" in v}
+    if not timed_ok:
+        return "auto", COMPILE, False
+    label = min(timed_ok, key=timed_ok.get)
+    return ("flash4" if "flash4" in label else "sdpa"), label.startswith("compiled"), label.endswith("graph")
+
+
 def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict, device: str) -> None:
+    from cosmos3_core.attention import set_attention_backend
     from cosmos3_core.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.towers import tower_module
+    from cosmos3_core.towers import PinnedHostCopy, tower_module
     from cosmos3_core.vae import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
+    sound = frames > 1
+    backend, compiled, graphs = best_route(results, name)
+    set_attention_backend(backend)
     pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
     text_tower = tower_module(ours, "text")
-    text_tower.to(device)
+    stages = {}
+    global HOST_COPY
+    if HOST_COPY is None:
+        t1 = time.perf_counter()
+        HOST_COPY = PinnedHostCopy(text_tower)  # once per load (a real load reads the weights into it from disk)
+        results["text_tower_pinned_host_copy_once_s"] = round(time.perf_counter() - t1, 2)
+    host_copy = HOST_COPY
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    stages = {}
     sync()
     t0 = time.perf_counter()
     text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0)
@@ -290,38 +369,78 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     stages["prefill_s"] = time.perf_counter() - t0
     prefill_peak = torch.cuda.max_memory_allocated()
     t1 = time.perf_counter()
-    text_tower.to("cpu")  # the understanding tower leaves the GPU once the K/V exists
+    host_copy.offload()  # the understanding tower leaves the GPU once the K/V exists (pinned copy: no transfer)
     torch.cuda.empty_cache()
     sync()
     stages["text_tower_offload_s"] = time.perf_counter() - t1
     torch.cuda.reset_peak_memory_stats()
+    ours.use_cuda_graphs(graphs)
     t1 = time.perf_counter()
-    if COMPILE:  # warm the compiled layer up; a one-off per shape, reported apart from the total
-        pipe.sample(text, seed=0, steps=1, guidance=6.0, sound=True, compile=True)
+    if compiled:  # warm the compiled layer up; a one-off per shape, reported apart from the total
+        pipe.sample(text, seed=0, steps=1, guidance=6.0, sound=sound, compile=True)
         sync()
     stages["compile_warmup_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    out = pipe.sample(text, seed=0, steps=35, guidance=6.0, sound=True, compile=COMPILE)
+    out = pipe.sample(text, seed=0, steps=35, guidance=6.0, sound=sound, compile=compiled)
     sync()
     stages["denoise_35_steps_s"] = time.perf_counter() - t1
+    ours.use_cuda_graphs(False)  # frees the captured graphs' activations before the decode
     t1 = time.perf_counter()
     frames_out = pipe.decode_video(out.latents)
     sync()
     stages["vae_decode_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    wave = pipe.decode_sound(out.sound[0], frames, 24.0)
+    wave = pipe.decode_sound(out.sound[0], frames, 24.0) if sound else torch.zeros(1, 0)
     sync()
     stages["audio_decode_s"] = time.perf_counter() - t1
     total = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    host_copy.load(device)  # back for the next prompt (non-blocking copies from pinned memory)
+    sync()
+    stages["text_tower_reload_s"] = time.perf_counter() - t1
     results["e2e_ours"][name] = dict(
         {k: round(v, 2) for k, v in stages.items()}, total_s=round(total, 2),
         total_without_offload_s=round(total - stages["text_tower_offload_s"] - stages["compile_warmup_s"], 2),
+        first_run_overhead_s=round(stages["text_tower_offload_s"] + stages["compile_warmup_s"], 2),
         peak_prefill_gib=gib(prefill_peak), peak_generation_gib=gib(torch.cuda.max_memory_allocated()),
-        cond_tokens=text.cond.length, compiled=COMPILE,
+        cond_tokens=text.cond.length, compiled=compiled, attention=backend, cuda_graphs=graphs, sound=sound,
         uncond_tokens=text.uncond.length, frames_shape=list(frames_out.shape), audio_samples=int(wave.shape[1]),
     )
+    set_attention_backend("auto")
     print("e2e ours", name, results["e2e_ours"][name], flush=True)
-    text_tower.to(device)
+
+
+def probe_warmup(name: str, out_path: str) -> None:
+    """In a fresh process: first compiled step at this shape with the best route (on-disk caches from the first
+    process make this the 'second process' warm-up), plus the first eager FlashAttention-4 call."""
+    from cosmos3_core.layout import build_layout
+
+    t0 = time.perf_counter()
+    _, ours = build_models("cuda")
+    h, w, frames = RESOLUTIONS[name]
+    shape = (1, 48, (frames - 1) // 4 + 1, h // 16, w // 16)
+    g = torch.Generator().manual_seed(1)
+    kvs = [ours.prefill(torch.randint(0, 151000, (n,), generator=g).tolist()) for n in (COND_TOKENS, UNCOND_TOKENS)]
+    layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device="cuda", dtype=torch.bfloat16)
+    latents = torch.randn(shape, generator=g).cuda()
+    t = torch.tensor(900, device="cuda")
+    sync()
+    res = dict(setup_s=round(time.perf_counter() - t0, 1))
+    start = time.perf_counter()
+    ours.denoise_step(latents, t, kvs, layout)
+    sync()
+    res["first_eager_step_s"] = round(time.perf_counter() - start, 2)
+    res["eager_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 3)
+    ours.compile_generation_layers(True)
+    start = time.perf_counter()
+    ours.denoise_step(latents, t, kvs, layout)
+    sync()
+    res["second_process_compile_warmup_s"] = round(time.perf_counter() - start, 2)
+    res["compiled_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 3)
+    import os
+    res["inductor_cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    Path(out_path).write_text(json.dumps({name: res}, indent=1))
+    print("probe", name, res, flush=True)
 
 
 def bench_fp8_quality(ours, files, vae, audio, tokenizer, name: str, results: dict) -> None:
@@ -380,7 +499,7 @@ def bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name: str, results: d
     sync()
     t0 = time.perf_counter()
     pipe(prompt=LONG_PROMPT, num_frames=frames, height=h, width=w, num_inference_steps=35, guidance_scale=6.0,
-         enable_sound=True, output_type="np", generator=torch.Generator("cpu").manual_seed(0))
+         enable_sound=frames > 1, output_type="np", generator=torch.Generator("cpu").manual_seed(0))
     sync()
     results["e2e_diffusers"][name] = dict(total_s=round(time.perf_counter() - t0, 2),
                                           peak_gib=gib(torch.cuda.max_memory_allocated()))
@@ -399,8 +518,18 @@ def main() -> None:
     p.add_argument("--fp8-quality", default="", help="exact vs FP8 on the same seed, 35 steps, at these shapes")
     p.add_argument("--attention", default="", help="attention backend micro-benchmark at these shapes")
     p.add_argument("--gemm-fusion", default="", help="fused vs separate q/k/v and gate/up GEMMs at these shapes")
+    p.add_argument("--routes", action="store_true",
+                   help="time eager/compiled x SDPA/FlashAttention-4 x CUDA-graph step variants; e2e uses the best")
+    p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at this shape, then exit")
     p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
+    for knob in ("recompile_limit", "cache_size_limit"):  # many shapes x routes: never fall back to eager
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
+    if args.probe_warmup:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        probe_warmup(args.probe_warmup, args.out)
+        return
     if args.render:
         from render_benchmarks import render
 
@@ -416,8 +545,8 @@ def main() -> None:
         diffusers=diffusers.__version__, transformers=transformers.__version__, python=platform.python_version(),
         cond_tokens=COND_TOKENS, uncond_tokens=UNCOND_TOKENS, steps={}, e2e_ours={}, e2e_diffusers={},
     )
-    global COMPILE, FP8, SKIP_REFERENCE
-    COMPILE, FP8, SKIP_REFERENCE = args.compile, args.fp8, args.skip_reference
+    global COMPILE, FP8, SKIP_REFERENCE, ROUTES
+    COMPILE, FP8, SKIP_REFERENCE, ROUTES = args.compile, args.fp8, args.skip_reference, args.routes
     for name in filter(None, args.attention.split(",")):
         bench_attention(name, results)
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -2,7 +2,8 @@
 
 The text tower + ``lm_head`` at real sizes with random bf16 weights; the prompt is rendered by a tiny checkpoint's
 processor (token ids only matter for their count). Greedy decoding with no stop token, so every run produces
-exactly ``--new-tokens`` tokens; tokens/s counts decode only (prefill timed apart). "compiled" wraps
+exactly ``--new-tokens`` tokens; tokens/s counts decode only (prefill timed apart). "cuda_graph" is the default
+on CUDA (each decode step replays one captured graph, step_graph.GraphedCall); "eager" has it off. "compiled" wraps
 ``decode_step`` in ``torch.compile(mode="reduce-overhead")`` (CUDA graphs where torch accepts them).
 
     python bench/bench_reasoner.py --out reasoner.json [--families edge,nano] [--new-tokens 256]
@@ -28,6 +29,9 @@ EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_
             num_key_value_heads=8, head_dim=128, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
             use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8, rope_axes_dim=[24, 20, 20],
             action_gen=True, action_dim=64)
+
+
+COMPILED = False
 
 
 def build(values: dict, device: str):
@@ -63,7 +67,10 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt-words", type=int, default=400)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--compiled", action="store_true", help="also time torch.compile(mode='reduce-overhead')")
     args = p.parse_args()
+    global COMPILED
+    COMPILED = args.compiled
     results = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "new_tokens": args.new_tokens}
     for family in filter(None, args.families.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
@@ -73,10 +80,28 @@ def main() -> None:
         reasoner = Cosmos3Reasoner(model, processor, lm_head=model.lm_head, eos_token_ids=[])
         prepared = reasoner.prepare(" ".join(["describe the robot on the street"] * (args.prompt_words // 6)))
         params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
+        reasoner.cuda_graphs = False
         run(reasoner, prepared, SamplingParams(max_new_tokens=8, temperature=0.0))  # warm-up
         prefill_s, decode_s, n = run(reasoner, prepared, params)
         row = dict(prompt_tokens=prepared.length, prefill_s=round(prefill_s, 3),
                    eager_tokens_per_s=round(n / decode_s, 1))
+        reasoner.cuda_graphs = True  # the default on CUDA: one captured graph per decode step
+        t0 = time.perf_counter()
+        ids_graph, _ = reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=32, temperature=0.0))
+        row["graph_call_32_tokens_incl_capture_s"] = round(time.perf_counter() - t0, 2)
+        _, decode_s, n = run(reasoner, prepared, params)
+        row["cuda_graph_tokens_per_s"] = round(n / decode_s, 1)
+        reasoner.cuda_graphs = False
+        row["graph_ids_equal_eager"] = ids_graph == reasoner.generate_ids(
+            prepared, SamplingParams(max_new_tokens=32, temperature=0.0))[0]
+        if not COMPILED:
+            results[family] = row
+            print(family, row, flush=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+            del reasoner, model
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
         try:
             eager_step = reasoner.decode_step
             reasoner.decode_step = torch.compile(eager_step, mode="reduce-overhead", fullgraph=True)

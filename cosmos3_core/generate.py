@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--compile", action="store_true", help="torch.compile the generation layer (GPU; faster after warm-up)")
+    p.add_argument("--attention", choices=("auto", "sdpa", "flash4"), default="auto",
+                   help="attention kernels: auto = FlashAttention-4 (optional flash-attn-4) on Hopper GPUs for long "
+                        "sequences, else PyTorch SDPA; sdpa forces SDPA (the reference's route)")
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
@@ -71,7 +74,7 @@ def _request(args: argparse.Namespace, image=None, video=None):
         prompt=args.prompt[0], negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height,
         width=args.width, fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed,
         schedule=args.schedule, shift=args.shift, sound=args.sound, image=image, video=video,
-        compile=args.compile, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
+        compile=args.compile, attention=args.attention, guidance_interval=tuple(args.guidance_interval) if args.guidance_interval else None,
     )
 
 
@@ -90,6 +93,12 @@ def _check_args(args: argparse.Namespace) -> None:
     check_action_args(args)  # action flags need --action-mode
     _request(args, image=args.image, video=args.video).check("generate")  # every request check, before any load
     ckpt = check_common_args(args)
+    if args.attention == "flash4":
+        from .attention import flash4_unavailable_reason
+
+        if flash4_unavailable_reason():
+            raise ValueError(f"--attention flash4: FlashAttention-4 cannot run here ({flash4_unavailable_reason()}); "
+                             "use --attention auto or sdpa, or install flash-attn-4 on a Hopper (sm90) GPU.")
     if args.negative_prompt is not None:
         check_text(args.negative_prompt, "--negative-prompt")
     distilled = read_distilled(ckpt)  # a distilled checkpoint fixes steps, guidance, ...: refuse before any load

@@ -15,6 +15,9 @@ with ``config.json`` is one error naming the first few offenders. Weights delibe
 pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — and calls ``from_pretrained`` with
 ``use_safetensors=True`` so diffusers can never fall back to unsafe serialization. ``checkpoint_fingerprint`` is
 what a cache of loaded checkpoints keys on: it changes when a folder is replaced under the same name.
+
+Linear weights may be stored narrower than the compute dtype (``storage_dtype``, e.g. FP8), and NVIDIA's FP8
+(ModelOpt) checkpoints load as published (FP8 weight + tensorwise scale); see ``weights.py`` for both.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from safetensors import SafetensorError, safe_open
 from .config import CheckpointError, Cosmos3Config, _transformer_dir
 from .layers import KEEP_FP32
 from .transformer import Cosmos3Transformer
+from .weights import (FP8_DTYPES, WEIGHT_SCALE_SUFFIXES, CastLinear, is_dropped, is_modelopt_fp8,
+                      missing_scale_error, read_scale, scale_key, stored_linear_weight)
 
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -81,48 +86,96 @@ def load_transformer(
     skip_modules: Sequence[str] = (),
     config: Cosmos3Config | None = None,
     linear: type[torch.nn.Linear] = torch.nn.Linear,
+    storage_dtype: torch.dtype | None = None,
+    scaled_linear: type[torch.nn.Linear] = CastLinear,
 ) -> Cosmos3Transformer:
-    """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` in ``dtype`` on ``device``.
+    """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
 
     ``linear`` is the class of every linear layer: a host may pass a subclass of ``nn.Linear`` with the same
     parameters (e.g. ComfyUI's ``comfy.ops.disable_weight_init.Linear``, which can stream its weights from the
-    offload device when VRAM is short)."""
+    offload device when VRAM is short). ``storage_dtype`` (None: the compute dtype, or FP8 as an FP8 checkpoint
+    stores it) is the dtype of the linear weights; a ``linear`` that cannot compute in another dtype than its
+    weight's is then replaced by ``CastLinear``. FP8 weights kept with their ModelOpt scale are built with
+    ``scaled_linear`` (a linear layer with an fp32 ``scale_weight`` parameter, e.g. ``CastLinear`` or ComfyUI's
+    ``comfy.ops.scaled_fp8_ops().Linear``)."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
+    files = weight_files(checkpoint_dir)
+    folder = _transformer_dir(checkpoint_dir)
+    modelopt = is_modelopt_fp8(_config_values(folder), set(files))
+    keep_fp8 = modelopt and storage_dtype in (None, torch.float8_e4m3fn)
+    if keep_fp8:
+        linear = scaled_linear
+    elif linear is torch.nn.Linear and storage_dtype not in (None, dtype):
+        linear = CastLinear
     with torch.device("meta"):
         model = Cosmos3Transformer(config, skip_modules=skip_modules, linear=linear)
     expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
-    files = weight_files(checkpoint_dir)
-    wanted = {name: path for name, path in files.items() if not _skipped(name, skip_modules)}
+    linear_weights = {f"{name}.weight" for name, m in model.named_modules()
+                      if isinstance(m, torch.nn.Linear) and name.split(".")[0] not in KEEP_FP32}
+    scales = {name for name in expected if name.endswith(".scale_weight")}
+    wanted = {name: path for name, path in files.items()  # scales are read with their weight, below
+              if not _skipped(name, skip_modules) and not is_dropped(name) and not name.endswith(WEIGHT_SCALE_SUFFIXES)}
 
-    missing = sorted(set(expected) - set(wanted))
+    missing = sorted(set(expected) - set(wanted) - scales)
     unexpected = sorted(set(wanted) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{_transformer_dir(checkpoint_dir)}: weights do not match config.json — "
+            f"{folder}: weights do not match config.json — "
             f"{len(missing)} missing (e.g. {missing[:4]}), {len(unexpected)} unexpected (e.g. {unexpected[:4]}). "
             "The config and the weights belong to different models, or the download is incomplete."
         )
 
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {name: torch.ones((), dtype=torch.float32, device=device) for name in scales}
     by_file: dict[Path, list[str]] = {}
     for name, path in wanted.items():
         by_file.setdefault(path, []).append(name)
     for path, names in by_file.items():
         with _open(path) as f:
             for name in names:
-                try:
-                    tensor = f.get_tensor(name)
-                except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-                    raise CheckpointError(f"{path}: tensor {name!r} is unreadable ({exc}); download it again.") from exc
+                tensor = _read(f, path, name)
                 if tuple(tensor.shape) != tuple(expected[name]):
                     raise CheckpointError(
                         f"{path}: {name!r} has shape {tuple(tensor.shape)} but config.json implies "
                         f"{tuple(expected[name])}; the config and the weights belong to different models."
                     )
+                if name in linear_weights:
+                    scale = _scale_of(name, files, folder) if modelopt else None
+                    if tensor.dtype in FP8_DTYPES and scale is None and modelopt:
+                        raise missing_scale_error(name, tensor.dtype, str(folder))
+                    tensor, scale = stored_linear_weight(tensor, scale, dtype, storage_dtype)
+                    state[name] = tensor.to(device=device)
+                    scale_name = name[: -len(".weight")] + ".scale_weight"
+                    if scale_name in scales:
+                        state[scale_name] = scale.to(device)
+                    elif float(scale) != 1.0:  # a host class without scale_weight: never drop the scale
+                        state[name] = (tensor.float() * scale).to(device=device, dtype=dtype)
+                    continue
                 target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
                 state[name] = tensor.to(device=device, dtype=target)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
+
+
+def _config_values(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _read(f, path: Path, name: str) -> torch.Tensor:
+    try:
+        return f.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: tensor {name!r} is unreadable ({exc}); download it again.") from exc
+
+
+def _scale_of(weight_name: str, files: dict[str, Path], folder: Path) -> torch.Tensor | None:
+    key = scale_key(weight_name, files)
+    if key is None:
+        return None
+    with _open(files[key]) as f:
+        return read_scale(key, _read(f, files[key], key), str(folder))
 
 
 def load_diffusers_folder(module_cls, folder: Path, what: str, dtype: torch.dtype) -> torch.nn.Module:

@@ -28,6 +28,7 @@ import torch
 from . import defaults
 from . import action as action_mod
 from .action import ActionCondition, ActionGenerationRequest, ActionRequest
+from .attention import BACKENDS, set_attention_backend
 from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
@@ -82,10 +83,13 @@ class GenerationRequest:
     use_system_prompt: bool | None = None
     guidance_interval: tuple[float, float] | None = None
     compile: bool = False
+    attention: str = "auto"  # attention.BACKENDS: auto | sdpa (the reference's route) | flash4
 
     def check(self, who: str = "generate") -> None:
         """Every check of the request that needs no model: the clip, the sampling values, the conditioning."""
         check_clip(self.num_frames, self.height, self.width, self.fps, who)
+        if self.attention not in BACKENDS:
+            raise ValueError(f"{who}: attention={self.attention!r} is not one of {BACKENDS}; 'sdpa' forces PyTorch SDPA.")
         check_sampling(seed=self.seed, steps=self.steps, guidance=self.guidance, schedule=self.schedule,
                        shift=self.shift, guidance_interval=self.guidance_interval, batch_size=1, who=who)
         if self.image is not None and self.video is not None:
@@ -146,7 +150,10 @@ class Cosmos3Pipeline:
         vae_dtype: torch.dtype | None = None,
         with_sound: bool = True,
         linear: type[torch.nn.Linear] = torch.nn.Linear,
+        storage_dtype: torch.dtype | None = None,
+        scaled_linear: type[torch.nn.Linear] | None = None,
     ) -> "Cosmos3Pipeline":
+        """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``)."""
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist.")
@@ -159,7 +166,8 @@ class Cosmos3Pipeline:
         if with_sound and config.sound_gen and (root / "sound_tokenizer").is_dir():
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
         transformer = load_transformer(
-            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear
+            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear,
+            storage_dtype=storage_dtype, **({"scaled_linear": scaled_linear} if scaled_linear else {}),
         )
         return cls(root, transformer, vae, tokenizer, sound)
 
@@ -371,17 +379,22 @@ class Cosmos3Pipeline:
             )
 
     def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False,
-            denoiser=None) -> SampleResult:
-        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up).
+            attention: str = "auto", denoiser=None) -> SampleResult:
+        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up);
+        ``attention`` picks the kernel route for this run (attention.py: ``auto`` | ``sdpa`` | ``flash4``).
         ``denoiser``: runs the steps instead of the transformer, with its ``denoise_step`` contract (parallel/)."""
         self.transformer.compile_generation_layers(compile)
-        x = run(plan, denoiser or self.transformer, callback)
+        previous = set_attention_backend(attention)
+        try:
+            x = run(plan, denoiser or self.transformer, callback)
+        finally:
+            set_attention_backend(previous)
         return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
 
     def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, compile: bool = False,
-               **plan_args) -> SampleResult:
+               attention: str = "auto", **plan_args) -> SampleResult:
         """``plan`` then ``run``."""
-        return self.run(self.plan(text, **plan_args), callback=callback, compile=compile)
+        return self.run(self.plan(text, **plan_args), callback=callback, compile=compile, attention=attention)
 
     # ------------------------------------------------------------------ 4. decode
     def decode_video(self, latents: torch.Tensor, on_chunk=None, **kwargs) -> torch.Tensor:
@@ -426,7 +439,7 @@ class Cosmos3Pipeline:
                 sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, who="generate",
             )
         with _timed(timings, "inference"):
-            result = self.run(plan, callback=callback, compile=r.compile)
+            result = self.run(plan, callback=callback, compile=r.compile, attention=r.attention)
         frames = waveform = None
         if decode:
             with _timed(timings, "decode"):

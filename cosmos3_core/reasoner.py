@@ -36,6 +36,8 @@ from .attention import attention
 from .config import CheckpointError, Cosmos3Config
 from .layers import transformers_rms_norm
 from .rope import apply_rope, rope_tables
+from .step_graph import GraphedCall
+from .towers import tower_module
 from .transformer import Cosmos3Transformer, text_layer_output, text_qkv
 from .vision import (PreparedPrompt, VisionEncoder, VisionFeatures, checkpoint_family, has_vision_encoder,
                      load_processor, load_vision_encoder, prepare_prompt, special_token_ids)
@@ -277,6 +279,7 @@ class Cosmos3Reasoner:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else _eos_ids(
             self.checkpoint_dir, processor.tokenizer)
         self.max_context = int(max_context)
+        self.cuda_graphs = True  # decode steps on CUDA replay one captured graph (step_graph.GraphedCall)
         self.special = special_token_ids(processor, strict=False)
         self.cache: StaticKVCache | None = None
 
@@ -458,6 +461,11 @@ class Cosmos3Reasoner:
         rope_position = torch.tensor(prompt.next_position, device=device)
         one = torch.ones((), dtype=torch.long, device=device)
         token = sample_token(logits, seen, params, gen)
+        # batch-1 decode is launch-bound (~500 kernels a token): on CUDA the step over the static cache is one graph
+        # (only with the whole tower resident: a model manager streaming weights from the CPU cannot be captured)
+        resident = all(p.device == device for p in tower_module(self.transformer, "text").parameters())
+        graphs = self.cuda_graphs and device.type == "cuda" and resident
+        decode = GraphedCall(self.decode_step) if graphs else self.decode_step
         done, reason = 0, "length"
         for step in range(total):
             out[step:step + 1] = token
@@ -475,7 +483,7 @@ class Cosmos3Reasoner:
                     break
             if done == total:
                 break
-            logits = self.decode_step(token, cache_index, rope_position)
+            logits = decode(token, cache_index, rope_position)
             cache_index = cache_index + one
             rope_position = rope_position + one
             token = sample_token(logits, seen, params, gen)

@@ -19,6 +19,8 @@ The two guidance branches have different prompt lengths, hence different offsets
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .config import Cosmos3Config
@@ -83,9 +85,15 @@ def action_position_ids(
     return _grid_position_ids(num_tokens, 1, 1, offset, config, fps, 1, temporal_compression, start_frame=1)
 
 
-def inverse_frequencies(config: Cosmos3Config) -> torch.Tensor:
-    hd = config.head_dim
-    return 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+def inverse_frequencies(config: Cosmos3Config, device: torch.device | str = "cpu") -> torch.Tensor:
+    """fp32 ``1 / θ^(2i/hd)``, built on the CPU and kept per device: a decode step captured as a CUDA graph
+    (reasoner.py) must not copy from host memory while it is being captured."""
+    return _inverse_frequencies(config.head_dim, float(config.rope_theta), str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=None)
+def _inverse_frequencies(hd: int, theta: float, device: str) -> torch.Tensor:
+    return (1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))).to(device)
 
 
 def rope_tables(
@@ -98,7 +106,7 @@ def rope_tables(
     and duplicated for rotate-half pairs ``(i, i + head_dim/2)``.
     """
     device = position_ids.device if device is None else device
-    inv_freq = inverse_frequencies(config).to(device)
+    inv_freq = inverse_frequencies(config, device)
     pos = position_ids.to(device=device, dtype=torch.float32)
     with torch.autocast(device_type=torch.device(device).type, enabled=False):
         freqs = pos.unsqueeze(-1) * inv_freq  # [..., 3, N, hd/2]

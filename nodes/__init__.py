@@ -9,6 +9,7 @@ from .condition import Cosmos3VAEEncodeCond
 from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
 from .loader import Cosmos3Loader, register_model_folder
 from .long_video import Cosmos3LongVideo
+from .lora import Cosmos3LoraLoader
 from .multigpu import Cosmos3GuidanceOnTwoGPUs
 from .reasoner import Cosmos3Reasoner
 from .sampler import Cosmos3KSamplerUniPCDualTower
@@ -23,6 +24,7 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3AudioDecode,
     Cosmos3Reasoner,
     Cosmos3LongVideo,
+    Cosmos3LoraLoader,
     Cosmos3GuidanceOnTwoGPUs,
     Cosmos3ActionCondition,
     Cosmos3SaveActions,

@@ -46,10 +46,12 @@ class Cosmos3ActionCondition(io.ComfyNode):
                         "(start frame + actions → video), inverse dynamics (video → actions). Encodes the frames and "
                         "the prompt's action caption; feed both outputs to KSampler UniPC (Dual Tower).",
             inputs=[
-                Cosmos3Model.Input("model"),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (trained with an action head)."),
                 io.Image.Input("image", tooltip="Policy / forward dynamics: the start frame (the first of a batch). "
                                                 "Inverse dynamics: exactly chunk_size + 1 frames."),
-                io.Combo.Input("mode", options=list(core.ACTION_MODES), default="policy"),
+                io.Combo.Input("mode", options=list(core.ACTION_MODES), default="policy",
+                               tooltip="policy: frame + instruction → video and actions; forward dynamics: frame + "
+                                       "actions → video; inverse dynamics: clip → actions."),
                 io.Combo.Input("domain_name", options=list(core.DOMAINS), default=defaults.ACTION_DOMAIN,
                                tooltip="Embodiment: selects the action head's weights and the action width."),
                 io.Int.Input("chunk_size", default=defaults.ACTION_CHUNK_SIZE, min=1, max=defaults.MAX_FRAMES - 1,
@@ -63,12 +65,15 @@ class Cosmos3ActionCondition(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default="", tooltip="What the agent does (policy)."),
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="Used raw (only with cfg > 1 on the sampler)."),
-                io.Float.Input("fps", default=defaults.ACTION_FPS, min=1.0, max=120.0, step=0.5),
-                io.Boolean.Input("use_system_prompt", default=defaults.ACTION_USE_SYSTEM_PROMPT),
+                io.Float.Input("fps", default=defaults.ACTION_FPS, min=1.0, max=120.0, step=0.5,
+                               tooltip="Frame rate the action models were trained at (5)."),
+                io.Boolean.Input("use_system_prompt", default=defaults.ACTION_USE_SYSTEM_PROMPT,
+                                 tooltip="Prepend the checkpoint's system prompt (the action models use none)."),
                 Cosmos3Actions.Input("actions", optional=True,
                                      tooltip="Forward dynamics: chunk_size actions (Cosmos3 Load Actions)."),
             ],
-            outputs=[Cosmos3Text.Output(display_name="text"), Cosmos3Action.Output(display_name="action")],
+            outputs=[Cosmos3Text.Output(display_name="text", tooltip="The instruction's text K/V; to the sampler."),
+                     Cosmos3Action.Output(display_name="action", tooltip="The action stream; to the sampler.")],
         )
 
     @classmethod
@@ -111,9 +116,11 @@ class Cosmos3SaveActions(io.ComfyNode):
             description="Writes the sampler's predicted actions [chunk_size, action width] to the output folder "
                         "as JSON ({domain_name, mode, actions}) or .npy.",
             inputs=[
-                Cosmos3Actions.Input("actions"),
-                io.String.Input("filename_prefix", default="cosmos3/actions"),
-                io.Combo.Input("format", options=["json", "npy"], default="json"),
+                Cosmos3Actions.Input("actions", tooltip="The sampler's predicted actions."),
+                io.String.Input("filename_prefix", default="cosmos3/actions",
+                                tooltip="File name prefix under ComfyUI's output folder."),
+                io.Combo.Input("format", options=["json", "npy"], default="json",
+                               tooltip="json: {\"actions\": [[...], ...]}; npy: a NumPy array."),
             ],
             outputs=[],
             is_output_node=True,
@@ -147,7 +154,8 @@ class Cosmos3LoadActions(io.ComfyNode):
             description="Reads actions [T, action width] from ComfyUI's input folder: .npy, .json (a list of rows "
                         "or {\"actions\": rows}, as Cosmos3 Save Actions writes) or .safetensors.",
             inputs=[io.Combo.Input("file", options=files, tooltip="A file in ComfyUI/input.")],
-            outputs=[Cosmos3Actions.Output(display_name="actions")],
+            outputs=[Cosmos3Actions.Output(display_name="actions",
+                                           tooltip="The actions, rows of the embodiment's width.")],
         )
 
     @classmethod

@@ -37,7 +37,7 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
             description="One image: image-to-video (latent frame 0 kept). Several frames: video-to-video (the first "
                         "or last clean_latent_frames·4−3 frames kept).",
             inputs=[
-                Cosmos3Model.Input("model"),
+                Cosmos3Model.Input("model", tooltip="The checkpoint from Load Cosmos3 Checkpoint (its VAE encodes)."),
                 io.Image.Input("image", tooltip="One frame (image-to-video) or a batch of frames (video-to-video)."),
                 io.Int.Input("width", default=1280, min=16, max=4096, step=16,
                              tooltip="Must equal Cosmos3TextEncode's width."),
@@ -48,7 +48,8 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
                 io.Int.Input("clean_latent_frames", default=2, min=1, max=64,
                              tooltip="Video-to-video: latent frames kept clean (2 = 5 pixel frames)."),
             ],
-            outputs=[Cosmos3Condition.Output(display_name="condition")],
+            outputs=[Cosmos3Condition.Output(display_name="condition", tooltip="Clean latent frames for the "
+                                                                 "sampler's condition input.")],
         )
 
     @classmethod

@@ -21,13 +21,14 @@ class Cosmos3VAEDecode(io.ComfyNode):
             category=CATEGORY,
             description="Wan2.2 VAE decode in temporal chunks (bounded memory at any clip length).",
             inputs=[
-                Cosmos3Model.Input("model"),
-                io.Latent.Input("samples"),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its Wan2.2 VAE decodes)."),
+                io.Latent.Input("samples", tooltip="The sampler's latent."),
                 io.Int.Input("chunk_latent_frames", default=1, min=1, max=64,
                              tooltip="Latent frames decoded per chunk (4 video frames each); more = more memory."),
                 io.Boolean.Input("tiled", default=False, tooltip="Also tile spatially (for small GPUs at 720p)."),
             ],
-            outputs=[io.Image.Output(display_name="images")],
+            outputs=[io.Image.Output(display_name="images", tooltip="Decoded frames (one image for text-to-image); "
+                                                               "feed Create Video or Save Image.")],
         )
 
     @classmethod
@@ -61,8 +62,9 @@ class Cosmos3AudioDecode(io.ComfyNode):
             display_name="Cosmos3 Audio Decode",
             category=CATEGORY,
             description="Sound latent → 48 kHz stereo waveform trimmed to the clip's duration.",
-            inputs=[Cosmos3Model.Input("model"), Cosmos3Sound.Input("sound")],
-            outputs=[io.Audio.Output(display_name="audio")],
+            inputs=[Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its sound decoder runs)."),
+                    Cosmos3Sound.Input("sound", tooltip="The sampler's sound output (sound must be on).")],
+            outputs=[io.Audio.Output(display_name="audio", tooltip="48 kHz stereo; feed Create Video's audio.")],
             hidden=[io.Hidden.prompt, io.Hidden.unique_id],
         )
 

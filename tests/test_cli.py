@@ -77,6 +77,7 @@ def test_i2v_video_without_sound_and_t2i_png(nano, tmp_path):
         (["--num-frames", "10"], "num_frames=10 must be 1 (an image) or 4k+1"),
         (["--image", "/nonexistent.png"], "--image /nonexistent.png does not exist"),
         (["--out", "x.png"], "the output is a .mp4 file"),
+        (["--attention", "flash4"], "--attention flash4: FlashAttention-4 cannot run here"),  # CI: no Hopper GPU
     ],
 )
 def test_bad_input_gives_one_clear_message(nano, tmp_path, extra, message):

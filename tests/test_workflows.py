@@ -1,4 +1,10 @@
-"""The shipped workflows (workflows/cosmos3_<mode>.json + .api.json) against the live ComfyUI 0.3.75 host.
+"""The shipped workflows against the live ComfyUI 0.3.75 host.
+
+Layout (discovered by glob, so a new workflow needs no edit here): a UI workflow ``workflows/<Title> (<mode>).json``
+(ComfyUI's Templates browser lists every ``*.json`` directly in ``workflows/`` and shows the file name as the card's
+title and description), its thumbnail ``workflows/<Title> (<mode>).jpg`` (a canvas screenshot, written by
+``tests/test_canvas.py``) and its API twin ``workflows/api/cosmos3_<mode>.json`` (outside the templates glob). A
+plain ``workflows/cosmos3_<mode>.json`` UI file also pairs with ``api/cosmos3_<mode>.json``.
 
 (a) every UI workflow and its API twin agree: node ids, class types, links and widget values (widgets_values is
     mapped to input names with the node schemas the running host serves, control_after_generate and upload
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -29,12 +36,42 @@ import comfy_host
 pytestmark = pytest.mark.comfy
 
 WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
-MODES = ("t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v", "distilled_t2i", "distilled_i2v")
-ACTION_WORKFLOWS = ("action_policy", "action_forward_dynamics", "action_inverse_dynamics")  # world-model modes
+API_DIR = WORKFLOWS_DIR / "api"
+_UI_NAME = re.compile(r"^(?:.+ \((?P<mode>[a-z0-9_]+)\)|cosmos3_(?P<plain>[a-z0-9_]+))\.json$")
+
+
+def discover_workflows() -> dict[str, Path]:
+    """mode -> UI workflow file, for every ``workflows/*.json`` (the files ComfyUI lists as templates)."""
+    found: dict[str, Path] = {}
+    for path in sorted(WORKFLOWS_DIR.glob("*.json")):
+        m = _UI_NAME.match(path.name)
+        assert m, (f"{path.name}: a workflow in workflows/ must be named '<Title> (<mode>).json' "
+                   "(its API twin: api/cosmos3_<mode>.json)")
+        mode = m.group("mode") or m.group("plain")
+        assert mode not in found, f"two UI workflows for mode {mode!r}: {found[mode].name}, {path.name}"
+        found[mode] = path
+    return found
+
+
+def ui_path(mode: str) -> Path:
+    return discover_workflows()[mode]
+
+
+def api_path(mode: str) -> Path:
+    return API_DIR / f"cosmos3_{mode}.json"
+
+
+def thumbnail_path(mode: str) -> Path:
+    return ui_path(mode).with_suffix(".jpg")
+
+
+ALL_WORKFLOWS = tuple(discover_workflows())
+ACTION_WORKFLOWS = tuple(m for m in ALL_WORKFLOWS if m.startswith("action_"))  # world-model modes
 # long video (Cosmos3LongVideo writes its own mp4; tests/test_long_video_nodes.py runs these end to end)
-LONG_MODES = ("long_t2v", "transfer")
-ALL_WORKFLOWS = MODES + ACTION_WORKFLOWS + LONG_MODES
-REASONER_MODES = ("reasoner_to_i2v",)  # need a checkpoint with vision_encoder/ (the *_VLM tiny checkpoints)
+LONG_WORKFLOWS = tuple(m for m in ALL_WORKFLOWS if m in ("long_t2v", "transfer"))
+MODES = tuple(m for m in ALL_WORKFLOWS if m not in ACTION_WORKFLOWS + LONG_WORKFLOWS)
+# workflows with a reasoner (shrink_api runs one that looks at an image on a *_VLM tiny checkpoint)
+REASONER_MODES = tuple(m for m in MODES if api_path(m).is_file() and '"Cosmos3Reasoner"' in api_path(m).read_text())
 PACK_NODE_IDS = ("Cosmos3Loader", "Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3KSamplerUniPCDualTower",
                  "Cosmos3VAEDecode", "Cosmos3AudioDecode", "Cosmos3Reasoner")
 FRONTEND_ONLY = {"Note", "MarkdownNote"}  # virtual frontend nodes: never part of the API graph
@@ -64,11 +101,11 @@ CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 # --------------------------------------------------------------------------------------------
 
 def load_ui(mode: str) -> dict:
-    return json.loads((WORKFLOWS_DIR / f"cosmos3_{mode}.json").read_text())
+    return json.loads(ui_path(mode).read_text())
 
 
 def load_api(mode: str) -> dict:
-    return json.loads((WORKFLOWS_DIR / f"cosmos3_{mode}.api.json").read_text())
+    return json.loads(api_path(mode).read_text())
 
 
 def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
@@ -308,8 +345,8 @@ def check_outputs(base_dir: Path, mode: str, api: dict, outputs: dict) -> list[P
         check_png(files[0], width, height)
     else:
         cv = nodes_of(api, "CreateVideo")[0]
-        assert float(api[cv]["inputs"]["fps"]) == float(fps)
-        check_mp4(files[0], width, height, frames, fps, audio=(mode == "t2av"))
+        assert float(api[cv]["inputs"]["fps"]) == float(fps), mode
+        check_mp4(files[0], width, height, frames, fps, audio="audio" in api[cv]["inputs"])
     return files
 
 
@@ -386,9 +423,12 @@ def host():
 # --------------------------------------------------------------------------------------------
 
 def test_every_mode_ships_a_ui_and_api_pair():
-    names = sorted(p.name for p in WORKFLOWS_DIR.glob("*.json"))
-    want = sorted([f"cosmos3_{m}.json" for m in ALL_WORKFLOWS] + [f"cosmos3_{m}.api.json" for m in ALL_WORKFLOWS])
-    assert names == want, "every workflow JSON must be a UI/API pair covered by MODES (add new modes there)"
+    """Templates browser hygiene: only UI workflows in workflows/ (API twins in api/), each with a thumbnail."""
+    assert {"t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v"} <= set(MODES), MODES
+    apis = sorted(p.name for p in API_DIR.glob("*.json"))
+    assert apis == sorted(api_path(m).name for m in ALL_WORKFLOWS), "every api/*.json needs a UI workflow and vice versa"
+    for path in WORKFLOWS_DIR.glob("*.json"):  # an API-format graph here would be a broken template card
+        assert "nodes" in json.loads(path.read_text()), f"{path.name} is not a UI workflow; move it to api/"
     for mode in ALL_WORKFLOWS:
         ui, api = load_ui(mode), load_api(mode)
         assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
@@ -397,11 +437,17 @@ def test_every_mode_ships_a_ui_and_api_pair():
         assert ui["last_link_id"] >= max((l[0] for l in ui["links"]), default=0)
         assert len({n["id"] for n in ui["nodes"]}) == len(ui["nodes"]), "duplicate node ids"
         assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
+        thumb = thumbnail_path(mode)
+        assert thumb.is_file(), (f"{thumb.name} missing: the Templates browser shows no picture. Write it with "
+                                 "COSMOS3_UPDATE_THUMBNAILS=1 bash tests/run.sh tests/test_canvas.py")
+        from PIL import Image
+
+        with Image.open(thumb) as im:
+            assert im.format == "JPEG" and im.width >= 256 and im.height >= 128, (thumb.name, im.format, im.size)
     readme = (WORKFLOWS_DIR / "README.md").read_text()
     for mode in ALL_WORKFLOWS:
-        assert f"cosmos3_{mode}.json" in readme
-    for mode in REASONER_MODES:
-        assert nodes_of(load_api(mode), "Cosmos3Reasoner"), mode
+        assert ui_path(mode).name in readme and api_path(mode).name in readme, mode
+    assert "reasoner_to_i2v" in REASONER_MODES, REASONER_MODES
 
 
 @pytest.mark.parametrize("mode", ALL_WORKFLOWS)
@@ -459,8 +505,14 @@ def test_ui_and_api_agree(host, mode):
         info = node_info(host, n["type"])
         slots = widget_slots(info)
         values = n.get("widgets_values", [])
-        assert len(values) == len(slots), (f"{n['type']} {nid}: {len(values)} widgets_values, the live schema has "
-                                           f"{len(slots)} widgets {slots}")
+        # a workflow saved before an optional widget was appended has fewer values: the frontend gives the new
+        # widgets their defaults (and the API twin leaves those inputs out), so old saved values keep their slots
+        optional = schema_inputs(info)
+        assert len(values) <= len(slots) and all(optional[name]["optional"] for name, _ in slots[len(values):]), \
+            f"{n['type']} {nid}: {len(values)} widgets_values, the live schema has {len(slots)} widgets {slots}"
+        for name, _ in slots[len(values):]:
+            assert name not in api[nid]["inputs"], f"{nid}.{name}: no UI value but an API value"
+        slots = slots[:len(values)]
         linked_widgets = {e["name"] for e in n.get("inputs", []) if e.get("widget") and e["link"] is not None}
         api_inputs = api[nid]["inputs"]
         for (name, kind), value in zip(slots, values):

@@ -8,11 +8,12 @@
 # 1. Sets up the Python 3.11 venv and ComfyUI 0.3.75 exactly as the tests do (tests/run.sh, setup only).
 # 2. Makes a throwaway ComfyUI home with this pack in custom_nodes/ and either builds the tiny checkpoint
 #    (cosmos3_core.tiny) into models/cosmos3/ or symlinks --checkpoint DIR there.
-# 3. Starts `main.py` on 127.0.0.1, queues workflows/cosmos3_t2av.api.json (shrunk to 96x64, 9 frames, 3 steps
+# 3. Starts `main.py` on 127.0.0.1, queues workflows/api/cosmos3_t2av.json (shrunk to 96x64, 9 frames, 3 steps
 #    on the tiny checkpoint; as shipped with a real one unless --width/--height/--frames/--steps are given),
 #    waits for /history, prints the absolute path of the mp4 (stdout, last line) and stops the server.
 #
 # Options: --checkpoint DIR  --width N --height N --frames N --steps N --seed N --prompt TEXT --dtype auto|bf16|fp16|fp32
+#          --weight-dtype auto|bf16|fp16|fp8_e4m3fn|fp8_e5m2 (storage of the transformer's weights; fp8 halves them)
 #          --out FILE (copy the mp4 there)  --gpu | --cpu (default: GPU when torch sees one)  --timeout SECONDS
 #          --keep-home (keep the throwaway home's models/ too; output/ and comfyui.log are always kept)
 # Environment: COSMOS3_VENV, COSMOS3_PYTHON as for tests/run.sh.
@@ -20,7 +21,7 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for arg in "$@"; do
-    case "$arg" in -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+    case "$arg" in -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 done
 
 COSMOS3_SETUP_ONLY=1 bash "$REPO/tests/run.sh" </dev/null
@@ -55,6 +56,7 @@ ap.add_argument("--steps", type=int)
 ap.add_argument("--seed", type=int)
 ap.add_argument("--prompt")
 ap.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"])
+ap.add_argument("--weight-dtype", choices=["auto", "bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2"])
 ap.add_argument("--out", type=Path, help="copy the mp4 to this file")
 dev = ap.add_mutually_exclusive_group()
 dev.add_argument("--gpu", dest="cpu", action="store_false", default=None)
@@ -84,7 +86,7 @@ else:
     ckpt.symlink_to(src, target_is_directory=True)
     log(f"linked {src} as models/cosmos3/{name}")
 
-api = json.loads((REPO / "workflows" / "cosmos3_t2av.api.json").read_text())
+api = json.loads((REPO / "workflows" / "api" / "cosmos3_t2av.json").read_text())
 loader = next(k for k, v in api.items() if v["class_type"] == "Cosmos3Loader")
 text = next(k for k, v in api.items() if v["class_type"] == "Cosmos3TextEncode")
 sampler = next(k for k, v in api.items() if v["class_type"] == "Cosmos3KSamplerUniPCDualTower")
@@ -92,6 +94,8 @@ create = next(k for k, v in api.items() if v["class_type"] == "CreateVideo")
 save = next(k for k, v in api.items() if v["class_type"] == "SaveVideo")
 api[loader]["inputs"]["checkpoint"] = name
 api[loader]["inputs"]["dtype"] = args.dtype or ("fp32" if tiny else api[loader]["inputs"]["dtype"])
+if args.weight_dtype:
+    api[loader]["inputs"]["weight_dtype"] = args.weight_dtype
 shape = {"width": 96, "height": 64, "num_frames": 9} if tiny else {}
 for key, value in (("width", args.width), ("height", args.height), ("num_frames", args.frames)):
     if value is not None:

@@ -1,0 +1,142 @@
+"""The attention entry point's route selection and the FlashAttention-4 custom op's plumbing, on the CPU.
+
+The FlashAttention-4 kernel itself only runs on a Hopper GPU (tests/test_gpu.py runs it against diffusers there).
+Here a stand-in kernel with FlashAttention-4's calling convention (``[B, S, H, hd]`` tensors, grouped-query heads,
+returns ``(out, lse)``), written as an explicit float64 softmax, checks what our side does: the layout transposes,
+grouped heads, causal masking, the fake (meta) implementation ``torch.compile`` traces with, and that a compiled
+caller has no graph break. The reference is a plain float64 softmax(QKᵀ/√d)V, not our SDPA route.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cosmos3_core import attention as attn
+
+
+@pytest.fixture(autouse=True)
+def restore_backend():
+    previous = attn.attention_backend()
+    yield
+    attn._backend = previous
+
+
+def reference(q, k, v, causal=False):
+    """float64 softmax attention, ``[B, H, S, hd]`` layout, key/value heads repeated for grouped queries."""
+    q, k, v = q.double(), k.double(), v.double()
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        sq, sk = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(sk - sq + 1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def fake_flash4_kernel(q, k, v, causal=False):
+    """FlashAttention-4's convention: ``[B, S, H, hd]`` in and out, plus the log-sum-exp."""
+    assert q.shape[-1] == k.shape[-1] and q.shape[2] % k.shape[2] == 0
+    out = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal).transpose(1, 2)
+    return out.to(q.dtype).contiguous(), None
+
+
+@pytest.fixture()
+def flash4_stub(monkeypatch):
+    """Pretend FlashAttention-4 runs here, with the stand-in kernel."""
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(args[0].shape)
+        return fake_flash4_kernel(*args, **kwargs)
+
+    monkeypatch.setattr(attn, "_flash4_import", lambda: kernel)
+    monkeypatch.setattr(attn, "_flash4_ready", lambda device_type, index: True)
+    monkeypatch.setattr(attn, "flash4_unavailable_reason", lambda device=None: "")
+    monkeypatch.setattr(attn, "FLASH4_MIN_QUERIES", 20)  # small test shapes count as long
+    return calls
+
+
+def rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, dtype=torch.float32).to(dtype)
+
+
+def test_cpu_uses_sdpa_and_matches_reference():
+    q, k, v = rand(1, 8, 40, 64, dtype=torch.float32), rand(1, 2, 52, 64, dtype=torch.float32), rand(1, 2, 52, 64, dtype=torch.float32)
+    assert attn.select_route(q, k) == "sdpa"
+    torch.testing.assert_close(attn.attention(q, k, v).double(), reference(q, k, v), rtol=1e-5, atol=1e-5)
+    kc, vc = k[:, :, :40], v[:, :, :40]  # causal: square, as the text tower uses it
+    torch.testing.assert_close(attn.attention(q, kc, vc, causal=True).double(), reference(q, kc, vc, True),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_backend_setting_is_validated_and_forcing_flash4_without_it_raises():
+    with pytest.raises(ValueError, match="not one of"):
+        attn.set_attention_backend("flash3")
+    if attn.flash4_unavailable_reason():  # this machine (CI): no Hopper GPU / no flash-attn-4
+        with pytest.raises(RuntimeError, match="cannot run here"):
+            attn.set_attention_backend("flash4")
+    assert attn.set_attention_backend("sdpa") == "auto"
+    assert attn.attention_backend() == "sdpa"
+
+
+def test_route_selection_with_flash4_available(flash4_stub):
+    q, k = rand(1, 8, 24, 128), rand(1, 2, 20, 128)
+    assert attn.select_route(q, k) == "flash4"
+    assert attn.select_route(q[:, :, :16], k) == "sdpa"  # "auto": short sequences stay on SDPA (measured faster)
+    assert attn.select_route(q.float(), k.float()) == "sdpa"  # fp32: no FlashAttention-4 kernel
+    assert attn.select_route(rand(1, 8, 16, 80), rand(1, 2, 20, 80)) == "sdpa"  # unsupported head_dim
+    attn.set_attention_backend("sdpa")  # the node/CLI switch
+    assert attn.select_route(q, k) == "sdpa"
+    attn.set_attention_backend("flash4")
+    assert attn.select_route(q[:, :, :16], k) == "flash4"  # forced: any length
+    with pytest.raises(RuntimeError, match="cannot run"):
+        attn.select_route(q.float(), k.float())  # forced, but the inputs do not fit: an error, not a fallback
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash4_op_layout_and_grouped_heads(flash4_stub, causal):
+    q, k, v = rand(2, 8, 24, 64), rand(2, 2, 24 if causal else 37, 64), rand(2, 2, 24 if causal else 37, 64)
+    k_text_then_gen = torch.cat([rand(2, 2, 5, 64), k], dim=2)[:, :, 5:]  # a strided view, as in the layer
+    out = attn.attention(q, k_text_then_gen, v, causal=causal)
+    assert flash4_stub == [torch.Size([2, 24, 8, 64])]  # the kernel saw [B, S, H, hd]
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), reference(q, k, v, causal), rtol=0, atol=2e-2)
+
+
+def test_flash4_op_traces_without_graph_breaks(flash4_stub):
+    """The fake implementation gives the shape/strides torch.compile plans with; fullgraph proves no break."""
+    q, k, v = rand(1, 8, 24, 64), rand(1, 2, 30, 64), rand(1, 2, 30, 64)
+
+    def layer(q, k, v):
+        return attn.attention(q * 1.0, k, v).float().sum(-1)
+
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), layer(q, k, v))
+    assert len(flash4_stub) == 2  # the compiled graph called the op, it did not fall back to SDPA
+    out = torch.library.opcheck(attn.flash4_attention, (q, k, v, False), test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in out.values())
+
+
+def test_pipeline_run_sets_and_restores_the_route(monkeypatch):
+    """The CLI's --attention / the sampler node's ``attention`` reach the one entry point for that run only."""
+    from cosmos3_core import pipeline as pl
+
+    seen = []
+    monkeypatch.setattr(pl, "run", lambda plan, model, callback: seen.append(attn.attention_backend()) or {"vision": 0})
+
+    class Model:
+        def compile_generation_layers(self, enable):
+            pass
+
+    pipe = pl.Cosmos3Pipeline.__new__(pl.Cosmos3Pipeline)
+    pipe.transformer = Model()
+    pipe.run(object(), attention="sdpa")
+    assert seen == ["sdpa"] and attn.attention_backend() == "auto"
+    with pytest.raises(ValueError, match="not one of"):
+        pipe.run(object(), attention="fast")
+    assert attn.attention_backend() == "auto"
+    with pytest.raises(ValueError, match="attention='fast' is not one of"):
+        pl.GenerationRequest(prompt="x", attention="fast").check("generate")
