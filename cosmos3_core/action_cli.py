@@ -10,7 +10,6 @@ Every field of diffusers' ``CosmosActionCondition`` is a flag (``--action-mode``
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -80,7 +79,7 @@ def run_action(args: argparse.Namespace) -> dict[str, float]:
     """``generate.run`` for an action mode: check, load, generate, write; returns the stage timings."""
     from . import media
     from .config import DTYPES
-    from .generate import check_common_args, check_writable
+    from .generate import check_common_args, check_writable, print_progress, write_outputs
     from .pipeline import Cosmos3Pipeline
 
     check_action_args(args)
@@ -126,26 +125,10 @@ def run_action(args: argparse.Namespace) -> dict[str, float]:
         sound=args.sound, use_system_prompt=args.use_system_prompt, compile=args.compile,
     )
 
-    def progress(step: int, total: int, _preview) -> None:
-        print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
-
-    out = pipe.generate_action(request, callback=progress)
-    timings["preprocess"] = out.timings["preprocess"]
-    timings["inference"] = out.timings["inference"] + out.timings["decode"]
+    out = pipe.generate_action(request, callback=print_progress)
+    write_outputs(args, pipe, out, timings)  # the clip and --latents-out, as for every generation
     start = time.perf_counter()
-    frames = out.frames.cpu().numpy()
-    waveform = out.waveform.cpu().numpy() if out.waveform is not None else None
-    timings["to_cpu"] = time.perf_counter() - start
-    start = time.perf_counter()
-    media.write_video(args.out, frames, request.fps, audio=waveform)
     if args.actions_out:
         act.save_actions(args.actions_out, out.actions, domain_name=args.domain_name, mode=args.action_mode)
-    if args.latents_out:
-        from safetensors.torch import save_file
-
-        tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
-        if out.sound_latent is not None:
-            tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
-        save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
-    timings["encode"] = time.perf_counter() - start
+    timings["encode"] += time.perf_counter() - start
     return timings

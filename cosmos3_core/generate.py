@@ -185,13 +185,14 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
     timings["model_load"] = time.perf_counter() - start
     request = read_request(args)
-
-    def progress(step: int, total: int, _preview) -> None:
-        print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
-
-    out = pipe.generate(request, callback=progress)
+    out = pipe.generate(request, callback=print_progress)
     write_outputs(args, pipe, out, timings)
     return timings
+
+
+def print_progress(step: int, total: int, _preview=None) -> None:
+    """The CLIs' step counter on stderr (a sampling callback)."""
+    print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
 
 
 def read_request(args: argparse.Namespace):
