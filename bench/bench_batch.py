@@ -80,12 +80,12 @@ def main() -> None:
                 step = plan.guidance[0]
                 x = plan.stream("vision").init
                 t = plan.timesteps.to(plan.device)[0]
-                s = timed(lambda: pipe.transformer.denoise_step(x, t, step.text, step.layout), device)
+                s = timed(lambda x=x, t=t, step=step: pipe.transformer.denoise_step(x, t, step.text, step.layout), device)
                 row[f"{'compiled' if compiled else 'eager'}_step_s_batch{n}"] = round(s, 4)
         pipe.transformer.compile_generation_layers(False)
         plan = pipe.plan(text, seed=0, steps=1, guidance=6.0)
         latent = plan.stream("vision").init
-        decode_s = timed(lambda: pipe.decode_video(latent), device, iters=1)
+        decode_s = timed(lambda latent=latent: pipe.decode_video(latent), device, iters=1)
         row["vae_decode_s"] = round(decode_s, 3)
         best = "compiled" if device == "cuda" else "eager"
         for n in (1, args.batch):
@@ -98,7 +98,7 @@ def main() -> None:
             neg = text.uncond.token_ids.tolist()
             inputs = [reference_inputs(ref, i, latent.to(torch.bfloat16), 24.0, 900) for i in (ids, neg)]
             with torch.no_grad():
-                ref_s = timed(lambda: [ref(**kw) for kw in inputs], device)
+                ref_s = timed(lambda inputs=inputs: [ref(**kw) for kw in inputs], device)
             row["diffusers_step_s"] = round(ref_s, 4)
             row["diffusers_results_per_s"] = round(1 / (STEPS * ref_s + decode_s), 3)
         results["shapes"][name] = row

@@ -43,15 +43,17 @@ class Cosmos3LongVideo(io.ComfyNode):
                         "window's last frames, and writes it to an mp4 while it runs. With control videos connected "
                         "it is Cosmos3 Transfer (steered by edge/blur/depth/seg/wsm maps).",
             inputs=[
-                Cosmos3Model.Input("model"),
+                Cosmos3Model.Input("model", tooltip="The loaded Cosmos3 checkpoint (Load Cosmos3 Checkpoint)."),
                 io.String.Input("prompt", multiline=True, default="",
                                 tooltip=f"What to generate. One prompt for the whole video, or one per window "
                                         f"separated by lines holding only {PROMPT_SEPARATOR}."),
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="Empty: the checkpoint's negative prompt (text/image-to-video) or none "
                                         "(Transfer, as the reference)."),
-                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16),
-                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16),
+                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
+                             tooltip="Video width in pixels (a multiple of 16)."),
+                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
+                             tooltip="Video height in pixels (a multiple of 16)."),
                 io.Int.Input("num_frames", default=defaults.LONG_NUM_FRAMES, min=0, max=defaults.MAX_LONG_FRAMES,
                              step=4, tooltip="Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: a cap "
                                              "on their length (0 = all of it)."),
@@ -61,12 +63,17 @@ class Cosmos3LongVideo(io.ComfyNode):
                              tooltip=f"Frames each window takes from the previous window's end (-1: "
                                      f"{defaults.LONG_CONDITIONAL_FRAMES} for text/image-to-video, "
                                      f"{defaults.TRANSFER_CONDITIONAL_FRAMES} for Transfer)."),
-                io.Float.Input("fps", default=defaults.FPS, min=1.0, max=120.0, step=0.5),
-                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True),
-                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS),
+                io.Float.Input("fps", default=defaults.FPS, min=1.0, max=120.0, step=0.5,
+                               tooltip="Frame rate the prompt describes and the mp4 is written at."),
+                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
+                             tooltip="Noise seed of the whole video (one generator feeds every window in order)."),
+                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
+                             tooltip="Denoising steps per window."),
                 io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
-                               round=0.01),
-                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE),
+                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only."),
+                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE,
+                               tooltip="flow_shift: linear flow sigmas with the shift below; karras: the checkpoint's "
+                                       "released scheduler config."),
                 io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
                                tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
                 io.Boolean.Input("sound", default=False,
@@ -76,13 +83,17 @@ class Cosmos3LongVideo(io.ComfyNode):
                                max=defaults.MAX_GUIDANCE, step=0.1, round=0.01,
                                tooltip="Transfer: strength of the controls (1 = as given; other values add a pass "
                                        "without them and extrapolate)."),
-                io.String.Input("filename_prefix", default="cosmos3/long_video"),
+                io.String.Input("filename_prefix", default="cosmos3/long_video",
+                                tooltip="Where the mp4 goes under ComfyUI's output folder (windows are appended as "
+                                        "they finish)."),
                 io.Image.Input("image", optional=True, tooltip="Image-to-video: the first window starts from it."),
                 io.Image.Input("video", optional=True,
                                tooltip="Its first conditional_frames frames seed the first window."),
                 *controls,
             ],
-            outputs=[io.Video.Output(display_name="video")],
+            outputs=[io.Video.Output(display_name="video",
+                                     tooltip="The finished mp4 (already saved in the output folder), for preview or "
+                                             "further VIDEO nodes.")],
             is_output_node=True,
         )
 

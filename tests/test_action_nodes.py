@@ -13,19 +13,15 @@ from PIL import Image
 
 import comfy_host
 from test_nodes import assert_next_run_succeeds, error_of, run
-from test_workflows import (ACTION_WORKFLOWS, TEST_IMAGE, TINY_NANO, check_mp4, ensure_tiny_checkpoints, load_api,
-                            nodes_of, shrink_api, write_test_inputs)
+from test_workflows import (ACTION_WORKFLOWS, TEST_IMAGE, TINY_NANO, check_mp4, load_api, nodes_of, prepared_executor,
+                            shrink_api)
 
 pytestmark = pytest.mark.comfy
 
 
 @pytest.fixture(scope="module")
 def host():
-    h = comfy_host.get_executor()
-    h.assert_pack_loaded()
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
-    write_test_inputs(h.base_dir / "input")
-    return h
+    return prepared_executor()
 
 
 def saved_files(host, outputs: dict, node_id: str, key: str):
@@ -37,7 +33,9 @@ def test_action_nodes_registered(host):
     for node_id in ("Cosmos3ActionCondition", "Cosmos3SaveActions", "Cosmos3LoadActions"):
         assert node_id in host.node_class_mappings
     sampler = host.node_class_mappings["Cosmos3KSamplerUniPCDualTower"].GET_NODE_INFO_V1()
-    assert sampler["input_order"]["optional"][-1] == "action"  # appended: old graphs keep their slots
+    optional = sampler["input_order"]["optional"]
+    # appended after the inputs that existed before it: old graphs keep their slots
+    assert optional[: optional.index("action") + 1] == ["condition", "compile", "batch_size", "action"], optional
     assert sampler["output"] == ["LATENT", "COSMOS3_SOUND", "COSMOS3_ACTIONS"]
 
 

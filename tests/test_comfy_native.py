@@ -13,19 +13,14 @@ import logging
 
 import pytest
 
-import comfy_host
-from test_workflows import ensure_tiny_checkpoints, load_api, node_info, shrink_api, write_test_inputs
+from test_workflows import load_api, node_info, prepared_executor, shrink_api
 
 pytestmark = pytest.mark.comfy
 
 
 @pytest.fixture(scope="module")
 def host():
-    h = comfy_host.get_executor()
-    h.assert_pack_loaded()
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
-    write_test_inputs(h.base_dir / "input")
-    return h
+    return prepared_executor()
 
 
 def test_every_input_and_output_has_a_tooltip(host):

@@ -237,14 +237,9 @@ def test_cli_refuses_what_a_distilled_checkpoint_fixes(checkpoint, tmp_path, ext
 # (the two distilled workflows themselves run in test_nodes.py / test_server.py, as every shipped workflow)
 @pytest.fixture(scope="module")
 def host():
-    import comfy_host
-    from test_workflows import ensure_tiny_checkpoints, write_test_inputs
+    from test_workflows import prepared_executor
 
-    h = comfy_host.get_executor()
-    h.assert_pack_loaded()
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
-    write_test_inputs(h.base_dir / "input")
-    return h
+    return prepared_executor()
 
 
 def _distilled_graph(mode: str, **kw) -> dict:

@@ -12,18 +12,14 @@ import uuid
 import pytest
 
 import comfy_host
-from test_workflows import (check_mp4, ensure_tiny_checkpoints, load_api, nodes_of, output_files,
-                            shrink_api, write_test_inputs)
+from test_workflows import check_mp4, load_api, nodes_of, output_files, prepared_executor, shrink_api
 
 pytestmark = pytest.mark.comfy
 
 
 @pytest.fixture(scope="module")
 def host():
-    h = comfy_host.get_executor()
-    h.assert_pack_loaded()
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
-    write_test_inputs(h.base_dir / "input")
+    h = prepared_executor()
 
     import comfy.model_management as mm
     import comfy.utils

@@ -17,11 +17,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import comfy_host
 from cosmos3_core.lora import LoraError, check_fits, read_lora
 from cosmos3_core.tiny import build_tiny_checkpoint
 from test_transformer_parity import reference_step, ours_step, rel_err
-from test_workflows import ensure_tiny_checkpoints, load_api, shrink_api, write_test_inputs
+from test_workflows import load_api, prepared_executor, shrink_api
 
 TARGETS = ("layers.0.self_attn.add_q_proj", "layers.1.self_attn.add_v_proj", "layers.0.self_attn.to_add_out",
            "layers.1.mlp_moe_gen.down_proj", "layers.0.self_attn.to_k", "layers.1.mlp.up_proj", "proj_in")
@@ -101,11 +100,7 @@ def test_corrupt_and_unsupported_files_are_refused(shapes, tmp_path):
 
 @pytest.fixture(scope="module")
 def host():
-    h = comfy_host.get_executor()
-    h.assert_pack_loaded()
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
-    write_test_inputs(h.base_dir / "input")
-    return h
+    return prepared_executor()
 
 
 @pytest.fixture(scope="module")

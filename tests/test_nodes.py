@@ -20,8 +20,8 @@ import torch
 
 import comfy_host
 from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
-                            TINY_NANO_VLM, check_outputs, ensure_tiny_checkpoints, load_api, nodes_of, output_files,
-                            shrink_api, tiny_checkpoint_for, write_test_inputs)
+                            TINY_NANO_VLM, check_outputs, load_api, nodes_of, output_files, prepared_executor,
+                            shrink_api, tiny_checkpoint_for)
 
 pytestmark = pytest.mark.comfy
 
@@ -41,10 +41,7 @@ class _Recorder:
 
 @pytest.fixture(scope="module")
 def host():
-    h = comfy_host.get_executor()
-    h.assert_pack_loaded()  # the node tests fail (with the import traceback) if the pack did not load
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
-    write_test_inputs(h.base_dir / "input")
+    h = prepared_executor()  # the node tests fail (with the import traceback) if the pack did not load
 
     import comfy.model_management as mm
     import comfy.utils

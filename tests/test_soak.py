@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import comfy_host
-from test_workflows import TINY_EDGE, TINY_NANO, load_api, nodes_of, shrink_api, write_test_inputs
+from test_workflows import TINY_EDGE, TINY_NANO, load_api, shrink_api, write_test_inputs
 
 pytestmark = pytest.mark.comfy
 

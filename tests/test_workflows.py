@@ -108,6 +108,18 @@ def load_api(mode: str) -> dict:
     return json.loads(api_path(mode).read_text())
 
 
+def prepared_executor():
+    """The in-process ComfyUI host with this pack loaded (fails with the import traceback if it did not), the tiny
+    checkpoints in its model folder and the test inputs in its input folder — what every node test starts from."""
+    import comfy_host
+
+    h = comfy_host.get_executor()
+    h.assert_pack_loaded()
+    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
+    write_test_inputs(h.base_dir / "input")
+    return h
+
+
 def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
     """Tiny Nano (with sound) and Edge checkpoints under ``models_dir``, each also with the reasoner's parts
     (``vision_encoder/``, processor files) as ``*-vlm``; built once (~2 s in all)."""
