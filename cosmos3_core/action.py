@@ -454,11 +454,11 @@ class ActionGenerationRequest:
     prompt: str = ""
     negative_prompt: str = defaults.ACTION_NEGATIVE_PROMPT  # used raw, only when guidance != 1
     fps: float = defaults.ACTION_FPS
-    steps: int = defaults.ACTION_STEPS
+    steps: int | None = None  # None → defaults.ACTION_STEPS (decided in Cosmos3Pipeline.plan_action)
     guidance: float = defaults.ACTION_GUIDANCE
     seed: int = defaults.SEED
     schedule: str = defaults.ACTION_SCHEDULE
-    shift: float = defaults.ACTION_SHIFT
+    shift: float | None = None  # None → defaults.ACTION_SHIFT (decided in Cosmos3Pipeline.plan_action)
     sound: bool = False
     use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT
     compile: bool = False

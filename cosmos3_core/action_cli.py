@@ -119,9 +119,8 @@ def run_action(args: argparse.Namespace) -> dict[str, float]:
         ),
         prompt=args.prompt,
         negative_prompt=defaults.ACTION_NEGATIVE_PROMPT if args.negative_prompt is None else args.negative_prompt,
-        fps=args.fps, steps=args.steps or defaults.ACTION_STEPS, guidance=args.guidance,
-        seed=args.seed, schedule=args.schedule,
-        shift=defaults.ACTION_SHIFT if args.shift is None else args.shift,
+        fps=args.fps, steps=args.steps, guidance=args.guidance, seed=args.seed, schedule=args.schedule,
+        shift=args.shift,
         sound=args.sound, use_system_prompt=args.use_system_prompt, compile=args.compile,
     )
 
