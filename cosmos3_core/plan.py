@@ -14,14 +14,17 @@ the modular ``Cosmos3ActionPrepareLatentsStep`` / ``Cosmos3ActionLoopSchedulerSt
   (ComfyUI's ``batch_size``) runs seeds ``seed … seed+N−1``, each item drawn from its own generator, stacked with
   the guidance branches into one forward (rows ``[cond × N | uncond × N]``);
 * ``latents = mask·x0 + (1−mask)·noise`` per stream (clean latent frames, clean actions);
-* one UniPC scheduler for vision and a deep copy each for sound and action (own history, same sigmas); the action
+* one UniPC scheduler for vision and a deep copy each for sound and action (own history, same sigmas) — or, for a
+  distilled checkpoint (``distilled.py``), the checkpoint's stochastic FlowMatchEuler stepper drawing from the
+  noise's generator, with the conditioned frames re-anchored after every step; the action
   channels beyond the raw action dimension are zero at the start and after every step; a stream with nothing
   noisy (inverse dynamics' actions) is never stepped;
 * CFG ``v = v_u + g·(v_c − v_u)`` for every stream; ``guidance == 1`` runs the cond branch alone; an optional
   ``guidance_interval`` (a speed option, not the reference) drops the uncond branch for timesteps outside
   ``[low, high]``.
 
-A plan holds stateful schedulers: it is run once.
+Transfer windows (``transfer.py``) build the same ``SamplePlan`` with more branches and their nested combine; a
+long video is one plan per window (``long_video.py``). A plan holds stateful schedulers: it is run once.
 """
 
 from __future__ import annotations
@@ -150,11 +153,6 @@ class SamplePlan:
     def steps(self) -> int:
         return len(self.guidance)
 
-    @property
-    def text_lengths(self) -> list[int]:
-        """Prompt lengths of the widest step's branches (what the memory estimate covers)."""
-        return list(max((g.layout.text_lengths for g in self.guidance), key=len))
-
     def stream(self, name: str) -> Stream | None:
         return next((s for s in self.streams if s.name == name), None)
 
@@ -232,20 +230,8 @@ def make_plan(
     per_item = [initial_noise((seed + k) % (defaults.MAX_SEED + 1), shapes,
                               None if generators is None else generators[k]) for k in range(batch_size)]
     noise = [torch.cat(parts) for parts in zip(*per_item)]  # each [N, ...]
-    mask = torch.zeros(t_lat, 1, 1)
-    mask[clean_frames] = 1.0
-    clean = torch.zeros(latent_shape)
-    if x0 is not None:  # x0 may hold only the leading (clean) latent frames
-        if x0.shape[2] <= max(clean_frames, default=-1) or tuple(x0.shape[3:]) != tuple(latent_shape[3:]):
-            raise ValueError(
-                f"{who}: conditioning latents {tuple(x0.shape)} do not cover clean frames {clean_frames} of a latent "
-                f"{tuple(latent_shape)}; encode the condition at the clip's width and height."
-            )
-        frames = min(x0.shape[2], t_lat)
-        clean[:, :, :frames] = x0[:, :, :frames].detach().float().cpu()
-    vision_init = (mask * clean + (1.0 - mask) * noise[0]).to(device)
-    anchor = dict(anchor=clean.to(device), anchor_mask=mask.to(device)) if reanchor_vision and clean_frames else {}
-    streams = [Stream("vision", vision_init, vision_stepper, **anchor)]
+    streams = [vision_stream(latent_shape, noise[0], vision_stepper, x0=x0, clean_frames=clean_frames,
+                             reanchor=reanchor_vision, device=device, who=who)]
     if sound_len:
         streams.append(Stream("sound", noise[1].to(device), vision_stepper.fork()))
     if action is not None:
@@ -263,6 +249,30 @@ def make_plan(
         device=device, num_tokens=num_tokens, batch_size=batch_size,
         memory_required=step_memory_required(config, num_tokens, list(layout.text_lengths) * batch_size, dtype),
     )
+
+
+def vision_stream(latent_shape: Sequence[int], noise: torch.Tensor, stepper: SchedulerStepper, *,
+                  x0: torch.Tensor | None = None, clean_frames: Sequence[int] = (), reanchor: bool = False,
+                  device: torch.device | str = "cpu", who: str = "sample") -> Stream:
+    """The video latent stream: ``mask·x0 + (1−mask)·noise`` with the clean conditioning frames of ``x0`` (which may
+    hold only the leading latent frames), re-anchored to them after every step when ``reanchor`` (a stochastic
+    scheduler re-noises every position)."""
+    t_lat = int(latent_shape[2])
+    clean_frames = list(clean_frames)
+    mask = torch.zeros(t_lat, 1, 1)
+    mask[clean_frames] = 1.0
+    clean = torch.zeros(tuple(latent_shape))
+    if x0 is not None:
+        if x0.shape[2] <= max(clean_frames, default=-1) or tuple(x0.shape[3:]) != tuple(latent_shape[3:]):
+            raise ValueError(
+                f"{who}: conditioning latents {tuple(x0.shape)} do not cover clean frames {clean_frames} of a latent "
+                f"{tuple(latent_shape)}; encode the condition at the clip's width and height."
+            )
+        frames = min(x0.shape[2], t_lat)
+        clean[:, :, :frames] = x0[:, :, :frames].detach().float().cpu()
+    init = (mask * clean + (1.0 - mask) * noise).to(device)
+    anchor = dict(anchor=clean.to(device), anchor_mask=mask.to(device)) if reanchor and clean_frames else {}
+    return Stream("vision", init, stepper, **anchor)
 
 
 def _action_stream(action: ActionInput, noise: torch.Tensor, stepper: SchedulerStepper, device) -> Stream:

@@ -28,7 +28,7 @@ import torch
 
 from .conditioning import preprocess_video
 from .layout import build_layout
-from .plan import Guidance, SamplePlan, Stream
+from .plan import Guidance, SamplePlan, initial_noise, vision_stream
 from .prompt import PromptIds, _chat_ids, _special_ids
 from .schedulers import SchedulerStepper
 from .text_kv import TextKV
@@ -132,17 +132,9 @@ def make_transfer_plan(
     """One Transfer window as a plan. ``prefix`` ``[n, C, T, h, w]`` the window's control latents; ``x0`` the
     encoded seed frames (only ``clean_frames`` read); noise is drawn from ``generator`` (the run's, continued)."""
     device = torch.device(device)
-    t_lat = int(latent_shape[2])
-    noise = torch.randn(tuple(latent_shape), generator=generator, dtype=torch.float32)
-    mask = torch.zeros(t_lat, 1, 1)
-    mask[list(clean_frames)] = 1.0
-    clean = torch.zeros(tuple(latent_shape))
-    if x0 is not None and clean_frames:
-        frames = min(x0.shape[2], t_lat)
-        clean[:, :, :frames] = x0[:, :, :frames].detach().float().cpu()
-    init = (mask * clean + (1.0 - mask) * noise).to(device)
-    anchor = dict(anchor=(mask * clean).to(device), anchor_mask=mask.to(device)) if clean_frames else {}
-    stream = Stream("vision", init, stepper, **anchor)
+    (noise,) = initial_noise(0, [latent_shape], generator)
+    stream = vision_stream(latent_shape, noise, stepper, x0=x0 if clean_frames else None, clean_frames=clean_frames,
+                           reanchor=True, device=device, who="transfer")
 
     cond, uncond = cond.to(device), uncond.to(device)
     prefix = prefix.to(device)
