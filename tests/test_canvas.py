@@ -167,7 +167,8 @@ def test_templates_dialog_cards_show_the_thumbnails(server, page):
     titles = sorted(ui_path(m).stem for m in ALL_WORKFLOWS)
     b.eval("app.extensionManager.command.execute('Comfy.BrowseTemplates'); true")
     pack = json.dumps(comfy_host.PACK_NAME)
-    b.wait_for(f"[...document.querySelectorAll('.p-dialog *')].some(e => !e.children.length && e.textContent.trim() === {pack})",
+    b.wait_for(f"[...document.querySelectorAll('.p-dialog *')]"
+               f".some(e => !e.children.length && e.textContent.trim() === {pack})",
                timeout=30, what="the Templates dialog with the pack's category")
     b.eval(f"""(() => {{ const nav = [...document.querySelectorAll('.p-dialog *')].filter(
         e => !e.children.length && e.textContent.trim() === {pack}); nav[nav.length - 1].click(); return true; }})()""")
@@ -175,12 +176,13 @@ def test_templates_dialog_cards_show_the_thumbnails(server, page):
     b.wait_for(f"{cards}.length === {len(titles)}", timeout=30, what=f"{len(titles)} cards in the pack's category")
     names = b.eval(f"{cards}.map(c => c.getAttribute('data-testid').slice('template-workflow-'.length))")
     assert sorted(names) == titles, names
+    img = "(() => {{ const im = {cards}[{i}].querySelector('img'); return {what}; }})()"
     loaded = {}
     for i in range(len(titles)):
         b.eval(f"{cards}[{i}].scrollIntoView({{block: 'center'}}); true")
-        b.wait_for(f"(() => {{ const im = {cards}[{i}].querySelector('img'); return !!im && im.complete && im.naturalWidth > 0; }})()",
+        b.wait_for(img.format(cards=cards, i=i, what="!!im && im.complete && im.naturalWidth > 0"),
                    timeout=15, what=f"the thumbnail of template card {names[i]!r}")
-        src, *size = b.eval(f"(() => {{ const im = {cards}[{i}].querySelector('img'); return [im.src, im.naturalWidth, im.naturalHeight]; }})()")
+        src, *size = b.eval(img.format(cards=cards, i=i, what="[im.src, im.naturalWidth, im.naturalHeight]"))
         assert "default-template" not in src, f"template card {names[i]!r} shows the frontend's placeholder: {src}"
         loaded[names[i]] = size
     b.screenshot(ARTIFACTS / "templates_dialog.png")

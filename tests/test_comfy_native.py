@@ -64,7 +64,8 @@ def test_each_template_has_the_thumbnail_the_frontend_asks_for():
     # how the frontend lists a pack's templates: from the names in /api/workflow_templates, always as a jpg image
     assert re.search(r'\{name:\w+,mediaType:"image",mediaSubtype:"jpg",description:\w+,sourceModule:\w+\}', bundle)
     # where it fetches the picture: apiURL(`/workflow_templates/${module}/${name}`) + (suffix only for "default") + .ext
-    assert re.search(r'apiURL\(`/workflow_templates/\$\{\w+\}/\$\{\w+\.name\}`\),\w+=\w+==="default"&&\w+\?`-\$\{\w+\}`:""'
+    assert re.search(r'apiURL\(`/workflow_templates/\$\{\w+\}/\$\{\w+\.name\}`\),'
+                     r'\w+=\w+==="default"&&\w+\?`-\$\{\w+\}`:""'
                      r';return`\$\{\w+\}\$\{\w+\}\.\$\{\w+\.mediaSubtype\}`', bundle)
     for mode in ALL_WORKFLOWS:
         jpg = thumbnail_path(mode)
