@@ -14,7 +14,8 @@ widgets_values through the live schemas):
   ``<repo>/.out/canvas``).
 
 Also: ComfyUI's Templates listing (``/api/workflow_templates``) shows exactly the UI workflows (no API twins), each
-with its ``.jpg`` thumbnail served; a reload with unsaved workflows raises the "Leave site?" dialog, which is
+with its ``.jpg`` thumbnail served, and the real Templates dialog (the pack's category) shows that ``.jpg`` on every
+card (``templates_dialog.png``); a reload with unsaved workflows raises the "Leave site?" dialog, which is
 answered, and the app comes back. ``COSMOS3_UPDATE_THUMBNAILS=1`` also rewrites ``workflows/<name>.jpg`` from a
 screenshot of each workflow as shipped (fit to view).
 """
@@ -157,6 +158,47 @@ def test_templates_list_ui_workflows_with_thumbnails(server):
         with urllib.request.urlopen(server.url + url, timeout=30) as r:
             assert r.status == 200 and r.headers.get("Content-Type") == "image/jpeg", (url, r.headers)
             assert r.read(3) == b"\xff\xd8\xff"  # a JPEG
+
+
+def test_templates_dialog_cards_show_the_thumbnails(server, page):
+    """The real Templates dialog (Comfy.BrowseTemplates), the pack's category: one card per UI workflow, titled by the
+    file name, whose picture is our ``.jpg`` (LazyImage fetches it once the card is in view: scroll each card in)."""
+    b = page
+    titles = sorted(ui_path(m).stem for m in ALL_WORKFLOWS)
+    b.eval("app.extensionManager.command.execute('Comfy.BrowseTemplates'); true")
+    pack = json.dumps(comfy_host.PACK_NAME)
+    b.wait_for(f"[...document.querySelectorAll('.p-dialog *')]"
+               f".some(e => !e.children.length && e.textContent.trim() === {pack})",
+               timeout=30, what="the Templates dialog with the pack's category")
+    b.eval(f"""(() => {{ const nav = [...document.querySelectorAll('.p-dialog *')].filter(
+        e => !e.children.length && e.textContent.trim() === {pack}); nav[nav.length - 1].click(); return true; }})()""")
+    cards = "[...document.querySelectorAll('.p-dialog [data-testid^=\"template-workflow-\"]')]"
+    b.wait_for(f"{cards}.length === {len(titles)}", timeout=30, what=f"{len(titles)} cards in the pack's category")
+    names = b.eval(f"{cards}.map(c => c.getAttribute('data-testid').slice('template-workflow-'.length))")
+    assert sorted(names) == titles, names
+    img = "(() => {{ const im = {cards}[{i}].querySelector('img'); return {what}; }})()"
+    loaded = {}
+    for i in range(len(titles)):
+        b.eval(f"{cards}[{i}].scrollIntoView({{block: 'center'}}); true")
+        b.wait_for(img.format(cards=cards, i=i, what="!!im && im.complete && im.naturalWidth > 0"),
+                   timeout=15, what=f"the thumbnail of template card {names[i]!r}")
+        src, *size = b.eval(img.format(cards=cards, i=i, what="[im.src, im.naturalWidth, im.naturalHeight]"))
+        assert "default-template" not in src, f"template card {names[i]!r} shows the frontend's placeholder: {src}"
+        loaded[names[i]] = size
+    b.screenshot(ARTIFACTS / "templates_dialog.png")
+    from PIL import Image
+
+    for mode in ALL_WORKFLOWS:  # the picture shown is our file (its size), not the frontend's default-template.png
+        with Image.open(thumbnail_path(mode)) as im:
+            assert loaded[ui_path(mode).stem] == list(im.size), (mode, loaded[ui_path(mode).stem], im.size)
+    closed = b.eval("""(() => {
+        const dlg = document.querySelector('[data-testid="template-workflows-content"]').closest('.p-dialog');
+        const btn = [...dlg.querySelectorAll('button')].find(x => x.querySelector('[class*="lucide--x"], .pi-times'));
+        if (btn) btn.click();
+        return !!btn;
+    })()""")
+    assert closed, "no close (x) button on the Templates dialog"
+    b.wait_for(f"{cards}.length === 0", timeout=10, what="the Templates dialog to close")
 
 
 @pytest.mark.parametrize("mode", ALL_WORKFLOWS)

@@ -5,15 +5,20 @@
 * the loader's ``weight_dtype`` (fp8 storage, bf16/fp32 compute through comfy.ops) runs a workflow end to end, old
   saved loader values keep working, and bad values are refused with one clear message;
 * ``Cosmos3 LoRA Loader`` patches the generation tower through ComfyUI's ModelPatcher: strength 0 equals no LoRA,
-  changing the strength does not reload the checkpoint, two LoRAs stack, bad files are refused clearly.
+  changing the strength does not reload the checkpoint, two LoRAs stack, bad files are refused clearly;
+* the Templates thumbnails follow the contract of the bundled frontend (1.32.9): a custom pack's card is built from
+  the file name alone with ``mediaSubtype: "jpg"`` and its picture URL is ``/api/workflow_templates/<pack>/<name>.jpg``
+  (no ``-1`` suffix, no index.json), so each UI workflow has a JPEG of the same name beside it.
 """
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
-from test_workflows import load_api, node_info, prepared_executor, shrink_api
+from test_workflows import ALL_WORKFLOWS, load_api, node_info, prepared_executor, shrink_api, thumbnail_path
 
 pytestmark = pytest.mark.comfy
 
@@ -50,6 +55,21 @@ def test_comfyui_names_each_loaded_part(host, caplog):
     for part in ("Cosmos3TextTower", "Cosmos3GenerationTower", "Cosmos3WanVAE", "Cosmos3SoundDecoder"):
         assert f"Requested to load {part}" in loaded, loaded
     assert "Requested to load Module" not in loaded, loaded
+
+
+def test_each_template_has_the_thumbnail_the_frontend_asks_for():
+    import comfyui_frontend_package as frontend  # ComfyUI 0.3.75 requirements: the frontend it serves (1.32.9)
+    bundle = "".join(p.read_text(errors="replace") for p in (Path(frontend.__file__).parent / "static").rglob("*.js")
+                     if "getTemplateThumbnailUrl" in p.read_text(errors="replace"))
+    # how the frontend lists a pack's templates: from the names in /api/workflow_templates, always as a jpg image
+    assert re.search(r'\{name:\w+,mediaType:"image",mediaSubtype:"jpg",description:\w+,sourceModule:\w+\}', bundle)
+    # where it fetches the picture: apiURL(`/workflow_templates/${module}/${name}`) + (suffix only for "default") + .ext
+    assert re.search(r'apiURL\(`/workflow_templates/\$\{\w+\}/\$\{\w+\.name\}`\),'
+                     r'\w+=\w+==="default"&&\w+\?`-\$\{\w+\}`:""'
+                     r';return`\$\{\w+\}\$\{\w+\}\.\$\{\w+\.mediaSubtype\}`', bundle)
+    for mode in ALL_WORKFLOWS:
+        jpg = thumbnail_path(mode)
+        assert jpg.is_file() and jpg.read_bytes()[:3] == b"\xff\xd8\xff", f"{jpg}: missing or not a JPEG"
 
 
 # -------------------------------------------------------------------------------------------- weight dtype
