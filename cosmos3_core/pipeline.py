@@ -438,14 +438,21 @@ class Cosmos3Pipeline:
                 text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
                 sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, who="generate",
             )
+        return self._run_and_decode(plan, timings, r.num_frames, r.fps, callback=callback, compile=r.compile,
+                                    attention=r.attention, decode=decode)
+
+    def _run_and_decode(self, plan: SamplePlan, timings: dict[str, float], num_frames: int, fps: float, *,
+                        callback: StepCallback | None, compile: bool, attention: str = "auto",
+                        decode: bool = True) -> GenerationOutput:
+        """The stages after planning that every whole run shares: denoise, then decode the video and sound."""
         with _timed(timings, "inference"):
-            result = self.run(plan, callback=callback, compile=r.compile, attention=r.attention)
+            result = self.run(plan, callback=callback, compile=compile, attention=attention)
         frames = waveform = None
         if decode:
             with _timed(timings, "decode"):
                 frames = self.decode_video(result.latents)
                 if result.sound is not None:
-                    waveform = self.decode_sound(result.sound[0], r.num_frames, r.fps)
+                    waveform = self.decode_sound(result.sound[0], num_frames, fps)
         sound = None if result.sound is None else result.sound[0]
         action = None if result.action is None else result.action[0]
         return GenerationOutput(result.latents, sound, frames, waveform, timings, action)
@@ -502,17 +509,10 @@ class Cosmos3Pipeline:
             text = self.prefill_action_prompts(ids, condition, fps=r.fps)
             plan = self.plan_action(text, condition, seed=r.seed, steps=r.steps, guidance=r.guidance,
                                     schedule=r.schedule, shift=r.shift, sound=r.sound, who="generate")
-        with _timed(timings, "inference"):
-            result = self.run(plan, callback=callback, compile=r.compile)
-        frames = waveform = None
-        if decode:
-            with _timed(timings, "decode"):
-                frames = self.decode_video(result.latents)
-                if result.sound is not None:
-                    waveform = self.decode_sound(result.sound[0], condition.num_frames, r.fps)
-        sound = None if result.sound is None else result.sound[0]
-        actions = action_mod.unpadded_actions(result.action[0], condition)
-        return GenerationOutput(result.latents, sound, frames, waveform, timings, result.action[0], actions)
+        out = self._run_and_decode(plan, timings, condition.num_frames, r.fps, callback=callback, compile=r.compile,
+                                   decode=decode)
+        out.actions = action_mod.unpadded_actions(out.action, condition)
+        return out
 
 
 def _read_model_index(root: Path) -> dict:
