@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from . import defaults
 from .conditioning import preprocess_video
 from .plan import ActionInput
-from .prompt import DEFAULT_MAX_TOKENS, SYSTEM_PROMPT_VIDEO, PromptIds, _chat_ids, _special_ids
+from .prompt import DEFAULT_MAX_TOKENS, SYSTEM_PROMPT_VIDEO, PromptIds, branch_ids
 
 ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -364,18 +364,12 @@ def action_prompt_ids(tokenizer, condition: ActionCondition, prompt: str, negati
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
         raise ValueError(f"action: fps={fps!r} must be a positive number (the action models run at "
                          f"{defaults.ACTION_FPS:g}).")
-    eos, vision_start = _special_ids(tokenizer)
     system = SYSTEM_PROMPT_VIDEO if use_system_prompt else None
     cond_text = action_caption(prompt, view_point=condition.view_point, num_frames=condition.num_frames, fps=fps,
                                height=condition.canvas[0], width=condition.canvas[1])
     uncond_text = negative_prompt or ""
-    cond = _chat_ids(tokenizer, cond_text, system) + [eos, vision_start]
-    uncond = _chat_ids(tokenizer, uncond_text, system) + [eos, vision_start]
-    for name, ids in (("prompt", cond), ("negative_prompt", uncond)):
-        if len(ids) > max_tokens:
-            raise ValueError(f"action: {name} is {len(ids)} tokens after the caption and chat formatting, over the "
-                             f"limit of {max_tokens}; shorten it.")
-    return PromptIds(cond=cond, uncond=uncond, cond_text=cond_text, uncond_text=uncond_text)
+    return branch_ids(tokenizer, cond_text, uncond_text, system, max_tokens,
+                      who="action", after="the caption and chat formatting", fix="shorten it")
 
 
 # ---------------------------------------------------------------------------------------------- output + files

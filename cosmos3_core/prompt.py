@@ -252,7 +252,6 @@ def encode_prompts(tokenizer, prompt: str, negative_prompt: str | None = None, *
     (special tokens included) is an error."""
     _check_args(prompt, negative_prompt, num_frames, height, width, fps, max_tokens)
     fps = float(fps)  # Fraction.__format__ has no "f" before Python 3.12; float formats identically
-    eos, vision_start = _special_ids(tokenizer)
     if negative_prompt is None:
         negative_prompt = ""
     system_prompt = None
@@ -263,10 +262,18 @@ def encode_prompts(tokenizer, prompt: str, negative_prompt: str | None = None, *
                   add_duration_template=add_duration_template, add_resolution_template=add_resolution_template)
     cond_text = apply_templates(prompt, **common)
     uncond_text = apply_templates(negative_prompt, negative=True, **common)
+    return branch_ids(tokenizer, cond_text, uncond_text, system_prompt, max_tokens,
+                      who="encode_prompts", after="templates and chat formatting", fix="shorten it (or raise max_tokens)")
+
+
+def branch_ids(tokenizer, cond_text: str, uncond_text: str, system_prompt: str | None, max_tokens: int, *,
+               who: str, after: str, fix: str) -> PromptIds:
+    """Both branches' ids as the reference packs them: the chat-formatted text, then ``[eos, <|vision_start|>]``;
+    a branch longer than ``max_tokens`` is refused, naming it."""
+    eos, vision_start = _special_ids(tokenizer)
     cond = _chat_ids(tokenizer, cond_text, system_prompt) + [eos, vision_start]
     uncond = _chat_ids(tokenizer, uncond_text, system_prompt) + [eos, vision_start]
     for name, ids in (("prompt", cond), ("negative_prompt", uncond)):
         if len(ids) > max_tokens:
-            raise ValueError(f"encode_prompts: {name} is {len(ids)} tokens after templates and chat formatting, "
-                             f"over the limit of {max_tokens}; shorten it (or raise max_tokens).")
+            raise ValueError(f"{who}: {name} is {len(ids)} tokens after {after}, over the limit of {max_tokens}; {fix}.")
     return PromptIds(cond=cond, uncond=uncond, cond_text=cond_text, uncond_text=uncond_text)
