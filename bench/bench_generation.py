@@ -11,6 +11,14 @@ memory. End to end (text prefill, 35 guided steps, VAE decode, audio decode) run
 
     python bench/bench_generation.py --out results.json --resolutions 256p,480p,720p --e2e 480p --e2e-diffusers 480p
     python bench/bench_generation.py --render results.json > BENCHMARKS.md
+
+``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/caches.py) save: it runs two fresh
+processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
+and reports, per process and shape, the compile warm-up (first compiled step minus the steady one), the inductor /
+AOT-autograd cache hits and misses and the steady compiled step. ``--tiny`` runs the same code on the CPU with a
+tiny random model (a check that it runs, not a measurement):
+
+    python bench/bench_generation.py --warm-start t2i,480p --out warm_start.json [--tiny]
 """
 
 from __future__ import annotations
@@ -19,7 +27,10 @@ import argparse
 import datetime
 import gc
 import json
+import os
 import platform
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 RESOLUTIONS = {"t2i": (720, 1280, 1), "256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
+TINY_RESOLUTIONS = {"t2i": (64, 96, 1), "256p": (32, 64, 17), "480p": (48, 80, 9), "720p": (64, 96, 17)}  # --tiny
 COND_TOKENS, UNCOND_TOKENS = 1500, 60
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
 FP8 = False  # --fp8: also time the approximate FP8-GEMM fast mode
@@ -47,7 +59,8 @@ WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4
 
 
 def sync() -> None:
-    torch.cuda.synchronize()
+    if torch.cuda.is_initialized():  # --tiny runs on the CPU
+        torch.cuda.synchronize()
 
 
 def gib(n: int) -> float:
@@ -410,37 +423,101 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     print("e2e ours", name, results["e2e_ours"][name], flush=True)
 
 
-def probe_warmup(name: str, out_path: str) -> None:
-    """In a fresh process: first compiled step at this shape with the best route (on-disk caches from the first
-    process make this the 'second process' warm-up), plus the first eager FlashAttention-4 call."""
+def build_tiny_ours() -> torch.nn.Module:
+    """A tiny random fp32 model on the CPU (cosmos3_core/tiny.py's geometry and init) for ``--tiny``."""
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.tiny import randomize_transformer_, transformer_config
+    from cosmos3_core.transformer import Cosmos3Transformer
+
+    config = Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000, action=False))
+    model = Cosmos3Transformer(config, skip_modules=("lm_head",))
+    with torch.no_grad():
+        randomize_transformer_(model, torch.Generator().manual_seed(0))
+    return model.eval().requires_grad_(False)
+
+
+def _compile_stats() -> dict:
+    """Cache counters and compile-time totals so far in this process (compare two snapshots)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    times = {k: sum(compilation_time_metrics.get(name, [])) for k, name in
+             (("compile_s", "_compile.compile_inner"), ("dynamo_tracing_s", "bytecode_tracing"))}
+    return dict(
+        fxgraph_cache_hit=counters["inductor"]["fxgraph_cache_hit"],
+        fxgraph_cache_miss=counters["inductor"]["fxgraph_cache_miss"],
+        autograd_cache_hit=counters["aot_autograd"]["autograd_cache_hit"],
+        autograd_cache_miss=counters["aot_autograd"]["autograd_cache_miss"],
+        graphs=counters["stats"]["unique_graphs"], **times)
+
+
+def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
+    """In this (fresh) process, per shape in order: the first compiled step as a user's first run pays it (Dynamo,
+    inductor or its on-disk caches, FlashAttention-4's JIT), the steady compiled step, the compile counters and
+    times it added, and the compiled step's relative difference from the eager one."""
     from cosmos3_core.layout import build_layout
 
     t0 = time.perf_counter()
-    _, ours = build_models("cuda")
-    h, w, frames = RESOLUTIONS[name]
-    shape = (1, 48, (frames - 1) // 4 + 1, h // 16, w // 16)
+    device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)
+    ours = build_tiny_ours() if tiny else build_models(device)[1]
+    vocab, lengths = (1000, (50, 10)) if tiny else (151000, (COND_TOKENS, UNCOND_TOKENS))
     g = torch.Generator().manual_seed(1)
-    kvs = [ours.prefill(torch.randint(0, 151000, (n,), generator=g).tolist()) for n in (COND_TOKENS, UNCOND_TOKENS)]
-    layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device="cuda", dtype=torch.bfloat16)
-    latents = torch.randn(shape, generator=g).cuda()
-    t = torch.tensor(900, device="cuda")
+    kvs = [ours.prefill(torch.randint(0, vocab, (n,), generator=g).tolist()) for n in lengths]
     sync()
-    res = dict(setup_s=round(time.perf_counter() - t0, 1))
-    start = time.perf_counter()
-    ours.denoise_step(latents, t, kvs, layout)
-    sync()
-    res["first_eager_step_s"] = round(time.perf_counter() - start, 2)
-    res["eager_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 3)
+    res = dict(setup_s=round(time.perf_counter() - t0, 1), torch=torch.__version__,
+               device=torch.cuda.get_device_name() if device == "cuda" else device, shapes={})
     ours.compile_generation_layers(True)
-    start = time.perf_counter()
-    ours.denoise_step(latents, t, kvs, layout)
-    sync()
-    res["second_process_compile_warmup_s"] = round(time.perf_counter() - start, 2)
-    res["compiled_step_s"] = round(timed(lambda: ours.denoise_step(latents, t, kvs, layout)), 3)
-    import os
     res["inductor_cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    Path(out_path).write_text(json.dumps({name: res}, indent=1))
-    print("probe", name, res, flush=True)
+    for name in names:
+        h, w, frames = (TINY_RESOLUTIONS if tiny else RESOLUTIONS)[name]
+        shape = (1, 48, (frames - 1) // 4 + 1, h // 16, w // 16)
+        layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device=device, dtype=dtype)
+        latents = torch.randn(shape, generator=g).to(device)
+        t = torch.tensor(900, device=device)
+        step = lambda: ours.denoise_step(latents, t, kvs, layout)  # noqa: E731
+        before = _compile_stats()
+        start = time.perf_counter()
+        step()
+        sync()
+        first = time.perf_counter() - start
+        steady = timed(step, warmup=1, iters=3)
+        after = _compile_stats()
+        compiled = step().vision.float()
+        ours.compile_generation_layers(False)
+        eager = step().vision.float()
+        ours.compile_generation_layers(True)
+        res["shapes"][name] = dict(
+            first_compiled_step_s=round(first, 3), compiled_step_s=round(steady, 4),
+            compile_warmup_s=round(first - steady, 2),
+            **{k: round(after[k] - before[k], 2) for k in after},
+            rel_vs_eager=float(f"{((compiled - eager).norm() / eager.norm()).item():.2e}"))
+        print("probe", name, res["shapes"][name], flush=True)
+    Path(out_path).write_text(json.dumps(res, indent=1))
+
+
+def warm_start(names: str, out_path: str, tiny: bool) -> None:
+    """Two fresh ``--probe-warmup`` processes, one after the other, on one new empty cache root; the compile
+    settings the environment held are dropped so that every cache lands there."""
+    cache = Path(tempfile.mkdtemp(prefix="cosmos3-warm-start-"))
+    drop = ("TORCHINDUCTOR_", "TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE", "TORCH_COMPILE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["COSMOS3_CACHE_DIR"] = str(cache)
+    results = dict(date=datetime.date.today().isoformat(), shapes=names.split(","), tiny=tiny, processes=[])
+    try:
+        for _ in range(2):
+            probe = cache / "probe.json"
+            cmd = [sys.executable, __file__, "--probe-warmup", names, "--out", str(probe)] + (["--tiny"] * tiny)
+            start = time.perf_counter()
+            subprocess.run(cmd, env=env, check=True, timeout=450)
+            run = json.loads(probe.read_text())
+            run["process_wall_s"] = round(time.perf_counter() - start, 1)
+            results["processes"].append(run)
+            Path(out_path).write_text(json.dumps(results, indent=1))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    for i, run in enumerate(results["processes"], 1):
+        for name, r in run["shapes"].items():
+            print(f"process {i} {name}: warm-up {r['compile_warmup_s']} s, steady {r['compiled_step_s']} s, "
+                  f"fxgraph hit/miss {r['fxgraph_cache_hit']}/{r['fxgraph_cache_miss']}", flush=True)
 
 
 def bench_fp8_quality(ours, files, vae, audio, tokenizer, name: str, results: dict) -> None:
@@ -520,16 +597,22 @@ def main() -> None:
     p.add_argument("--gemm-fusion", default="", help="fused vs separate q/k/v and gate/up GEMMs at these shapes")
     p.add_argument("--routes", action="store_true",
                    help="time eager/compiled x SDPA/FlashAttention-4 x CUDA-graph step variants; e2e uses the best")
-    p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at this shape, then exit")
+    p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at these shapes, then exit")
+    p.add_argument("--warm-start", default="",
+                   help="two fresh --probe-warmup processes at these shapes on one new empty cache dir, then exit")
+    p.add_argument("--tiny", action="store_true", help="--probe-warmup/--warm-start on the CPU with a tiny model")
     p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
+    if args.warm_start:
+        warm_start(args.warm_start, args.out, args.tiny)
+        return
+    if args.probe_warmup:  # the product's compile settings, untouched
+        torch.backends.cuda.matmul.allow_tf32 = False
+        probe_warmup(args.probe_warmup.split(","), args.out, args.tiny)
+        return
     for knob in ("recompile_limit", "cache_size_limit"):  # many shapes x routes: never fall back to eager
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 64)
-    if args.probe_warmup:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        probe_warmup(args.probe_warmup, args.out)
-        return
     if args.render:
         from render_benchmarks import render
 
