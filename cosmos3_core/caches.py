@@ -10,6 +10,9 @@ first compile or FlashAttention-4 import) points the caches there:
   neither cache covers that step). Hits need the same graph in every process, so the compiled layer is
   static-shaped except for the prompt lengths (see ``compile_generation_layers``): one graph per output shape,
   whatever the prompt, and no shape-history-dependent switch to a dynamic graph.
+  Not used: ``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts`` (a portable bundle of these same
+  caches, for moving them to another machine; on one machine the directory already holds them) and Dynamo's caching
+  precompile (``TORCH_CACHING_PRECOMPILE``; on torch 2.14 it still traced and turned the AOT-autograd hit into a miss).
 * FlashAttention-4: its CuTe-DSL kernels are JIT-compiled on first use per configuration (~2.5 s); its own
   persistent cache is switched on, in ``<root>/flash4`` (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``).
 

@@ -19,10 +19,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [
-    pytest.mark.compile,
-    pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="CPU inductor needs a C++ compiler"),
-]
+needs_cpu_inductor = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                                        reason="CPU inductor needs a C++ compiler")
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(num_frames=9, height=64, width=96, fps=24.0)
 
@@ -55,6 +53,8 @@ def run_worker(checkpoint: Path, cache: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.compile
+@needs_cpu_inductor
 def test_second_process_loads_the_compiled_layer_from_disk(tmp_path):
     from cosmos3_core.tiny import build_tiny_checkpoint
 
@@ -72,6 +72,25 @@ def test_second_process_loads_the_compiled_layer_from_disk(tmp_path):
     assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second
     assert not second["inductor"].get("fxgraph_cache_miss"), second
     assert second["aot"].get("autograd_cache_hit", 0) >= 1 and not second["aot"].get("autograd_cache_miss"), second
+
+
+def test_cache_dir_replaces_torch_default_but_keeps_the_users(monkeypatch, tmp_path):
+    """Importing torch._dynamo writes torch's /tmp default into TORCHINDUCTOR_CACHE_DIR: that value counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from cosmos3_core.caches import enable_persistent_caches
+
+    monkeypatch.setenv("COSMOS3_CACHE_DIR", str(tmp_path / "root"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    monkeypatch.setenv("TRITON_CACHE_DIR", os.path.join(default_cache_dir(), "triton", "0"))
+    assert enable_persistent_caches() == tmp_path / "root"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "root" / "inductor")
+    assert "TRITON_CACHE_DIR" not in os.environ  # torch re-derives it under ours
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "my-triton"))
+    enable_persistent_caches()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "my-triton")
 
 
 if __name__ == "__main__":
