@@ -15,9 +15,13 @@ them; this module runs the text tower's own forward, including the last layer, `
   tower writing every layer's K/V into a preallocated static cache ``[layers, kv_heads, max_len, head_dim]`` and
   returns the last position's logits.
 * ``decode_step`` runs one token with static shapes: the cache slot and the mRoPE cursor are 0-dim tensors, the
-  attention covers the whole cache under a mask, K/V are written with ``index_copy_`` — no ``.item()``, so the
-  step can be ``torch.compile``d / CUDA-graph captured. Positions past the prompt are ``max(prompt positions) + 1 +
-  i`` on all three axes (transformers' ``rope_deltas``).
+  RoPE rotation is looked up in the cache's table, each layer (``decode_layer``) writes K/V with ``index_copy_`` and
+  attends over the whole cache under a mask (attention.py's decode route: grouped heads, no expanded copy) — no
+  ``.item()``, so the step can be ``torch.compile``d (``compile_decode``) and CUDA-graph captured. Positions past the
+  prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
+* ``generate_ids`` advances the cursor in place after each step, and for greedy decoding picks the token (penalty,
+  argmax, ``seen`` update) inside the step too, so on CUDA one graph replay per token does all of it; a random draw
+  stays outside the graph (the generator's state is not captured).
 * Norms use transformers' rounding (``weight * normed.to(input dtype)``), identical to the generator's in fp32.
 """
 
@@ -298,8 +302,7 @@ class Cosmos3Reasoner:
         self.max_context = int(max_context)
         self.cuda_graphs = True  # decode steps on CUDA replay one captured graph (step_graph.GraphedCall)
         self.graph_sampling = True  # greedy picks happen inside the decode step (inside the graph)
-        self.compile_decode = False  # opt-in: torch.compile the decode layer (decode_layer); not measured yet
-        self._compiled_layer = None
+        self._compiled_layer = None  # compile_decode(): torch.compile of decode_layer (opt-in)
         self.special = special_token_ids(processor, strict=False)
         self.cache: StaticKVCache | None = None
 
@@ -428,21 +431,22 @@ class Cosmos3Reasoner:
         rope = cache.rope.index_select(1, rope_position.view(1))
         slot = cache_index.view(1)
         mask = cache.positions <= cache_index
-        layer_fn = self._decode_layer()
+        layer_fn = self._compiled_layer or decode_layer
         for i, layer in enumerate(self.transformer.layers):
             h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask)
         return self._logits(h)[0]
 
-    def _decode_layer(self) -> Callable:
-        """``decode_layer``, or its ``torch.compile`` (inductor, static shapes) with ``compile_decode`` on."""
-        if not self.compile_decode:
-            return decode_layer
-        if self._compiled_layer is None:
+    def compile_decode(self, enable: bool = True, **compile_kwargs) -> None:
+        """Opt-in, not measured yet: ``torch.compile`` (inductor unless ``compile_kwargs`` say otherwise, whole
+        graph) of ``decode_layer`` — one graph for every layer, fusing its norms, RoPE, cache writes, softmax and
+        SiLU·mul around the GEMMs; the CUDA graph (``cuda_graphs``) is captured over it. The first step compiles."""
+        if enable:
             from .caches import enable_persistent_caches
 
             enable_persistent_caches()
-            self._compiled_layer = torch.compile(decode_layer, fullgraph=True, dynamic=False)
-        return self._compiled_layer
+            self._compiled_layer = torch.compile(decode_layer, **{"fullgraph": True, **compile_kwargs})
+        else:
+            self._compiled_layer = None
 
     # ------------------------------------------------------------------ prompts and generation
     def prepare(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
