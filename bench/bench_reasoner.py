@@ -23,6 +23,7 @@ tokens of ``current`` eager), logits max |diff| per step of — ``eager_repeat``
 ``side_stream`` (eager on a non-default stream, as GraphedCall's warm-up), ``graph`` (GraphedCall: step 0 is its
 warm-up, later steps are replays) — each against the same route's eager run, and ``vs_current_eager`` (the route
 change itself); ``top1_equal_graph`` per step; ``top2_margin`` of current eager (how near-tied random weights are).
+``capture_warnings``: CUDA-graph captures that failed (the step then ran uncaptured; should be empty).
 
     python bench/bench_reasoner.py --out reasoner.json [--families edge,nano] [--new-tokens 256]
     python bench/bench_reasoner.py --tiny --out /tmp/reasoner_tiny.json     # CPU, tiny checkpoint: checks the script
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -93,7 +95,8 @@ def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
     prefill_s = time.perf_counter() - t0
     marks = {}
     t0 = time.perf_counter()
-    ids, _ = reasoner.generate_ids(prepared, params, callback=lambda done, total: marks.setdefault(done, time.perf_counter()))
+    ids, _ = reasoner.generate_ids(prepared, params,
+                                   callback=lambda done, total: marks.setdefault(done, time.perf_counter()))
     sync(device)
     decode_s = time.perf_counter() - t0 - prefill_s  # generate_ids runs the prefill again; subtract it
     row = dict(tokens_per_s=round(len(ids) / decode_s, 1), prefill_s=round(prefill_s, 4))
@@ -238,6 +241,13 @@ def main() -> None:
         sys.exit("bench_reasoner.py: full size needs a CUDA device; use --tiny to check the script on the CPU.")
     else:
         device = torch.device("cuda")
+    warnings = []  # a failed CUDA-graph capture runs the step uncaptured (step_graph.GraphedCall): say so
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage()[:300])
+
+    logging.getLogger("cosmos3_core.step_graph").addHandler(Collect(logging.WARNING))
     t_start = time.perf_counter()
     results = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
                "weights": "tiny random (script check)" if args.tiny else "full-size random bf16",
@@ -247,6 +257,7 @@ def main() -> None:
         results[family] = bench_family(family, args, device)
         print(family, json.dumps(results[family]), flush=True)
         results["total_s"] = round(time.perf_counter() - t_start, 1)
+        results["capture_warnings"] = warnings
         Path(args.out).write_text(json.dumps(results, indent=1))
         gc.collect()
         if device.type == "cuda":

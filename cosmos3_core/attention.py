@@ -140,7 +140,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     groups = h // kv
     scores = torch.matmul(q.reshape(b, kv, groups, hd), k.transpose(-1, -2)) * hd ** -0.5  # [B, KV, G, Sk]
     allowed = torch.broadcast_to(mask, (b, h, 1, sk)).reshape(b, kv, groups, sk)
-    scores = scores.masked_fill(allowed.logical_not(), float("-inf"))
+    scores = torch.where(allowed, scores, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v).reshape(b, h, 1, v.shape[-1])
 

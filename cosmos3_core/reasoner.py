@@ -557,4 +557,4 @@ class Cosmos3Reasoner:
 
 
 __all__ = ["Cosmos3Reasoner", "ReasonerOutput", "SamplingParams", "StaticKVCache", "TASKS", "build_messages",
-           "load_lm_head", "load_text_tower", "postprocess", "process_logits", "sample_token"]
+           "decode_layer", "load_lm_head", "load_text_tower", "postprocess", "process_logits", "sample_token"]

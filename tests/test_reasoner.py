@@ -250,9 +250,9 @@ def test_decode_step_has_static_shapes(setup):
 
 
 def test_compiled_decode_is_one_graph_without_recompiles_and_matches_transformers(setup, family):
-    """``compile_decode``: one traced graph serves every layer and step (aot_eager here: the tracing, not inductor's
-    kernels, is what can recompile or break), and greedy decoding with a repetition penalty — picked inside the step —
-    still equals transformers' ``generate``."""
+    """``compile_decode``: one traced graph serves every layer and step (aot_eager here: the tracing, not
+    inductor's kernels, is what can recompile or break), and greedy decoding with a repetition penalty — picked
+    inside the step — still equals transformers' ``generate``."""
     from torch._dynamo.utils import counters
 
     _, hf, reasoner = setup
