@@ -259,6 +259,7 @@ def main() -> None:
         results["total_s"] = round(time.perf_counter() - t_start, 1)
         results["capture_warnings"] = warnings
         Path(args.out).write_text(json.dumps(results, indent=1))
+        torch._dynamo.reset()  # drops the compiled layer's references to this family's model
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
