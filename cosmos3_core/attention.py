@@ -23,9 +23,10 @@ broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static
 **Decode route** (one query token with a boolean mask, backend ``auto``/``flash4``): transformers'
 ``eager_attention_forward`` (Qwen3-VL / Llama: ``softmax(q·kᵀ·scale + mask, fp32) → input dtype, · v``) with the
 query heads viewed as ``[KV, groups]`` against the un-expanded cache instead of ``repeat_kv``'s copies: each
-(head, key) product is the same, only the 4× copy of the whole cache per layer and token disappears, and it is a
-handful of small kernels (two batched GEMMs and a softmax) instead of SDPA's masked kernel. Backend ``"sdpa"``
-keeps SDPA for it too: with a mask on CUDA the grouped K/V heads are then expanded, since the fused SDPA kernels
+(head, key) product is the same, only the copy of the whole cache per layer and token (``groups``×: 4 on Nano, 2 on
+Edge) disappears, and it is a handful of small kernels (two batched GEMMs and a softmax) instead of SDPA's masked
+kernel (speed on the H200 not measured yet: bench/bench_reasoner.py "gqa" vs "current"). Backend ``"sdpa"`` keeps
+SDPA for it too: with a mask on CUDA the grouped K/V heads are then expanded, since the fused SDPA kernels
 reject ``enable_gqa`` together with a mask.
 """
 
