@@ -40,7 +40,8 @@ class WanFrameDecoder:
     histories after each frame. ``first`` must be True exactly for the clip's first latent frame.
     """
 
-    def __init__(self, decoder: torch.nn.Module, *, compile: bool = False, channels_last: bool = False):
+    def __init__(self, decoder: torch.nn.Module, *, compile: bool = False, channels_last: bool = False,
+                 compile_backend: str = "inductor"):
         from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
 
         if not all(isinstance(b, WanResidualUpBlock) for b in decoder.up_blocks):
@@ -48,14 +49,14 @@ class WanFrameDecoder:
                              f"supported; got up blocks {[type(b).__name__ for b in decoder.up_blocks]}.")
         self.dec = decoder
         self.channels_last = channels_last
-        self.compile = compile
+        self.compile, self.compile_backend = compile, compile_backend
         self._compiled = None
 
     def __call__(self, x: torch.Tensor, state: list, first: bool) -> torch.Tensor:
         if x.shape[2] != 1:
             raise ValueError(f"WanFrameDecoder: decodes one latent frame per call, got {x.shape[2]} frames.")
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last_3d)
+        # a fresh dense frame (not a view into the clip): the compiled graph sees the same strides/offset each call
+        x = x.contiguous(memory_format=torch.channels_last_3d if self.channels_last else torch.contiguous_format)
         if first or not state:
             if not first:
                 raise ValueError("WanFrameDecoder: an empty state needs first=True (the clip's first latent frame).")
@@ -69,7 +70,8 @@ class WanFrameDecoder:
         if not self.compile:
             return self._forward_steady
         if self._compiled is None:
-            self._compiled = torch.compile(self._forward_steady, dynamic=False, fullgraph=True)
+            self._compiled = torch.compile(self._forward_steady, dynamic=False, fullgraph=True,
+                                           backend=self.compile_backend)
         return self._compiled
 
     def _forward_steady(self, x: torch.Tensor, hist: list):
