@@ -36,8 +36,10 @@ HISTORY = 2  # frames of context a temporal-kernel-3 causal conv needs (diffuser
 class WanFrameDecoder:
     """``decoder(x_frame, state, first)`` → decoder output of one latent frame (before unpatchify/clamp).
 
-    ``state`` is a list owned by the caller: pass ``[]`` for a new clip (or tile); it is replaced in place by the
-    histories after each frame. ``first`` must be True exactly for the clip's first latent frame.
+    ``state`` is a list owned by the caller: pass ``[]`` for a new clip (or tile); it holds one history list per
+    stage (input + mid block, each up block, head) and is updated in place, each stage's old histories released as
+    soon as that stage has run. ``first`` must be True exactly for the clip's first latent frame. Compiled, each
+    stage is its own static-shape graph (old + new histories of one stage alive at a time, not of the whole net).
     """
 
     def __init__(self, decoder: torch.nn.Module, *, compile: bool = False, channels_last: bool = False,
@@ -50,51 +52,66 @@ class WanFrameDecoder:
         self.dec = decoder
         self.channels_last = channels_last
         self.compile, self.compile_backend = compile, compile_backend
-        self._compiled = None
+        self._compiled: dict = {}
 
     def __call__(self, x: torch.Tensor, state: list, first: bool) -> torch.Tensor:
         if x.shape[2] != 1:
             raise ValueError(f"WanFrameDecoder: decodes one latent frame per call, got {x.shape[2]} frames.")
-        # a fresh dense frame (not a view into the clip): the compiled graph sees the same strides/offset each call
+        if not first and not state:
+            raise ValueError("WanFrameDecoder: an empty state needs first=True (the clip's first latent frame).")
+        # a fresh dense frame (not a view into the clip): a compiled graph sees the same strides/offset each call
         x = x.contiguous(memory_format=torch.channels_last_3d if self.channels_last else torch.contiguous_format)
-        if first or not state:
-            if not first:
-                raise ValueError("WanFrameDecoder: an empty state needs first=True (the clip's first latent frame).")
-            out, new = self._forward(x, None, True)
-        else:
-            out, new = self._steady()(x, list(state))
-        state[:] = new
-        return out
+        d = self.dec
+        stages = [(_stage_in, d)] + [(_stage_up, b) for b in d.up_blocks] + [(_stage_out, d)]
+        if first:
+            state[:] = [None] * len(stages)
+        for k, (fn, module) in enumerate(stages):
+            hist, state[k] = state[k], None  # the stage's list is the only reference: consumed entries free early
+            x, state[k] = self._run(fn)(module, x, hist, first, self.channels_last)
+            del hist
+        return x
 
-    def _steady(self):
+    def _run(self, fn):
+        """The stage eager (first frame, or compile off) or through its torch.compile'd version."""
         if not self.compile:
-            return self._forward_steady
-        if self._compiled is None:
-            self._compiled = torch.compile(self._forward_steady, dynamic=False, fullgraph=True,
-                                           backend=self.compile_backend)
-        return self._compiled
+            return fn
+        if fn not in self._compiled:
+            # one static graph per stage function, module and shape: allow more than dynamo's default of 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
+            self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
+        return self._compiled[fn]
 
-    def _forward_steady(self, x: torch.Tensor, hist: list):
-        return self._forward(x, hist, False)
 
-    # ------------------------------------------------------------------ the network
-    def _forward(self, x: torch.Tensor, hist: list | None, first: bool):
-        d, c = self.dec, _Cursor(hist, self.channels_last)
-        x = _causal_conv(d.conv_in, c.input(x))
-        mid = d.mid_block
-        x = _resblock(mid.resnets[0], x, c)
-        for attn, res in zip(mid.attentions, mid.resnets[1:]):
-            x = _resblock(res, attn(x), c)
-        for block in d.up_blocks:
-            x_in = x
-            for res in block.resnets:
-                x = _resblock(res, x, c)
-            if block.upsampler is not None:
-                x = _upsample(block.upsampler, x, c, first)
-            if block.avg_shortcut is not None:
-                _dup_up_add_(x, x_in, block.avg_shortcut, first)
-        x = _causal_conv(d.conv_out, c.input(x, d.norm_out))
-        return x, c.out
+# ------------------------------------------------------------------ the network, in stages
+def _stage_in(d: torch.nn.Module, x: torch.Tensor, hist: list | None, first: bool, cl: bool):
+    """conv_in + mid block (resnet, attention, resnet)."""
+    c = _Cursor(hist, cl)
+    x = _causal_conv(d.conv_in, c.input(x))
+    mid = d.mid_block
+    x = _resblock(mid.resnets[0], x, c)
+    for attn, res in zip(mid.attentions, mid.resnets[1:]):
+        x = _resblock(res, attn(x), c)
+    return x, c.out
+
+
+def _stage_up(block: torch.nn.Module, x: torch.Tensor, hist: list | None, first: bool, cl: bool):
+    """``WanResidualUpBlock``: resnets, upsampler, + DupUp3D shortcut of the block input."""
+    c = _Cursor(hist, cl)
+    x_in = x
+    for res in block.resnets:
+        x = _resblock(res, x, c)
+    if block.upsampler is not None:
+        x = _upsample(block.upsampler, x, c, first)
+    if block.avg_shortcut is not None:
+        _dup_up_add_(x, x_in, block.avg_shortcut, first)
+    return x, c.out
+
+
+def _stage_out(d: torch.nn.Module, x: torch.Tensor, hist: list | None, first: bool, cl: bool):
+    """Head: RMS norm + SiLU + conv_out."""
+    c = _Cursor(hist, cl)
+    return _causal_conv(d.conv_out, c.input(x, d.norm_out)), c.out
 
 
 class _Cursor:
@@ -112,7 +129,10 @@ class _Cursor:
         if self.hist is None:
             buf[:, :, :HISTORY].zero_()
         else:
-            buf[:, :, :HISTORY].copy_(self.hist[len(self.out)])
+            i = len(self.out)
+            buf[:, :, :HISTORY].copy_(self.hist[i])
+            if not torch.compiler.is_compiling():
+                self.hist[i] = None  # eager: release the old history now (compiled: the graph holds its inputs)
         if norm is None:
             buf[:, :, HISTORY:].copy_(x)
         else:
@@ -167,7 +187,8 @@ def _upsample(m: torch.nn.Module, x: torch.Tensor, c: _Cursor, first: bool) -> t
         else:
             b, ch, t, h, w = x.shape
             y = _causal_conv(m.time_conv, c.input(x))  # [b, 2*ch, t, h, w]: channel halves = frame pairs
-            x = y.view(b, 2, ch, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, ch, 2 * t, h, w)
+            x = torch.empty(b, ch, 2 * t, h, w, dtype=y.dtype, device=y.device, memory_format=c.fmt)
+            x.unflatten(2, (t, 2)).copy_(y.unflatten(1, (2, ch)).permute(0, 2, 3, 1, 4, 5))  # frame 2i+s = half s
     elif m.mode != "upsample2d":
         raise ValueError(f"WanFrameDecoder: unexpected resample mode {m.mode!r} in the decoder.")
     up, conv = m.resample[0], m.resample[1]
