@@ -450,7 +450,7 @@ class Cosmos3Pipeline:
         frames = waveform = None
         if decode:
             with _timed(timings, "decode"):
-                frames = self.decode_video(result.latents)
+                frames = self.decode_video(result.latents, compile=compile)  # compile: VAE frames too
                 if result.sound is not None:
                     waveform = self.decode_sound(result.sound[0], num_frames, fps)
         sound = None if result.sound is None else result.sound[0]
