@@ -18,8 +18,10 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
 * ``DupUp3D`` shortcut (channel repeat + pixel shuffle) is added through a broadcast view instead of two copies;
   ``WanUpsample`` (nearest-exact x2) runs in the input dtype (nearest is a copy: identical values) on the 5-D tensor,
   followed by the 2-D conv as a ``(1, 3, 3)`` conv3d over a view of its weight (no ``[b*t]`` permute copies).
+* Histories are released as soon as their conv has read them (diffusers replaces each slot as it goes, too).
 * Optional ``torch.compile`` (``dynamic=False``) of the steady-state frame (every frame but the first, which has its
-  own shapes and ``first_chunk`` path and runs eager).
+  own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
+  so that a graph, which holds its input histories until it returns, holds only its own stage's.
 
 Results equal diffusers' decode up to float rounding (tests/test_vae_decoder.py, fp32). Only the Wan2.2 layout
 (``is_residual=True``: ``WanResidualUpBlock``) is supported; anything else is refused with a clear message.
