@@ -75,7 +75,21 @@ def make_scheduler(
     return scheduler
 
 
-class SchedulerStepper:
+class _ScheduleOf:
+    """The timesteps and sigmas of the diffusers scheduler a stepper holds in ``self.scheduler``."""
+
+    scheduler: object
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        return self.scheduler.timesteps
+
+    @property
+    def sigmas(self) -> torch.Tensor:
+        return self.scheduler.sigmas
+
+
+class SchedulerStepper(_ScheduleOf):
     """Advances one stream with a diffusers scheduler: ``step(velocity, index, latents) -> latents``."""
 
     def __init__(self, scheduler, *, keep_channels: int | None = None, step_kwargs: dict | None = None):
@@ -87,14 +101,6 @@ class SchedulerStepper:
         """An independent stepper over a deep copy of this one's scheduler (own history, same sigmas)."""
         kwargs = {"keep_channels": self.keep_channels, "step_kwargs": self.step_kwargs} | changes
         return SchedulerStepper(copy.deepcopy(self.scheduler), **kwargs)
-
-    @property
-    def timesteps(self) -> torch.Tensor:
-        return self.scheduler.timesteps
-
-    @property
-    def sigmas(self) -> torch.Tensor:
-        return self.scheduler.sigmas
 
     def step(self, velocity: torch.Tensor, index: int, latents: torch.Tensor) -> torch.Tensor:
         t = self.scheduler.timesteps[index]
@@ -174,7 +180,7 @@ class LinearStepTable:
                 [(lag, float(sol[k + lag])) for lag in lags if sol[k + lag] != 0.0])
 
 
-class LinearStepper:
+class LinearStepper(_ScheduleOf):
     """UniPC's update as precomputed linear combinations (module docstring): ``step(velocity, index, latents)``."""
 
     def __init__(self, scheduler, *, keep_channels: int | None = None, table: LinearStepTable | None = None):
@@ -191,14 +197,6 @@ class LinearStepper:
             raise TypeError(f"LinearStepper.fork does not take {sorted(unknown)}")
         return LinearStepper(self.scheduler, keep_channels=changes.get("keep_channels", self.keep_channels),
                              table=self.table)
-
-    @property
-    def timesteps(self) -> torch.Tensor:
-        return self.scheduler.timesteps
-
-    @property
-    def sigmas(self) -> torch.Tensor:
-        return self.scheduler.sigmas
 
     def step(self, velocity: torch.Tensor, index: int, latents: torch.Tensor) -> torch.Tensor:
         if index != self._done:
