@@ -1,15 +1,24 @@
 """Kernel caches on disk, so a second process (a ComfyUI restart, the next CLI run) compiles less.
 
-* FlashAttention-4: its CuTe-DSL kernels are JIT-compiled on first use per configuration (~2.5 s); its own
-  persistent cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``) is switched on, in ``<root>/flash4``. Measured on an H200
-  (BENCHMARKS.md, run 8): a fresh process's first FlashAttention-4 step cost 0.13 s more than a steady one.
-* ``torch.compile``: inductor's FX-graph and AOT-autograd caches are switched on, in ``<root>/inductor`` instead of
-  ``/tmp/torchinductor_<user>`` when ``TORCHINDUCTOR_CACHE_DIR`` is still unset (on the lent H200 it was already set
-  by the time this ran, so the cache stayed in /tmp). Not shown to pay yet: a fresh process still spent 14 s
-  compiling 480p, because the first process had moved on to a dynamic-shape graph and the fresh one asked for a
-  static one (BENCHMARKS.md).
+``<root>`` is ``$COSMOS3_CACHE_DIR`` or ``~/.cache/cosmos3``. ``enable_persistent_caches()`` (called before the
+first compile or FlashAttention-4 import) points the caches there:
 
-``<root>`` is ``$COSMOS3_CACHE_DIR`` or ``~/.cache/cosmos3``. Settings the user already made in the environment win.
+* ``torch.compile`` of the generation layer (``Cosmos3Transformer.compile_generation_layers``): inductor's FX-graph
+  cache, the AOT-autograd cache and the Triton kernels they bundle live in ``<root>/inductor``
+  (``TORCHINDUCTOR_CACHE_DIR``). A fresh process that compiles the same graph loads it from there instead of
+  lowering and building it again; Dynamo still traces the layer and builds its guards (about a second per graph:
+  neither cache covers that step). Hits need the same graph in every process, so the compiled layer is
+  static-shaped except for the prompt lengths (see ``compile_generation_layers``): one graph per output shape,
+  whatever the prompt, and no shape-history-dependent switch to a dynamic graph.
+* FlashAttention-4: its CuTe-DSL kernels are JIT-compiled on first use per configuration (~2.5 s); its own
+  persistent cache is switched on, in ``<root>/flash4`` (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``).
+
+Settings the user made win: a ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` /
+``FLASH_ATTENTION_CUTE_DSL_CACHE_*`` already in the environment is kept, and ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` /
+``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` keep those caches off. One exception: importing ``torch._dynamo`` writes torch's
+own default (``<tmp>/torchinductor_<user>``) into ``TORCHINDUCTOR_CACHE_DIR`` (torch/_dynamo/package.py), so that
+exact value is taken as unset (likewise a ``TRITON_CACHE_DIR`` that torch derived under it). Deleting ``<root>`` (or
+``<root>/inductor``) clears the compile cache; the next compile rebuilds it.
 """
 
 from __future__ import annotations
@@ -22,15 +31,29 @@ def cache_root() -> Path:
     return Path(os.environ.get("COSMOS3_CACHE_DIR") or Path.home() / ".cache" / "cosmos3")
 
 
+def _torch_default_inductor_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
+
+
 def enable_persistent_caches() -> Path:
     """Point the compile caches at ``cache_root()`` (idempotent; call before the first compile)."""
     root = cache_root()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    torch_default = _torch_default_inductor_dir()
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == torch_default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+        triton = os.environ.get("TRITON_CACHE_DIR")
+        if triton is not None and os.path.abspath(triton).startswith(torch_default + os.sep):
+            del os.environ["TRITON_CACHE_DIR"]  # torch derived it from its default; it re-derives it from ours
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(root / "flash4"))
     import torch._functorch.config
     import torch._inductor.config
 
-    torch._inductor.config.fx_graph_cache = True
-    torch._functorch.config.enable_autograd_cache = True
+    if "TORCHINDUCTOR_FX_GRAPH_CACHE" not in os.environ:
+        torch._inductor.config.fx_graph_cache = True
+    if "TORCHINDUCTOR_AUTOGRAD_CACHE" not in os.environ:
+        torch._functorch.config.enable_autograd_cache = True
     return root

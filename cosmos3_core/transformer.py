@@ -20,6 +20,7 @@ Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetens
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 # Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
 SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
+RECOMPILE_LIMIT = 64  # compiled generation-layer graphs kept per process (torch's default is 8)
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,7 @@ class Cosmos3Transformer(nn.Module):
         x = self._embed_generation_tokens(latents, timestep, layout, sound, action)  # [N, tokens, D]
         n = x.shape[0]
         # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
-        x = x.unsqueeze(0).expand(b, -1, -1, -1).reshape(b * n, *x.shape[1:])
+        x = x.repeat(b, 1, 1)  # a real copy: every layer then gets the same strides (one compiled graph)
         cos, sin, sp = layout.cos, layout.sin, sequence_parallel
         if sp is not None:
             x, cos, sin = sp.shard_tokens(x), sp.shard_tokens(cos), sp.shard_tokens(sin)
@@ -220,10 +222,21 @@ class Cosmos3Transformer(nn.Module):
         """Opt-in: ``torch.compile`` the generation layer (one graph shared by every layer: the layer's weights are
         graph inputs). Fuses the norms, RoPE and activations — measured 1.29–1.37× per step at 480p/256p on an H200
         (BENCHMARKS.md). Same math, but fused kernels round intermediates differently, so outputs differ from eager
-        at bf16 rounding level. The compiled function is kept, so switching back on does not recompile."""
+        at bf16 rounding level. The compiled function is kept, so switching back on does not recompile.
+
+        Shapes are static (``dynamic=False``) except the prompt lengths (the text K/V's length dimension is marked
+        dynamic): one graph per generation shape (resolution × frames, branches, batch, streams), the same graph in
+        every process whatever the prompts and whatever shapes ran before, so the on-disk caches (``caches.py``)
+        serve a fresh process. Up to ``RECOMPILE_LIMIT`` shapes stay compiled per process."""
         if enable and self._compiled_fn is None:
+            import torch._dynamo
+
             enable_persistent_caches()  # a second process reuses the compiled kernels (caches.py)
-            self._compiled_fn = torch.compile(generation_layer, **compile_kwargs)
+            for knob in ("recompile_limit", "cache_size_limit"):  # the name differs across torch versions
+                if hasattr(torch._dynamo.config, knob):
+                    setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
+            compiled = torch.compile(generation_layer, **{"dynamic": False, **compile_kwargs})
+            self._compiled_fn = functools.partial(_any_prompt_length, compiled)
         self._compiled_layer = self._compiled_fn if enable else None
 
     def use_cuda_graphs(self, enable: bool = True) -> None:
@@ -250,6 +263,13 @@ class Cosmos3Transformer(nn.Module):
             a = self.action_proj_out(x[:, nv + layout.sound_len :], layout.domain_id)
             action = a.masked_fill(~layout.noisy_actions.view(1, -1, 1), 0.0)
         return StepOutput(vision, sound, action)
+
+
+def _any_prompt_length(compiled, layer, x, cos, sin, text_keys, text_values, *rest):
+    """Call the compiled ``generation_layer`` with each text K/V's length dimension (``[KV, L, hd]``) dynamic."""
+    for t in (*text_keys, *text_values):
+        torch._dynamo.maybe_mark_dynamic(t, 1)
+    return compiled(layer, x, cos, sin, text_keys, text_values, *rest)
 
 
 def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm):
