@@ -18,9 +18,16 @@ it cannot run raises (no silent fallback); ``"sdpa"`` never touches it. The call
 instead of breaking the graph at every layer.
 
 Layout: ``q`` ``[B, H, Sq, hd]``, ``k``/``v`` ``[B, KV, Sk, hd]`` → ``[B, H, Sq, hd]``. ``mask`` (boolean,
-broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static-cache decode and always takes SDPA;
-with a mask on CUDA the grouped K/V heads are expanded, since the fused SDPA kernels reject ``enable_gqa`` together
-with a mask.
+broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static-cache decode.
+
+**Decode route** (one query token with a boolean mask, backend ``auto``/``flash4``): transformers'
+``eager_attention_forward`` (Qwen3-VL / Llama: ``softmax(q·kᵀ·scale + mask, fp32) → input dtype, · v``) with the
+query heads viewed as ``[KV, groups]`` against the un-expanded cache instead of ``repeat_kv``'s copies: each
+(head, key) product is the same, only the copy of the whole cache per layer and token (``groups``×: 4 on Nano, 2 on
+Edge) disappears, and it is a handful of small kernels (two batched GEMMs and a softmax) instead of SDPA's masked
+kernel (speed on the H200 not measured yet: bench/bench_reasoner.py "gqa" vs "current"). Backend ``"sdpa"`` keeps
+SDPA for it too: with a mask on CUDA the grouped K/V heads are then expanded, since the fused SDPA kernels
+reject ``enable_gqa`` together with a mask.
 """
 
 from __future__ import annotations
@@ -97,10 +104,12 @@ def _flash4_ready(device_type: str, index: int) -> bool:
     return device_type == "cuda" and not flash4_unavailable_reason(torch.device("cuda", index))
 
 
-def select_route(q: torch.Tensor, k: torch.Tensor) -> str:
-    """``"flash4"`` or ``"sdpa"`` for these inputs under the current backend setting."""
+def select_route(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> str:
+    """``"flash4"``, ``"decode"`` or ``"sdpa"`` for these inputs under the current backend setting."""
     if _backend == "sdpa":
         return "sdpa"
+    if mask is not None:
+        return "decode" if q.shape[2] == 1 and mask.dtype == torch.bool and q.shape[1] % k.shape[1] == 0 else "sdpa"
     index = q.device.index if q.device.index is not None else 0
     fits = q.dtype in _FLASH4_DTYPES and q.shape[-1] in _FLASH4_HEAD_DIMS and q.shape[1] % k.shape[1] == 0
     if fits and (_backend == "flash4" or q.shape[2] >= FLASH4_MIN_QUERIES) and _flash4_ready(q.device.type, index):
@@ -121,6 +130,20 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         groups = 1
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query token per head against a (static) cache under a boolean ``mask``: transformers' eager attention
+    arithmetic (scores in the input dtype, scaled after the product, fp32 softmax cast back, then ``· v``) with the
+    ``groups = H / KV`` query heads of each key/value head batched together — no expanded copy of ``k``/``v``."""
+    b, h, _, hd = q.shape
+    kv, sk = k.shape[1], k.shape[2]
+    groups = h // kv
+    scores = torch.matmul(q.reshape(b, kv, groups, hd), k.transpose(-1, -2)) * hd ** -0.5  # [B, KV, G, Sk]
+    allowed = torch.broadcast_to(mask, (b, h, 1, sk)).reshape(b, kv, groups, sk)
+    scores = torch.where(allowed, scores, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).reshape(b, h, 1, v.shape[-1])
 
 
 # One op per copy of this module: ComfyUI imports the pack under its folder's name, so a process running the CLI code
@@ -144,6 +167,9 @@ def _(q, k, v, causal):
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if mask is None and select_route(q, k) == "flash4":
+    route = select_route(q, k, mask)
+    if route == "flash4":
         return flash4_attention(q, k, v, causal)
+    if route == "decode":
+        return decode_attention(q, k, v, mask)
     return sdpa_attention(q, k, v, causal, mask)

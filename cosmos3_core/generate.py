@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     cond.add_argument("--video", default=None, help="conditioning video (video-to-video)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    p.add_argument("--compile", action="store_true", help="torch.compile the generation layer (GPU; faster after warm-up)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the generation layer and the VAE decode step (GPU; faster after warm-up)")
     p.add_argument("--attention", choices=("auto", "sdpa", "flash4"), default="auto",
                    help="attention kernels: auto = FlashAttention-4 (optional flash-attn-4) on Hopper GPUs for long "
                         "sequences, else PyTorch SDPA; sdpa forces SDPA (the reference's route)")

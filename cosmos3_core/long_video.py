@@ -31,7 +31,7 @@ from . import defaults
 from .conditioning import preprocess_image, preprocess_video
 from .pipeline import TextConditioning
 from .plan import check_clip, check_sampling
-from .schedulers import SchedulerStepper, make_scheduler
+from .schedulers import make_scheduler, make_stepper
 from .stream_decode import Sink, StreamDecoder
 from .text_kv import TextKV
 from .transfer import control_latents, make_transfer_plan, pad_controls, prepare_controls, transfer_prompt_ids
@@ -206,7 +206,7 @@ def generate_long(
             plan = make_transfer_plan(
                 pipe.config, cond=text_kv(ids.cond), uncond=text_kv(ids.uncond),
                 prefix=control_latents(pipe.vae, controls, geometry, k), latent_shape=latent_shape, fps=req.fps,
-                generator=generator, stepper=SchedulerStepper(scheduler), x0=x0, clean_frames=clean,
+                generator=generator, stepper=make_stepper(scheduler), x0=x0, clean_frames=clean,
                 guidance=float(req.guidance), control_guidance=float(req.control_guidance),
                 guidance_interval=req.guidance_interval, control_guidance_interval=req.control_guidance_interval,
                 device=device, dtype=pipe.transformer.dtype,

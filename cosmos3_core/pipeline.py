@@ -37,7 +37,7 @@ from .loader import load_transformer
 from .plan import ActionInput, SamplePlan, check_clip, check_sampling, generation_tokens, make_plan
 from .prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
 from .sampling import SampleResult, StepCallback, run
-from .schedulers import SchedulerStepper, load_scheduler_config, make_scheduler
+from .schedulers import load_scheduler_config, make_scheduler, make_stepper
 from .text_kv import TextKV
 from .towers import step_memory_required
 from .transformer import Cosmos3Transformer
@@ -352,7 +352,7 @@ class Cosmos3Pipeline:
                 shift=shift if shift is not None else defaults.default_shift(text.height, text.width),
                 native_flow_schedule=self.native_flow_schedule,
             )
-            stepper = SchedulerStepper(scheduler)
+            stepper = make_stepper(scheduler)
         return make_plan(
             self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps, seed=seed,
             guidance=float(guidance), vision_stepper=stepper, x0=x0, clean_frames=clean_frames,
@@ -450,7 +450,7 @@ class Cosmos3Pipeline:
         frames = waveform = None
         if decode:
             with _timed(timings, "decode"):
-                frames = self.decode_video(result.latents)
+                frames = self.decode_video(result.latents, compile=compile)  # compile: VAE frames too
                 if result.sound is not None:
                     waveform = self.decode_sound(result.sound[0], num_frames, fps)
         sound = None if result.sound is None else result.sound[0]

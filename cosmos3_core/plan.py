@@ -38,7 +38,7 @@ import torch
 from . import defaults
 from .config import Cosmos3Config
 from .layout import GenLayout, build_layout, patch_grid, select_branch
-from .schedulers import SchedulerStepper
+from .schedulers import Stepper
 from .text_kv import TextKV
 from .towers import step_memory_required
 
@@ -106,7 +106,7 @@ class Stream:
 
     name: str  # the transformer stream it feeds: "vision" | "sound" | "action"
     init: torch.Tensor  # [N, ...] fp32, on the run's device
-    stepper: SchedulerStepper | None  # None: nothing noisy, never stepped
+    stepper: Stepper | None  # None: nothing noisy, never stepped
     anchor: torch.Tensor | None = None  # clean values written back after every step where anchor_mask is 1
     anchor_mask: torch.Tensor | None = None
 
@@ -181,7 +181,7 @@ def make_plan(
     fps: float,
     seed: int,
     guidance: float,
-    vision_stepper: SchedulerStepper,
+    vision_stepper: Stepper,
     x0: torch.Tensor | None = None,
     clean_frames: Sequence[int] = (),
     sound_len: int = 0,
@@ -251,7 +251,7 @@ def make_plan(
     )
 
 
-def vision_stream(latent_shape: Sequence[int], noise: torch.Tensor, stepper: SchedulerStepper, *,
+def vision_stream(latent_shape: Sequence[int], noise: torch.Tensor, stepper: Stepper, *,
                   x0: torch.Tensor | None = None, clean_frames: Sequence[int] = (), reanchor: bool = False,
                   device: torch.device | str = "cpu", who: str = "sample") -> Stream:
     """The video latent stream: ``mask·x0 + (1−mask)·noise`` with the clean conditioning frames of ``x0`` (which may
@@ -275,7 +275,7 @@ def vision_stream(latent_shape: Sequence[int], noise: torch.Tensor, stepper: Sch
     return Stream("vision", init, stepper, **anchor)
 
 
-def _action_stream(action: ActionInput, noise: torch.Tensor, stepper: SchedulerStepper, device) -> Stream:
+def _action_stream(action: ActionInput, noise: torch.Tensor, stepper: Stepper, device) -> Stream:
     ta = action.values.shape[0]
     mask = torch.zeros(ta, 1)
     mask[list(action.clean)] = 1.0

@@ -15,9 +15,13 @@ them; this module runs the text tower's own forward, including the last layer, `
   tower writing every layer's K/V into a preallocated static cache ``[layers, kv_heads, max_len, head_dim]`` and
   returns the last position's logits.
 * ``decode_step`` runs one token with static shapes: the cache slot and the mRoPE cursor are 0-dim tensors, the
-  attention covers the whole cache under a mask, K/V are written with ``index_copy_`` — no ``.item()``, so the
-  step can be ``torch.compile``d / CUDA-graph captured. Positions past the prompt are ``max(prompt positions) + 1 +
-  i`` on all three axes (transformers' ``rope_deltas``).
+  RoPE rotation is looked up in the cache's table, each layer (``decode_layer``) writes K/V with ``index_copy_`` and
+  attends over the whole cache under a mask (attention.py's decode route: grouped heads, no expanded copy) — no
+  ``.item()``, so the step can be ``torch.compile``d (``compile_decode``) and CUDA-graph captured. Positions past the
+  prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
+* ``generate_ids`` advances the cursor in place after each step, and for greedy decoding picks the token (penalty,
+  argmax, ``seen`` update) inside the step too, so on CUDA one graph replay per token does all of it; a random draw
+  stays outside the graph (the generator's state is not captured).
 * Norms use transformers' rounding (``weight * normed.to(input dtype)``), identical to the generator's in fp32.
 """
 
@@ -147,13 +151,16 @@ class ReasonerOutput:
 
 
 class StaticKVCache:
-    """Preallocated per-layer keys/values ``[layers, kv_heads, max_len, head_dim]`` (RoPE'd keys, text tower's own)."""
+    """Preallocated per-layer keys/values ``[layers, kv_heads, max_len, head_dim]`` (RoPE'd keys, text tower's own),
+    and the RoPE table ``[2 (cos, sin), max_len, head_dim]`` of text positions ``0..max_len-1`` (a generated token
+    sits at the same mRoPE position on all three axes), so a decode step looks its rotation up by index."""
 
     def __init__(self, config: Cosmos3Config, max_len: int, dtype: torch.dtype, device: torch.device):
         shape = (config.num_hidden_layers, config.num_key_value_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.positions = torch.arange(max_len, device=device)
+        self.rope = torch.stack(rope_tables(self.positions.expand(3, -1), config, dtype, device))
 
     @property
     def max_len(self) -> int:
@@ -192,6 +199,20 @@ def sample_token(logits: torch.Tensor, seen: torch.Tensor, params: SamplingParam
     probs = logits.softmax(-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)  # argmax(p / Exp(1)) ~ Categorical(p)
     return (probs / noise).argmax(-1, keepdim=True)
+
+
+def decode_layer(layer, h: torch.Tensor, rope: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 slot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One text-tower layer for one token ``h`` ``[1, D]``: writes its RoPE'd key and value at ``slot`` (``[1]``) of
+    this layer's cache ``keys``/``values`` ``[KV, max_len, hd]`` and attends over the cache under ``mask``
+    ``[max_len]``; ``rope`` ``[2, 1, hd]`` is the token's cos/sin. A function of tensors and the layer alone, so
+    one ``torch.compile`` of it serves every layer (``Cosmos3Reasoner.compile_decode``)."""
+    q, k, v = text_qkv(layer, h, transformers_rms_norm)
+    q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+    keys.index_copy_(1, slot, k.transpose(0, 1))
+    values.index_copy_(1, slot, v.transpose(0, 1))
+    out = attention(q.transpose(0, 1)[None], keys[None], values[None], mask=mask.view(1, 1, 1, -1))
+    return text_layer_output(layer, h, out[0].transpose(0, 1).reshape(1, -1), transformers_rms_norm)
 
 
 def load_lm_head(checkpoint_dir: str | Path, config: Cosmos3Config, dtype: torch.dtype,
@@ -280,6 +301,8 @@ class Cosmos3Reasoner:
             self.checkpoint_dir, processor.tokenizer)
         self.max_context = int(max_context)
         self.cuda_graphs = True  # decode steps on CUDA replay one captured graph (step_graph.GraphedCall)
+        self.graph_sampling = True  # greedy picks happen inside the decode step (inside the graph)
+        self._compiled_layer = None  # compile_decode(): torch.compile of decode_layer (opt-in)
         self.special = special_token_ids(processor, strict=False)
         self.cache: StaticKVCache | None = None
 
@@ -405,16 +428,28 @@ class Cosmos3Reasoner:
         """One token ``[1]`` at cache slot ``cache_index``, mRoPE position ``rope_position`` (0-dim) → logits."""
         cache = self.cache
         h = self.transformer.embed_tokens(token.view(1))
-        cos, sin = self._rope(rope_position.view(1, 1).expand(3, 1))
+        rope = cache.rope.index_select(1, rope_position.view(1))
         slot = cache_index.view(1)
         mask = cache.positions <= cache_index
+        layer_fn = self._compiled_layer or decode_layer
         for i, layer in enumerate(self.transformer.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
-            cache.keys[i].index_copy_(1, slot, k.transpose(0, 1))
-            cache.values[i].index_copy_(1, slot, v.transpose(0, 1))
-            out = attention(q.transpose(0, 1)[None], cache.keys[i][None], cache.values[i][None], mask=mask.view(1, 1, 1, -1))
-            h = self._mlp_block(layer, h, out[0].transpose(0, 1).reshape(1, -1))
+            h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask)
         return self._logits(h)[0]
+
+    def compile_decode(self, enable: bool = True, **compile_kwargs) -> None:
+        """Opt-in (node/CLI ``compile``): ``torch.compile`` (inductor unless ``compile_kwargs`` say otherwise, whole
+        graph) of ``decode_layer`` — one graph for every layer, fusing its norms, RoPE, cache writes, softmax and
+        SiLU·mul around the GEMMs; the CUDA graph (``cuda_graphs``) is captured over it. The first step compiles
+        (3–5 s on an H200); batch-1 decode there: Nano 108 → 166 tokens/s, Edge 226 → 368 (BENCHMARKS.md)."""
+        if enable and self._compiled_layer is not None and not compile_kwargs:
+            return  # already compiled: keep its traced graph
+        if enable:
+            from .caches import enable_persistent_caches
+
+            enable_persistent_caches()
+            self._compiled_layer = torch.compile(decode_layer, **{"fullgraph": True, **compile_kwargs})
+        else:
+            self._compiled_layer = None
 
     # ------------------------------------------------------------------ prompts and generation
     def prepare(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
@@ -452,24 +487,43 @@ class Cosmos3Reasoner:
         params.validate()
         total = min(params.max_new_tokens, self.max_context - prompt.length)
         logits = self.prefill(prompt, cache_len=prompt.length + total)
+        if prompt.next_position + total > self.cache.max_len:  # the RoPE table covers positions < max_len
+            raise ValueError(f"prompt position {prompt.next_position} + {total} new tokens exceeds the cache of "
+                             f"{self.cache.max_len}; lower max_new_tokens.")
         device, vocab = self.device, logits.shape[-1]
         seen = torch.zeros(vocab, dtype=torch.bool, device=device)
         seen[prompt.input_ids.to(device).clamp(0, vocab - 1)] = True
         gen = torch.Generator(device=device).manual_seed(int(params.seed)) if params.temperature > 0 else None
         out = torch.full((total,), -1, dtype=torch.long, device=device)
-        cache_index = torch.tensor(prompt.length, device=device)
+        cache_index = torch.tensor(prompt.length, device=device)  # the decode cursor, advanced in place by `advance`
         rope_position = torch.tensor(prompt.next_position, device=device)
-        one = torch.ones((), dtype=torch.long, device=device)
+
+        def advance(token: torch.Tensor) -> torch.Tensor:
+            """Logits after ``token``; the cursor moves on by one (in place: inside the graph when captured)."""
+            logits = self.decode_step(token, cache_index, rope_position)
+            cache_index.add_(1)
+            rope_position.add_(1)
+            return logits
+
+        def advance_greedy(token: torch.Tensor) -> torch.Tensor:
+            """``advance`` and the greedy pick (repetition penalty over ``seen``, argmax), marking it seen."""
+            picked = sample_token(advance(token), seen, params, None)
+            seen.index_fill_(0, picked, True)
+            return picked
+
         token = sample_token(logits, seen, params, gen)
+        seen.index_fill_(0, token, True)
         # batch-1 decode is launch-bound (~500 kernels a token): on CUDA the step over the static cache is one graph
-        # (only with the whole tower resident: a model manager streaming weights from the CPU cannot be captured)
+        # (only with the whole tower resident: a model manager streaming weights from the CPU cannot be captured).
+        # Greedy picks are part of the step; a random draw stays outside (its generator state is not captured).
         resident = all(p.device == device for p in tower_module(self.transformer, "text").parameters())
         graphs = self.cuda_graphs and device.type == "cuda" and resident
-        decode = GraphedCall(self.decode_step) if graphs else self.decode_step
+        in_step = params.temperature == 0 and self.graph_sampling
+        fn = advance_greedy if in_step else advance
+        step_fn = GraphedCall(fn) if graphs else fn
         done, reason = 0, "length"
         for step in range(total):
             out[step:step + 1] = token
-            seen[token] = True
             done = step + 1
             if done % check_every == 0 or done == total:
                 host = out[:done].tolist()
@@ -483,10 +537,11 @@ class Cosmos3Reasoner:
                     break
             if done == total:
                 break
-            logits = decode(token, cache_index, rope_position)
-            cache_index = cache_index + one
-            rope_position = rope_position + one
-            token = sample_token(logits, seen, params, gen)
+            if in_step:
+                token = step_fn(token)
+            else:
+                token = sample_token(step_fn(token), seen, params, gen)
+                seen.index_fill_(0, token, True)
         ids = out[:done].tolist()
         for i, t in enumerate(ids):
             if t in self.eos_token_ids:
@@ -505,4 +560,4 @@ class Cosmos3Reasoner:
 
 
 __all__ = ["Cosmos3Reasoner", "ReasonerOutput", "SamplingParams", "StaticKVCache", "TASKS", "build_messages",
-           "load_lm_head", "load_text_tower", "postprocess", "process_logits", "sample_token"]
+           "decode_layer", "load_lm_head", "load_text_tower", "postprocess", "process_logits", "sample_token"]

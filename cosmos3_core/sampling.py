@@ -41,7 +41,7 @@ def run(plan: SamplePlan, model, callback: StepCallback | None = None) -> dict[s
                 continue
             v = guidance.combine(getattr(out, stream.name).float())
             if callback is not None and stream.name == "vision":
-                preview = x["vision"] - plan.sigmas[i].to(plan.device) * v  # x0 = x − σ·v
+                preview = x["vision"] - float(plan.sigmas[i]) * v  # x0 = x − σ·v (σ a host float: no copy, no sync)
             x[stream.name] = stream.step(v, i, x[stream.name])
         if callback is not None:
             callback(i + 1, total, preview)

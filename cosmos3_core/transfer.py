@@ -30,7 +30,7 @@ from .conditioning import preprocess_video
 from .layout import build_layout
 from .plan import Guidance, SamplePlan, initial_noise, vision_stream
 from .prompt import PromptIds, _chat_ids, _special_ids
-from .schedulers import SchedulerStepper
+from .schedulers import Stepper
 from .text_kv import TextKV
 from .towers import step_memory_required
 from .windows import WindowGeometry, reflect_pad, window_slice
@@ -124,7 +124,7 @@ def _active(t: int, interval: tuple[float, float] | None) -> bool:
 
 def make_transfer_plan(
     config, *, cond: TextKV, uncond: TextKV, prefix: torch.Tensor, latent_shape: Sequence[int], fps: float,
-    generator: torch.Generator, stepper: SchedulerStepper, x0: torch.Tensor | None, clean_frames: Sequence[int],
+    generator: torch.Generator, stepper: Stepper, x0: torch.Tensor | None, clean_frames: Sequence[int],
     guidance: float, control_guidance: float, guidance_interval: tuple[float, float] | None = None,
     control_guidance_interval: tuple[float, float] | None = None, device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,

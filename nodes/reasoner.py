@@ -55,6 +55,10 @@ class Cosmos3Reasoner(io.ComfyNode):
                 io.Float.Input("fps", optional=True, default=24.0, min=0.1, max=240.0, step=0.1,
                                tooltip="Frame rate of an image batch given as video (frames are sampled ~2 per "
                                        "second and timestamped)."),
+                io.Boolean.Input("compile", default=False, optional=True,
+                                 tooltip="torch.compile the decode step (fuses each layer's small kernels; on an "
+                                         "H200 Nano 108 → 166 tokens/s, Edge 226 → 368) after a one-off warm-up of "
+                                         "a few seconds per process."),
             ],
             outputs=[io.String.Output(display_name="text", tooltip="The answer, caption or JSON prompt.")],
         )
@@ -62,7 +66,7 @@ class Cosmos3Reasoner(io.ComfyNode):
     @classmethod
     def execute(cls, model, prompt: str, image=None, task: str = "expand", max_new_tokens: int = 1024,
                 temperature: float = 0.7, top_p: float = 0.8, top_k: int = 20, repetition_penalty: float = 1.0,
-                seed: int = 0, fps: float | None = None) -> io.NodeOutput:
+                seed: int = 0, fps: float | None = None, compile: bool = False) -> io.NodeOutput:
         params = SamplingParams(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_k=int(top_k),
                                 top_p=float(top_p), repetition_penalty=float(repetition_penalty),
                                 seed=int(seed))
@@ -78,6 +82,7 @@ class Cosmos3Reasoner(io.ComfyNode):
         try:
             params.validate()
             reasoner = model.get_reasoner()
+            reasoner.compile_decode(bool(compile))
             prepared = reasoner.prepare(prompt, task=task, image=still, video=video, fps=fps)
         except ValueError as exc:
             raise ValueError(f"Cosmos3Reasoner: {exc}") from exc

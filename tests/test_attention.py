@@ -72,6 +72,61 @@ def test_cpu_uses_sdpa_and_matches_reference():
                                rtol=1e-5, atol=1e-5)
 
 
+def _transformers_eager(q, k, v, allowed):
+    """transformers' own ``eager_attention_forward`` (Qwen3-VL: ``repeat_kv`` expanded heads, additive mask)."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import eager_attention_forward
+
+    module = SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1], training=False)
+    additive = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    out, _ = eager_attention_forward(module, q, k, v, additive, scaling=q.shape[-1] ** -0.5)
+    return out.transpose(1, 2)  # it returns [B, S, H, hd]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_route_matches_transformers_and_sdpa_math_on_a_partly_filled_cache(dtype):
+    """One query token over a static cache whose slots past the cursor hold stale values (masked out): the decode
+    route against transformers' eager attention (same arithmetic, expanded heads) and against PyTorch's SDPA math
+    kernel in float64 over only the filled slots with the key/value heads expanded."""
+    pytest.importorskip("transformers")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    filled, size = 27, 48
+    q, k, v = rand(2, 8, 1, 64, dtype=dtype), rand(2, 2, size, 64, dtype=dtype), rand(2, 2, size, 64, dtype=dtype)
+    k[:, :, filled:] *= 50  # stale slots: large values that would dominate if they leaked through the mask
+    v[:, :, filled:] = 1e3
+    allowed = (torch.arange(size) < filled).view(1, 1, 1, size)
+    assert attn.select_route(q, k, allowed) == "decode"
+    out = attn.attention(q, k, v, mask=allowed)
+    assert out.shape == q.shape and out.dtype == dtype
+    with sdpa_kernel(SDPBackend.MATH):
+        kx, vx = (t[:, :, :filled].double().repeat_interleave(4, 1) for t in (k, v))
+        exact = torch.nn.functional.scaled_dot_product_attention(q.double(), kx, vx)
+    eager = _transformers_eager(q, k, v, allowed)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)
+    else:  # bf16 scores and probabilities, as transformers' eager path: equal to it up to GEMM blocking
+        torch.testing.assert_close(out.float(), eager.float(), rtol=0, atol=1e-2)
+        torch.testing.assert_close(out.double(), exact, rtol=0, atol=5e-2)
+    # a per-batch mask (different fill per item) broadcasts over the grouped heads too
+    per_item = torch.stack([torch.arange(size) < filled, torch.arange(size) < 5]).view(2, 1, 1, size)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(attn.attention(q, k, v, mask=per_item).float(),
+                               _transformers_eager(q, k, v, per_item).float(), rtol=tol, atol=tol)
+
+
+def test_decode_route_selection():
+    q, k = rand(1, 8, 1, 64), rand(1, 2, 30, 64)
+    allowed = torch.ones(1, 1, 1, 30, dtype=torch.bool)
+    assert attn.select_route(q, k, allowed) == "decode"
+    assert attn.select_route(rand(1, 8, 3, 64), k, allowed) == "sdpa"  # more than one query: SDPA with the mask
+    assert attn.select_route(q, k, allowed.float()) == "sdpa"  # an additive float mask: SDPA
+    attn.set_attention_backend("sdpa")  # the reference route everywhere
+    assert attn.select_route(q, k, allowed) == "sdpa"
+
+
 def test_backend_setting_is_validated_and_forcing_flash4_without_it_raises():
     with pytest.raises(ValueError, match="not one of"):
         attn.set_attention_backend("flash3")

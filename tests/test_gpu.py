@@ -181,6 +181,19 @@ def test_reasoner_cuda_graph_decode_matches_eager(tmp_path):
     reasoner.cuda_graphs = True
     graphed = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24))
     assert graphed == eager and len(eager[0]) == 24
+    reasoner.graph_sampling = False  # the greedy pick outside the captured step
+    assert reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24)) == eager
+    reasoner.graph_sampling = True
+    penalized = SamplingParams(max_new_tokens=24, repetition_penalty=1.3)
+    reasoner.cuda_graphs = False
+    expected = reasoner.generate_ids(prompt, penalized)
+    reasoner.cuda_graphs = True
+    assert reasoner.generate_ids(prompt, penalized) == expected  # the penalty's `seen` updated inside the graph
+    reasoner.compile_decode()  # inductor's fused decode layer, captured inside the graph
+    try:
+        assert reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24)) == eager
+    finally:
+        reasoner.compile_decode(False)
 
 
 def test_distilled_i2v_matches_diffusers_on_cuda(tmp_path):

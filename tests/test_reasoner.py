@@ -249,6 +249,39 @@ def test_decode_step_has_static_shapes(setup):
     assert a.shape == b.shape == (reasoner.config.vocab_size,) and reasoner.cache.max_len == size
 
 
+def test_compiled_decode_is_one_graph_without_recompiles_and_matches_transformers(setup, family):
+    """``compile_decode``: one traced graph serves every layer and step (aot_eager here: the tracing, not
+    inductor's kernels, is what can recompile or break), and greedy decoding with a repetition penalty — picked
+    inside the step — still equals transformers' ``generate``."""
+    from torch._dynamo.utils import counters
+
+    _, hf, reasoner = setup
+    p = reasoner.prepare(PROMPT)
+    kw = _hf_inputs(reasoner, p)
+    params = SamplingParams(max_new_tokens=12, repetition_penalty=1.3)
+    saved, hf_saved = reasoner.eos_token_ids, hf.generation_config.eos_token_id
+    torch._dynamo.reset()
+    graphs = counters["stats"]["unique_graphs"]
+    try:
+        reasoner.eos_token_ids = []
+        hf.generation_config.eos_token_id = None
+        reasoner.compile_decode(True, backend="aot_eager")
+        ids, _ = reasoner.generate_ids(p, params)
+        assert counters["stats"]["unique_graphs"] - graphs == 1  # both layers, all steps
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            assert reasoner.generate_ids(p, params)[0] == ids
+        hf.model.rope_deltas = None
+        ref = hf.generate(**kw, do_sample=False, max_new_tokens=12, repetition_penalty=1.3)[0, p.length:].tolist()
+        assert ids == ref
+        reasoner.graph_sampling = False  # the pick outside the step: the same tokens
+        assert reasoner.generate_ids(p, params)[0] == ref
+    finally:
+        reasoner.eos_token_ids, hf.generation_config.eos_token_id = saved, hf_saved
+        reasoner.compile_decode(False)
+        reasoner.graph_sampling = True
+        torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------------------------------------- errors / tasks
 
 

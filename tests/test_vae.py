@@ -168,11 +168,11 @@ def test_untiled_decode_out_of_memory_retries_tiled(vae, monkeypatch, caplog):
     real = Cosmos3VAE._decode_chunks
     calls = []
 
-    def out_of_memory_untiled(self, out, z, grid, chunk, on_chunk):
+    def out_of_memory_untiled(self, out, z, grid, chunk, on_chunk, **kw):
         calls.append(grid is not None)
         if grid is None:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return real(self, out, z, grid, chunk, on_chunk)
+        return real(self, out, z, grid, chunk, on_chunk, **kw)
 
     monkeypatch.setattr(Cosmos3VAE, "_decode_chunks", out_of_memory_untiled)
     with caplog.at_level("WARNING", logger="cosmos3_core.vae"):
@@ -183,6 +183,6 @@ def test_untiled_decode_out_of_memory_retries_tiled(vae, monkeypatch, caplog):
     with pytest.raises(torch.OutOfMemoryError):
         vae.decode(lat, tile_on_oom=False)
     monkeypatch.setattr(Cosmos3VAE, "_decode_chunks",
-                        lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")))
+                        lambda *a, **kw: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")))
     with pytest.raises(torch.OutOfMemoryError):
         vae.decode(lat, tile=True)

@@ -56,7 +56,7 @@ def decode_parallel(
     t_lat = z.shape[2]
     tiles = grid["tiles"]
     mine = tiles[rank::world]
-    caches = {ij: [None] * vae._decoder_cache_slots for ij in mine}
+    caches = {ij: [] for ij in mine}  # per-tile WanFrameDecoder state
     per_rank = math.ceil(len(tiles) / world)
     scale = grid["out_h"] // h_lat  # decoder-output pixels per latent pixel
     size = {ij: (min(grid["lat_h"], h_lat - ij[0]) * scale, min(grid["lat_w"], w_lat - ij[1]) * scale) for ij in tiles}

@@ -1,0 +1,233 @@
+"""Per-latent-frame causal decode of the Wan2.2 VAE decoder, written for speed over diffusers' own parameters.
+
+Spec: diffusers 0.42.1 ``WanDecoder3d.forward`` (models/autoencoders/autoencoder_kl_wan.py) as driven by
+``AutoencoderKLWan._decode``: one latent frame per call, ``first_chunk=True`` for frame 0, a feature cache carrying
+the last ``CACHE_T = 2`` input frames of every temporal causal conv. The module (``vae.decoder``) and its parameters
+are diffusers'; only the forward is ours. Same math, fewer memory passes:
+
+* Causal conv cache as a *history*: every temporal-kernel-3 conv keeps the last two frames of its (conceptually
+  zero-padded) input. Frame 0 sees zeros, which is exactly diffusers' causal zero padding plus its one-frame cache
+  growing to two; the ``upsample3d`` time conv is skipped on frame 0 and starts from zeros on frame 1 (diffusers'
+  ``"Rep"`` marker). The conv input ``[history | new frames]`` is one buffer that the producer writes straight into
+  (RMS-norm + SiLU output lands in its slice), the spatial zero padding is the conv's own ``padding`` instead of an
+  ``F.pad`` copy, and only the two-frame history is copied out. Diffusers copies the input three times (clone of
+  the cache frames, ``cat``, ``F.pad``).
+* RMS norm (``WanRMS_norm``: ``F.normalize(x.float(), dim=1) * sqrt(C) * gamma``) + SiLU: the fp32 norm is a
+  reduction, the rest three in-place passes over the low-precision tensor (diffusers materializes fp32 copies);
+  under ``torch.compile`` inductor fuses all of it into the conv-input write.
+* ``DupUp3D`` shortcut (channel repeat + pixel shuffle) is added through a broadcast view instead of two copies;
+  ``WanUpsample`` (nearest-exact x2) runs in the input dtype (nearest is a copy: identical values) on the 5-D tensor,
+  followed by the 2-D conv as a ``(1, 3, 3)`` conv3d over a view of its weight (no ``[b*t]`` permute copies).
+* Histories are released as soon as their conv has read them (diffusers replaces each slot as it goes, too).
+* Optional ``torch.compile`` (``dynamic=False``) of the steady-state frame (every frame but the first, which has its
+  own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
+  so that a graph, which holds its input histories until it returns, holds only its own stage's.
+
+Results equal diffusers' decode up to float rounding (tests/test_vae_decoder.py, fp32). Only the Wan2.2 layout
+(``is_residual=True``: ``WanResidualUpBlock``) is supported; anything else is refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+HISTORY = 2  # frames of context a temporal-kernel-3 causal conv needs (diffusers' CACHE_T)
+
+
+class WanFrameDecoder:
+    """``decoder(x_frame, state, first)`` → decoder output of one latent frame (before unpatchify/clamp).
+
+    ``state`` is a list owned by the caller: pass ``[]`` for a new clip (or tile); it holds one history list per
+    stage (input + mid block, each up block, head) and is updated in place, each stage's old histories released as
+    soon as that stage has run. ``first`` must be True exactly for the clip's first latent frame. Compiled, each
+    stage is its own static-shape graph (old + new histories of one stage alive at a time, not of the whole net).
+    """
+
+    def __init__(self, decoder: torch.nn.Module, *, compile: bool = False, channels_last: bool = False,
+                 compile_backend: str = "inductor"):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
+
+        if not all(isinstance(b, WanResidualUpBlock) for b in decoder.up_blocks):
+            raise ValueError("WanFrameDecoder: only the Wan2.2 VAE decoder (is_residual=True, WanResidualUpBlock) is "
+                             f"supported; got up blocks {[type(b).__name__ for b in decoder.up_blocks]}.")
+        self.dec = decoder
+        self.channels_last = channels_last
+        self.compile, self.compile_backend = compile, compile_backend
+        self._compiled: dict = {}
+
+    def __call__(self, x: torch.Tensor, state: list, first: bool) -> torch.Tensor:
+        if x.shape[2] != 1:
+            raise ValueError(f"WanFrameDecoder: decodes one latent frame per call, got {x.shape[2]} frames.")
+        if not first and not state:
+            raise ValueError("WanFrameDecoder: an empty state needs first=True (the clip's first latent frame).")
+        # a fresh dense frame (not a view into the clip): a compiled graph sees the same strides/offset each call
+        x = x.contiguous(memory_format=torch.channels_last_3d if self.channels_last else torch.contiguous_format)
+        d = self.dec
+        stages = [(_stage_in, d)] + [(_stage_up, b) for b in d.up_blocks] + [(_stage_out, d)]
+        if first:
+            state[:] = [None] * len(stages)
+        for k, (fn, module) in enumerate(stages):
+            hist, state[k] = state[k], None  # the stage's list is the only reference: consumed entries free early
+            x, state[k] = self._run(fn)(module, x, hist, first, self.channels_last)
+            del hist
+        return x
+
+    def _run(self, fn):
+        """The stage eager (first frame, or compile off) or through its torch.compile'd version."""
+        if not self.compile:
+            return fn
+        if fn not in self._compiled:
+            # one static graph per stage function, module and shape: allow more than dynamo's default of 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
+            self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
+        return self._compiled[fn]
+
+
+# ------------------------------------------------------------------ the network, in stages
+def _stage_in(d: torch.nn.Module, x: torch.Tensor, hist: list | None, first: bool, cl: bool):
+    """conv_in + mid block (resnet, attention, resnet)."""
+    c = _Cursor(hist, cl)
+    x = _causal_conv(d.conv_in, c.input(x))
+    mid = d.mid_block
+    x = _resblock(mid.resnets[0], x, c)
+    for attn, res in zip(mid.attentions, mid.resnets[1:]):
+        x = _resblock(res, attn(x), c)
+    return x, c.out
+
+
+def _stage_up(block: torch.nn.Module, x: torch.Tensor, hist: list | None, first: bool, cl: bool):
+    """``WanResidualUpBlock``: resnets, upsampler, + DupUp3D shortcut of the block input."""
+    c = _Cursor(hist, cl)
+    x_in = x
+    for res in block.resnets:
+        x = _resblock(res, x, c)
+    if block.upsampler is not None:
+        x = _upsample(block.upsampler, x, c, first)
+    if block.avg_shortcut is not None:
+        _dup_up_add_(x, x_in, block.avg_shortcut, first)
+    return x, c.out
+
+
+def _stage_out(d: torch.nn.Module, x: torch.Tensor, hist: list | None, first: bool, cl: bool):
+    """Head: RMS norm + SiLU + conv_out."""
+    c = _Cursor(hist, cl)
+    return _causal_conv(d.conv_out, c.input(x, d.norm_out)), c.out
+
+
+class _Cursor:
+    """Walks the history list in call order and collects the next frame's histories."""
+
+    def __init__(self, hist: list | None, channels_last: bool):
+        self.hist, self.out = hist, []
+        self.fmt = torch.channels_last_3d if channels_last else torch.contiguous_format
+
+    def input(self, x: torch.Tensor, norm: torch.nn.Module | None = None) -> torch.Tensor:
+        """Conv input ``[history | f(x)]`` (f = RMS norm + SiLU when ``norm`` is given, else identity); records the
+        next history (its last two frames)."""
+        b, ch, t, h, w = x.shape
+        buf = torch.empty(b, ch, HISTORY + t, h, w, dtype=x.dtype, device=x.device, memory_format=self.fmt)
+        if self.hist is None:
+            buf[:, :, :HISTORY].zero_()
+        else:
+            i = len(self.out)
+            buf[:, :, :HISTORY].copy_(self.hist[i])
+            if not torch.compiler.is_compiling():
+                self.hist[i] = None  # eager: release the old history now (compiled: the graph holds its inputs)
+        if norm is None:
+            buf[:, :, HISTORY:].copy_(x)
+        else:
+            _rms_silu(x, norm, buf[:, :, HISTORY:])
+        self.out.append(buf[:, :, -HISTORY:].clone(memory_format=torch.preserve_format))
+        return buf
+
+    def skip(self, like: torch.Tensor) -> None:
+        """First frame of an ``upsample3d``: its time conv does not run; the next frame starts from zeros."""
+        b, ch, _, h, w = like.shape
+        self.out.append(like.new_zeros(b, ch, HISTORY, h, w))
+
+
+def _rms_silu(x: torch.Tensor, norm: torch.nn.Module, out: torch.Tensor) -> None:
+    """``out = silu(F.normalize(x.float(), dim=1).to(x.dtype) * sqrt(C) * gamma)`` (WanRMS_norm, channel-first, no
+    bias) with the norm reduced in fp32, then three passes in ``x``'s dtype (eager) or one fused kernel (compiled)."""
+    if not isinstance(norm.bias, float) or norm.bias != 0.0 or not norm.channel_first:
+        raise ValueError("WanFrameDecoder: expected channel-first WanRMS_norm without bias (Wan2.2 decoder).")
+    inv = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
+    inv = (norm.scale / inv.clamp_min(1e-12)).to(x.dtype)  # F.normalize's eps
+    if torch.compiler.is_compiling():  # inductor fuses this into one write of ``out`` (out= views break dynamo)
+        out.copy_(F.silu(x * inv * norm.gamma))
+        return
+    torch.mul(x, inv, out=out)
+    out.mul_(norm.gamma)
+    F.silu(out, inplace=True)
+
+
+def _causal_conv(conv: torch.nn.Module, buf: torch.Tensor) -> torch.Tensor:
+    """A ``WanCausalConv3d`` over ``[history | x]``: no temporal padding left, spatial padding by the conv."""
+    pad = conv._padding  # (w, w, h, h, 2*t, 0)
+    if pad[4] != HISTORY or conv.stride != (1, 1, 1):
+        raise ValueError(f"WanFrameDecoder: unexpected causal conv padding {pad} / stride {conv.stride}.")
+    return F.conv3d(buf, conv.weight, conv.bias, padding=(0, pad[2], pad[0]))
+
+
+def _resblock(m: torch.nn.Module, x: torch.Tensor, c: _Cursor) -> torch.Tensor:
+    """``WanResidualBlock``: shortcut (1x1x1 conv if the width changes) + conv2(norm2(conv1(norm1(x)))); eval."""
+    sc = m.conv_shortcut
+    h = x if isinstance(sc, torch.nn.Identity) else F.conv3d(x, sc.weight, sc.bias)
+    y = _causal_conv(m.conv1, c.input(x, m.norm1))
+    y = _causal_conv(m.conv2, c.input(y, m.norm2))
+    return y.add_(h)
+
+
+def _upsample(m: torch.nn.Module, x: torch.Tensor, c: _Cursor, first: bool) -> torch.Tensor:
+    """``WanResample`` upsample2d / upsample3d: (time conv doubling the frames, except on the first frame), then
+    nearest-exact x2 in space and a 3x3 conv per frame."""
+    if m.mode == "upsample3d":
+        if first:
+            c.skip(x)
+        else:
+            b, ch, t, h, w = x.shape
+            y = _causal_conv(m.time_conv, c.input(x))  # [b, 2*ch, t, h, w]: channel halves = frame pairs
+            x = torch.empty(b, ch, 2 * t, h, w, dtype=y.dtype, device=y.device, memory_format=c.fmt)
+            x.unflatten(2, (t, 2)).copy_(y.unflatten(1, (2, ch)).permute(0, 2, 3, 1, 4, 5))  # frame 2i+s = half s
+    elif m.mode != "upsample2d":
+        raise ValueError(f"WanFrameDecoder: unexpected resample mode {m.mode!r} in the decoder.")
+    up, conv = m.resample[0], m.resample[1]
+    if up.mode != "nearest-exact" or tuple(up.scale_factor) != (2.0, 2.0):
+        raise ValueError(f"WanFrameDecoder: unexpected upsample {up.mode} x{up.scale_factor}.")
+    x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest-exact")
+    return F.conv3d(x, conv.weight.unsqueeze(2), conv.bias, padding=(0, *conv.padding))
+
+
+def _dup_up_add_(out: torch.Tensor, x: torch.Tensor, m: torch.nn.Module, first: bool) -> None:
+    """``out += DupUp3D(x, first_chunk=first)`` without materializing the shortcut.
+
+    DupUp3D repeats each input channel ``r`` times and unshuffles channel groups (``out_ch``, ``ft``, ``fs``, ``fs``)
+    into (channel, time, height, width) sub-positions; when ``r`` is the product of the trailing sub-position
+    sizes (Wan2.2: 8 = 2*2*2, and 2), that is a broadcast of ``x`` viewed as (out_ch, leading sub-positions).
+    """
+    ft, fs, r, co = m.factor_t, m.factor_s, m.repeats, m.out_channels
+    b, _, t, h, w = x.shape
+    radices = [ft, fs, fs]
+    k, prod = 0, 1
+    while prod < r and k < 3:
+        prod *= radices[2 - k]
+        k += 1
+    if prod != r or (first and t != 1):
+        out.add_(m(x, first_chunk=first))  # general layout: materialize as diffusers does
+        return
+    lead = radices[:3 - k]
+    src = x.unflatten(1, (co, *lead)) if lead else x.unflatten(1, (co,))
+    for _ in range(k):
+        src = src.unsqueeze(1 + len(lead) + 1)  # singleton sub-position dims after the leading ones
+    # src: [b, co, ft', fs', fs', t, h, w] with broadcast (size-1) dims for the repeated sub-positions
+    if first and ft > 1:  # frame 0: diffusers keeps only the last of the ft duplicated frames
+        if lead:  # the time sub-position is a real dim of src (not broadcast)
+            src = src[:, :, ft - 1:]
+        tgt_t, tgt_ft = 1, 1
+    else:
+        tgt_t, tgt_ft = t, ft
+    tgt = out.unflatten(4, (w, fs)).unflatten(3, (h, fs)).unflatten(2, (tgt_t, tgt_ft))
+    tgt = tgt.permute(0, 1, 3, 5, 7, 2, 4, 6)  # [b, co, ft, fs, fs, t, h, w]
+    tgt.add_(src)
