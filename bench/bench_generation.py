@@ -473,7 +473,7 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
         layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device=device, dtype=dtype)
         latents = torch.randn(shape, generator=g).to(device)
         t = torch.tensor(900, device=device)
-        step = lambda: ours.denoise_step(latents, t, kvs, layout)  # noqa: E731
+        step = lambda latents=latents, t=t, layout=layout: ours.denoise_step(latents, t, kvs, layout)  # noqa: E731
         before = _compile_stats()
         start = time.perf_counter()
         step()

@@ -216,7 +216,7 @@ def bench_family(family: str, args, device: torch.device) -> dict:
         reasoner.compile_decode(False)
 
     ref_ids = speed["current"]["ids"]
-    for name, s in speed.items():
+    for s in speed.values():
         s |= agreement(s.pop("ids"), ref_ids)
     row |= {"variants": speed, "logits": logits}
     configure(reasoner, "gqa_sampling")  # the defaults again

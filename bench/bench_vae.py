@@ -123,12 +123,12 @@ def bench_resolution(vae, name, variants, args, device, dtype, cache, weights_by
         r = {}
         try:
             zw = z[:, :, :min(args.warmup_frames, t)]
-            r["warmup_s"] = round(timed(lambda: decode_clip(vae, step, zw, None), device), 3)
+            r["warmup_s"] = round(timed(lambda step=step, zw=zw: decode_clip(vae, step, zw, None), device), 3)
             host = torch.empty(c_out, frames, h * s, w * s, dtype=dtype, pin_memory=pin)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            times = [timed(lambda: decode_clip(vae, step, z, host), device) for _ in range(repeats)]
+            times = [timed(lambda step=step, host=host: decode_clip(vae, step, z, host), device) for _ in range(repeats)]
             r["seconds"] = round(statistics.median(times), 3)
             r["times"] = [round(x, 3) for x in times]
             if device.type == "cuda":
@@ -163,7 +163,7 @@ def bench_e2e(vae, name, args, device, cache) -> dict:
         c3.decode(lat[:, :, :min(args.warmup_frames, t)], compile=compile)  # warm-up (compiles)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        sec = timed(lambda: c3.decode(lat, compile=compile), device)
+        sec = timed(lambda compile=compile: c3.decode(lat, compile=compile), device)
         r = {"seconds": round(sec, 3)}
         if device.type == "cuda":
             r["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)

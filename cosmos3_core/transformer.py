@@ -203,7 +203,6 @@ class Cosmos3Transformer(nn.Module):
                  sequence_parallel: "SequenceParallel | None" = None) -> StepOutput:
         b = len(text)
         x = self._embed_generation_tokens(latents, timestep, layout, sound, action)  # [N, tokens, D]
-        n = x.shape[0]
         # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
         x = x.repeat(b, 1, 1)  # a real copy: every layer then gets the same strides (one compiled graph)
         cos, sin, sp = layout.cos, layout.sin, sequence_parallel
