@@ -224,19 +224,48 @@ class Cosmos3VAE(torch.nn.Module):
         else:
             x = z  # tiled_decode applies post_quant_conv per tile and frame
             caches = {ij: [] for ij in grid["tiles"]}
+        # GPU -> host output: through two pinned staging buffers, so that chunk k's frames land in ``out`` (a host
+        # memcpy) while the GPU decodes chunk k+1; a chunk is reported to ``on_chunk`` once it is in ``out``.
+        staged = z.is_cuda and out.device.type == "cpu"
+        buffers: list[torch.Tensor] = []
+        pending = None  # (first frame, frames, staging view, copy-done event, latent frames done)
         frame = 0
-        for start in range(0, t_lat, chunk):
+        for k, start in enumerate(range(0, t_lat, chunk)):
             stop = min(start + chunk, t_lat)
             if grid is None:
                 pix = self._decode_frames(x, start, stop, cache, decoder)
             else:
                 pix = self._decode_frames_tiled(x, start, stop, caches, grid, decoder)
             pix = self._postprocess(pix)  # [f,H,W,3] fp32 on the VAE device
-            out[frame:frame + pix.shape[0]].copy_(pix)
-            frame += pix.shape[0]
-            del pix
-            if on_chunk is not None:
-                on_chunk(stop, t_lat)
+            n = pix.shape[0]
+            if staged:
+                if len(buffers) < 2:
+                    buffers.append(torch.empty((chunk * self.temporal_scale, *pix.shape[1:]), dtype=pix.dtype,
+                                               pin_memory=True))
+                view = buffers[k % 2][:n]
+                view.copy_(pix, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+                del pix
+                if pending is not None:
+                    self._land(out, pending, t_lat, on_chunk)
+                pending = (frame, n, view, done, stop)
+            else:
+                out[frame:frame + n].copy_(pix)
+                del pix
+                if on_chunk is not None:
+                    on_chunk(stop, t_lat)
+            frame += n
+        if pending is not None:
+            self._land(out, pending, t_lat, on_chunk)
+
+    @staticmethod
+    def _land(out: torch.Tensor, pending: tuple, t_lat: int, on_chunk: OnChunk | None) -> None:
+        frame, n, view, done, stop = pending
+        done.synchronize()
+        out[frame:frame + n].copy_(view)
+        if on_chunk is not None:
+            on_chunk(stop, t_lat)
 
     def _decode_frames(self, x: torch.Tensor, start: int, stop: int, cache: list,
                        decoder: WanFrameDecoder) -> torch.Tensor:
