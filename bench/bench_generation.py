@@ -610,9 +610,6 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         probe_warmup(args.probe_warmup.split(","), args.out, args.tiny)
         return
-    for knob in ("recompile_limit", "cache_size_limit"):  # many shapes x routes: never fall back to eager
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 64)
     if args.render:
         from render_benchmarks import render
 

@@ -194,7 +194,6 @@ def main() -> None:
         if not torch.cuda.is_available():
             raise SystemExit("bench_vae.py needs a CUDA GPU (or --tiny for a CPU check).")
         device, dtype, resolutions = torch.device("cuda"), torch.bfloat16, args.resolutions.split(",")
-    torch._dynamo.config.recompile_limit = 64  # one static graph per resolution and variant
     vae = build_vae(args.tiny, device, dtype)
     weights = sum(p.numel() * p.element_size() for p in vae.parameters())
     results = {

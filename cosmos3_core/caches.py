@@ -1,7 +1,7 @@
 """Kernel caches on disk, so a second process (a ComfyUI restart, the next CLI run) compiles less.
 
 ``<root>`` is ``$COSMOS3_CACHE_DIR`` or ``~/.cache/cosmos3``. ``enable_persistent_caches()`` (called before the
-first compile or FlashAttention-4 import) points the caches there:
+first compile — through ``prepare_compile`` — or FlashAttention-4 import) points the caches there:
 
 * ``torch.compile`` of the generation layer (``Cosmos3Transformer.compile_generation_layers``): inductor's FX-graph
   cache, the AOT-autograd cache and the Triton kernels they bundle live in ``<root>/inductor``
@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+RECOMPILE_LIMIT = 64  # static graphs kept per compiled function and process (torch's default is 8)
 
 
 def cache_root() -> Path:
@@ -60,3 +63,15 @@ def enable_persistent_caches() -> Path:
     if "TORCHINDUCTOR_AUTOGRAD_CACHE" not in os.environ:
         torch._functorch.config.enable_autograd_cache = True
     return root
+
+
+def prepare_compile() -> None:
+    """Before a ``torch.compile`` of ours (generation layer, VAE decoder stages, reasoner decode layer): the on-disk
+    caches (``enable_persistent_caches``), and room for ``RECOMPILE_LIMIT`` static graphs per compiled function (one
+    per shape) before Dynamo would fall back to eager."""
+    enable_persistent_caches()
+    import torch._dynamo
+
+    for knob in ("recompile_limit", "cache_size_limit"):  # the name differs across torch versions
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))

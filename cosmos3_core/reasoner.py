@@ -444,9 +444,9 @@ class Cosmos3Reasoner:
         if enable and self._compiled_layer is not None and not compile_kwargs:
             return  # already compiled: keep its traced graph
         if enable:
-            from .caches import enable_persistent_caches
+            from .caches import prepare_compile
 
-            enable_persistent_caches()
+            prepare_compile()
             self._compiled_layer = torch.compile(decode_layer, **{"fullgraph": True, **compile_kwargs})
         else:
             self._compiled_layer = None

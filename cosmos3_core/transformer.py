@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .attention import attention, attention_backend
-from .caches import enable_persistent_caches
+from .caches import prepare_compile
 from .config import Cosmos3Config
 from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm
 from .layout import GenLayout, patchify, unpatchify
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 # Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
 SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
-RECOMPILE_LIMIT = 64  # compiled generation-layer graphs kept per process (torch's default is 8)
 
 
 @dataclass(frozen=True)
@@ -226,14 +225,9 @@ class Cosmos3Transformer(nn.Module):
         Shapes are static (``dynamic=False``) except the prompt lengths (the text K/V's length dimension is marked
         dynamic): one graph per generation shape (resolution × frames, branches, batch, streams), the same graph in
         every process whatever the prompts and whatever shapes ran before, so the on-disk caches (``caches.py``)
-        serve a fresh process. Up to ``RECOMPILE_LIMIT`` shapes stay compiled per process."""
+        serve a fresh process. Up to ``caches.RECOMPILE_LIMIT`` shapes stay compiled per process."""
         if enable and self._compiled_fn is None:
-            import torch._dynamo
-
-            enable_persistent_caches()  # a second process reuses the compiled kernels (caches.py)
-            for knob in ("recompile_limit", "cache_size_limit"):  # the name differs across torch versions
-                if hasattr(torch._dynamo.config, knob):
-                    setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
+            prepare_compile()  # a second process reuses the compiled kernels (caches.py)
             compiled = torch.compile(generation_layer, **{"dynamic": False, **compile_kwargs})
             self._compiled_fn = functools.partial(_any_prompt_length, compiled)
         self._compiled_layer = self._compiled_fn if enable else None

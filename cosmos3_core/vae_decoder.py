@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .caches import prepare_compile
+
 HISTORY = 2  # frames of context a temporal-kernel-3 causal conv needs (diffusers' CACHE_T)
 
 
@@ -78,8 +80,7 @@ class WanFrameDecoder:
         if not self.compile:
             return fn
         if fn not in self._compiled:
-            # one static graph per stage function, module and shape: allow more than dynamo's default of 8
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            prepare_compile()  # on-disk caches; one static graph per stage function, module and shape
             compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
             self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
         return self._compiled[fn]
