@@ -25,9 +25,9 @@ broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static
 query heads viewed as ``[KV, groups]`` against the un-expanded cache instead of ``repeat_kv``'s copies: each
 (head, key) product is the same, only the copy of the whole cache per layer and token (``groups``×: 4 on Nano, 2 on
 Edge) disappears, and it is a handful of small kernels (two batched GEMMs and a softmax) instead of SDPA's masked
-kernel (speed on the H200 not measured yet: bench/bench_reasoner.py "gqa" vs "current"). Backend ``"sdpa"`` keeps
-SDPA for it too: with a mask on CUDA the grouped K/V heads are then expanded, since the fused SDPA kernels
-reject ``enable_gqa`` together with a mask.
+kernel (H200, BENCHMARKS.md run 10: batch-1 decode Nano 96.8 → 107.6 tokens/s, Edge 143 → 223). Backend
+``"sdpa"`` keeps SDPA for it too: with a mask on CUDA the grouped K/V heads are then expanded, since the fused SDPA
+kernels reject ``enable_gqa`` together with a mask.
 """
 
 from __future__ import annotations

@@ -201,18 +201,28 @@ def sample_token(logits: torch.Tensor, seen: torch.Tensor, params: SamplingParam
     return (probs / noise).argmax(-1, keepdim=True)
 
 
+def rope_qkv(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """A text-tower layer's q, k (RoPE applied) and v over ``h`` ``[L, D]``, with transformers' norm rounding."""
+    q, k, v = text_qkv(layer, h, transformers_rms_norm)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def layer_output(layer, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    """A text-tower layer's output given its attention output ``[L, H·hd]`` (transformers' norm rounding)."""
+    return text_layer_output(layer, h, attn_out, transformers_rms_norm)
+
+
 def decode_layer(layer, h: torch.Tensor, rope: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  slot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """One text-tower layer for one token ``h`` ``[1, D]``: writes its RoPE'd key and value at ``slot`` (``[1]``) of
     this layer's cache ``keys``/``values`` ``[KV, max_len, hd]`` and attends over the cache under ``mask``
     ``[max_len]``; ``rope`` ``[2, 1, hd]`` is the token's cos/sin. A function of tensors and the layer alone, so
     one ``torch.compile`` of it serves every layer (``Cosmos3Reasoner.compile_decode``)."""
-    q, k, v = text_qkv(layer, h, transformers_rms_norm)
-    q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+    q, k, v = rope_qkv(layer, h, rope[0], rope[1])
     keys.index_copy_(1, slot, k.transpose(0, 1))
     values.index_copy_(1, slot, v.transpose(0, 1))
     out = attention(q.transpose(0, 1)[None], keys[None], values[None], mask=mask.view(1, 1, 1, -1))
-    return text_layer_output(layer, h, out[0].transpose(0, 1).reshape(1, -1), transformers_rms_norm)
+    return layer_output(layer, h, out[0].transpose(0, 1).reshape(1, -1))
 
 
 def load_lm_head(checkpoint_dir: str | Path, config: Cosmos3Config, dtype: torch.dtype,
@@ -365,13 +375,6 @@ class Cosmos3Reasoner:
         """cos/sin ``[N, hd]`` for mRoPE ids ``[3, N]`` (the generator's tables: rope.py)."""
         return rope_tables(positions, self.config, self.dtype, self.device)
 
-    def _qkv(self, layer, h: torch.Tensor, cos, sin):
-        q, k, v = text_qkv(layer, h, transformers_rms_norm)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def _mlp_block(self, layer, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return text_layer_output(layer, h, out, transformers_rms_norm)
-
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(transformers_rms_norm(self.transformer.norm, h)).float()
 
@@ -413,11 +416,11 @@ class Cosmos3Reasoner:
         h, visual_pos, deepstack = self.embed(prompt)
         cos, sin = self._rope(prompt.position_ids.to(self.device))
         for i, layer in enumerate(self.transformer.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
+            q, k, v = rope_qkv(layer, h, cos, sin)
             cache.keys[i, :, :n] = k.transpose(0, 1)
             cache.values[i, :, :n] = v.transpose(0, 1)
             out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True)
-            h = self._mlp_block(layer, h, out[0].transpose(0, 1).reshape(n, -1))
+            h = layer_output(layer, h, out[0].transpose(0, 1).reshape(n, -1))
             if i < len(deepstack):  # Qwen3VLTextModel._deepstack_process
                 h = h.index_add(0, visual_pos, deepstack[i])
         logits = self._logits(h if all_logits else h[-1:])
