@@ -76,9 +76,16 @@ def make_scheduler(
 
 
 class _ScheduleOf:
-    """The timesteps and sigmas of the diffusers scheduler a stepper holds in ``self.scheduler``."""
+    """The timesteps and sigmas of the diffusers scheduler a stepper holds in ``self.scheduler``, and the re-zeroing
+    of ``keep_channels`` and beyond (a stream's padding) after every step."""
 
     scheduler: object
+    keep_channels: int | None
+
+    def _rezero(self, out: torch.Tensor) -> torch.Tensor:
+        if self.keep_channels is not None:
+            out[..., self.keep_channels:] = 0
+        return out
 
     @property
     def timesteps(self) -> torch.Tensor:
@@ -105,10 +112,7 @@ class SchedulerStepper(_ScheduleOf):
     def step(self, velocity: torch.Tensor, index: int, latents: torch.Tensor) -> torch.Tensor:
         t = self.scheduler.timesteps[index]
         out = self.scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False, **self.step_kwargs)
-        out = out[0].squeeze(0)
-        if self.keep_channels is not None:
-            out[..., self.keep_channels:] = 0
-        return out
+        return self._rezero(out[0].squeeze(0))
 
 
 class ItemSteppers:
@@ -149,18 +153,17 @@ class LinearStepTable:
         sched = copy.deepcopy(scheduler)
         n = len(sched.timesteps)
         eye = torch.eye(n + 1, dtype=torch.float64)
-        xs, vs, nxt = [eye[0:1]], [], []
+        xs, vs = [eye[0:1]], []  # latent i and velocity i as coefficient rows over the symbols
         for i, t in enumerate(sched.timesteps):
             vs.append(eye[i + 1:i + 2])
             out = sched.step(vs[-1], t, xs[-1], return_dict=False)[0]
             if out.dtype != torch.float64 or out.shape != (1, n + 1):
                 raise TypeError(f"{type(scheduler).__name__}.step did not keep float64 symbols: not linear-replayable")
-            nxt.append(out)
             xs.append(out)
         self.window, self.steps = 1, []
         for i in range(n):
             for window in range(self.window, i + 2):
-                coefs = self._fit(xs, vs, nxt[i], i, window)
+                coefs = self._fit(xs, vs, xs[i + 1], i, window)
                 if coefs is not None:
                     break
             else:
@@ -211,9 +214,7 @@ class LinearStepper(_ScheduleOf):
                 out = history[lag] * coef if out is None else out.add_(history[lag], alpha=coef)
         del self._x[self.table.window:], self._v[self.table.window:]
         self._done = index + 1
-        if self.keep_channels is not None:
-            out[..., self.keep_channels:] = 0
-        return out
+        return self._rezero(out)
 
 
 Stepper = SchedulerStepper | LinearStepper | ItemSteppers  # what a plan's stream advances with
