@@ -10,15 +10,17 @@ replays one captured graph, step_graph.GraphedCall):
     gqa                     + attention.py's decode route (grouped heads, transformers' eager arithmetic)
     gqa_sampling            + the greedy pick and cursor advance inside the graph (the default)
     gqa_compiled            gqa + ``compile_decode()`` (inductor, one graph for every layer), pick outside
-    gqa_compiled_sampling   everything
+    gqa_compiled_sampling   gqa_compiled with the pick inside the step
+    packed                  gqa_sampling + q/k/v and gate/up each read as one packed matrix (packed.py)
+    packed_compiled         everything (the defaults after ``compile_decode()``)
 
 Per variant: ``tokens_per_s`` (decode only, prefill subtracted, the graph capture included: the earlier runs'
 measure), ``steady_tokens_per_s`` (tokens 32 → end, timed at the loop's host syncs, capture excluded) and token
 agreement with ``current`` (``agree_prefix``: leading tokens equal; ``agree_frac``). ``compile_warmup_s``: the first
 4-token generation after ``compile_decode()`` (compiles, then captures). ``compiled_graphs``: graphs dynamo traced
-(1 = every layer shares one, no recompiles).
+(2 = one per projection layout, split and packed, each shared by every layer and step: no recompiles).
 
-``logits`` (per route: current / gqa / compiled): teacher-forced decode of ``--diff-steps`` tokens (the greedy
+``logits`` (per route: current / gqa / packed / compiled / packed_compiled): teacher-forced decode of ``--diff-steps`` tokens (the greedy
 tokens of ``current`` eager), logits max |diff| per step of — ``eager_repeat`` (eager run twice: determinism),
 ``side_stream`` (eager on a non-default stream, as GraphedCall's warm-up), ``graph`` (GraphedCall: step 0 is its
 warm-up, later steps are replays) — each against the same route's eager run, and ``vs_current_eager`` (the route
@@ -50,9 +52,11 @@ EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_
             num_key_value_heads=8, head_dim=128, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
             use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8, rope_axes_dim=[24, 20, 20],
             action_gen=True, action_dim=64)
-# name: (attention backend, compiled layer, greedy pick inside the step)
-VARIANTS = {"current": ("sdpa", False, False), "gqa": ("auto", False, False), "gqa_sampling": ("auto", False, True),
-            "gqa_compiled": ("auto", True, False), "gqa_compiled_sampling": ("auto", True, True)}
+# name: (attention backend, compiled layer, greedy pick inside the step, packed projections)
+VARIANTS = {"current": ("sdpa", False, False, False), "gqa": ("auto", False, False, False),
+            "gqa_sampling": ("auto", False, True, False), "gqa_compiled": ("auto", True, False, False),
+            "gqa_compiled_sampling": ("auto", True, True, False), "packed": ("auto", False, True, True),
+            "packed_compiled": ("auto", True, True, True)}
 STEADY_FROM = 32
 
 
@@ -73,9 +77,10 @@ def build(values: dict, device: str):
 def configure(reasoner, variant: str) -> None:
     from cosmos3_core.attention import set_attention_backend
 
-    backend, compiled, in_step = VARIANTS[variant]
+    backend, compiled, in_step, packed = VARIANTS[variant]
     set_attention_backend(backend)
     reasoner.graph_sampling = in_step
+    reasoner.pack_projections = packed
     if compiled and reasoner._compiled_layer is None:
         reasoner.compile_decode(True)
     elif not compiled:
@@ -109,13 +114,19 @@ def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
 def teacher_forced_logits(reasoner, prepared, tokens: list[int] | None, steps: int, mode: str) -> tuple[list, list]:
     """Logits of ``steps`` decode steps fed ``tokens`` (None: this run's own greedy tokens); ``mode`` is ``eager``,
     ``side_stream`` or ``graph``. Returns (logits per step on the CPU, tokens fed)."""
+    from cosmos3_core.reasoner import packed_projections
     from cosmos3_core.step_graph import GraphedCall
 
     device = reasoner.device
     first = reasoner.prefill(prepared, cache_len=prepared.length + steps + 1)
     cache_index = torch.tensor(prepared.length, device=device)
     rope_position = torch.tensor(prepared.next_position, device=device)
-    step = GraphedCall(reasoner.decode_step) if mode == "graph" else reasoner.decode_step
+    packed = packed_projections(reasoner.transformer) if reasoner.pack_projections else None
+
+    def decode(token, index, position):
+        return reasoner.decode_step(token, index, position, packed)
+
+    step = GraphedCall(decode) if mode == "graph" else decode
     side = torch.cuda.Stream() if mode == "side_stream" else None
     fed = [int(first.argmax())] if tokens is None else tokens
     out = []
@@ -187,12 +198,12 @@ def bench_family(family: str, args, device: torch.device) -> dict:
     reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=8))  # warm-up (cuBLAS, allocator)
 
     logits, reference = {}, None
-    for route in ("current", "gqa"):
+    for route in ("current", "gqa", "packed"):
         configure(reasoner, route)
         logits[route], found = logits_report(reasoner, prepared, args.diff_steps, reference)
         reference = reference or found
     speed = {}
-    for variant in ("current", "gqa", "gqa_sampling"):
+    for variant in ("current", "gqa", "gqa_sampling", "packed"):
         configure(reasoner, variant)
         speed[variant] = timed_generate(reasoner, prepared, args.new_tokens)
 
@@ -207,7 +218,9 @@ def bench_family(family: str, args, device: torch.device) -> dict:
             sync(device)
             row["compile_warmup_s"] = round(time.perf_counter() - t0, 1)
             logits["compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
-            for variant in ("gqa_compiled", "gqa_compiled_sampling"):
+            configure(reasoner, "packed_compiled")
+            logits["packed_compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
+            for variant in ("gqa_compiled", "gqa_compiled_sampling", "packed_compiled"):
                 configure(reasoner, variant)
                 speed[variant] = timed_generate(reasoner, prepared, args.new_tokens)
         except Exception as exc:  # noqa: BLE001 — report, do not hide, a compile failure
@@ -219,7 +232,7 @@ def bench_family(family: str, args, device: torch.device) -> dict:
     for s in speed.values():
         s |= agreement(s.pop("ids"), ref_ids)
     row |= {"variants": speed, "logits": logits}
-    configure(reasoner, "gqa_sampling")  # the defaults again
+    configure(reasoner, "packed")  # the defaults again
     return row
 
 

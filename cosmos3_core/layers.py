@@ -71,10 +71,15 @@ class MLP(nn.Module):
         self.up_proj = linear(d, f, bias=False)
         self.down_proj = linear(f, d, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate_up_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """``gate_up_weight``: ``gate_proj`` and ``up_proj`` packed as one matrix (packed.py), read in one GEMV."""
         if self.act == "relu2":
             return self.down_proj(torch.relu(self.up_proj(x)).square())
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if gate_up_weight is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = F.linear(x, gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MoTAttention(nn.Module):

@@ -39,6 +39,7 @@ from . import defaults
 from .attention import attention
 from .config import CheckpointError, Cosmos3Config
 from .layers import transformers_rms_norm
+from .packed import packed_weight
 from .rope import apply_rope, rope_tables
 from .step_graph import GraphedCall
 from .towers import tower_module
@@ -201,28 +202,49 @@ def sample_token(logits: torch.Tensor, seen: torch.Tensor, params: SamplingParam
     return (probs / noise).argmax(-1, keepdim=True)
 
 
-def rope_qkv(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+def rope_qkv(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qkv_weight: torch.Tensor | None = None):
     """A text-tower layer's q, k (RoPE applied) and v over ``h`` ``[L, D]``, with transformers' norm rounding."""
-    q, k, v = text_qkv(layer, h, transformers_rms_norm)
+    q, k, v = text_qkv(layer, h, transformers_rms_norm, qkv_weight)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def layer_output(layer, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+def layer_output(layer, h: torch.Tensor, attn_out: torch.Tensor,
+                 gate_up_weight: torch.Tensor | None = None) -> torch.Tensor:
     """A text-tower layer's output given its attention output ``[L, H·hd]`` (transformers' norm rounding)."""
-    return text_layer_output(layer, h, attn_out, transformers_rms_norm)
+    return text_layer_output(layer, h, attn_out, transformers_rms_norm, gate_up_weight)
 
 
 def decode_layer(layer, h: torch.Tensor, rope: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 slot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                 slot: torch.Tensor, mask: torch.Tensor, qkv_weight: torch.Tensor | None = None,
+                 gate_up_weight: torch.Tensor | None = None) -> torch.Tensor:
     """One text-tower layer for one token ``h`` ``[1, D]``: writes its RoPE'd key and value at ``slot`` (``[1]``) of
     this layer's cache ``keys``/``values`` ``[KV, max_len, hd]`` and attends over the cache under ``mask``
-    ``[max_len]``; ``rope`` ``[2, 1, hd]`` is the token's cos/sin. A function of tensors and the layer alone, so
-    one ``torch.compile`` of it serves every layer (``Cosmos3Reasoner.compile_decode``)."""
-    q, k, v = rope_qkv(layer, h, rope[0], rope[1])
+    ``[max_len]``; ``rope`` ``[2, 1, hd]`` is the token's cos/sin; ``qkv_weight``/``gate_up_weight`` the layer's
+    packed projections (``packed_projections``) or None. A function of tensors and the layer alone, so one
+    ``torch.compile`` of it serves every layer (``Cosmos3Reasoner.compile_decode``).
+
+    The layer runs on ``[1, 1, D]`` rows, as transformers' ``[batch, length, D]``: each projection then ends in a
+    view, so inductor keeps every residual add a separate element-wise rounding, as eager does, instead of folding a
+    2-D ``h + x @ W.T`` into ``addmm`` (one rounding where the reference has two, and on CUDA a copy of ``h`` into
+    the output before each such GEMV)."""
+    h = h.view(1, 1, -1)
+    q, k, v = rope_qkv(layer, h, rope[0], rope[1], qkv_weight)
     keys.index_copy_(1, slot, k.transpose(0, 1))
     values.index_copy_(1, slot, v.transpose(0, 1))
     out = attention(q.transpose(0, 1)[None], keys[None], values[None], mask=mask.view(1, 1, 1, -1))
-    return layer_output(layer, h, out[0].transpose(0, 1).reshape(1, -1))
+    return layer_output(layer, h, out[0].transpose(0, 1).reshape(1, 1, -1), gate_up_weight).view(1, -1)
+
+
+def packed_projections(transformer: Cosmos3Transformer) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """Per text-tower layer, its ``to_q/to_k/to_v`` and (SiLU MLP) ``gate_proj/up_proj`` packed into one matrix each
+    (packed.py: views over the layer's own weights, packing them in place the first time); None where a group
+    cannot be packed. A batch-1 decode step then reads each group with one GEMV (BENCHMARKS.md)."""
+    out = []
+    for layer in transformer.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        gate_up = packed_weight([mlp.gate_proj, mlp.up_proj]) if mlp.act == "silu" else None
+        out.append((packed_weight([attn.to_q, attn.to_k, attn.to_v]), gate_up))
+    return out
 
 
 def load_lm_head(checkpoint_dir: str | Path, config: Cosmos3Config, dtype: torch.dtype,
@@ -312,6 +334,7 @@ class Cosmos3Reasoner:
         self.max_context = int(max_context)
         self.cuda_graphs = True  # decode steps on CUDA replay one captured graph (step_graph.GraphedCall)
         self.graph_sampling = True  # greedy picks happen inside the decode step (inside the graph)
+        self.pack_projections = True  # decode reads q/k/v and gate/up as one matrix each (packed.py)
         self._compiled_layer = None  # compile_decode(): torch.compile of decode_layer (opt-in)
         self.special = special_token_ids(processor, strict=False)
         self.cache: StaticKVCache | None = None
@@ -427,8 +450,10 @@ class Cosmos3Reasoner:
         return logits if all_logits else logits[0]
 
     @torch.no_grad()
-    def decode_step(self, token: torch.Tensor, cache_index: torch.Tensor, rope_position: torch.Tensor) -> torch.Tensor:
-        """One token ``[1]`` at cache slot ``cache_index``, mRoPE position ``rope_position`` (0-dim) → logits."""
+    def decode_step(self, token: torch.Tensor, cache_index: torch.Tensor, rope_position: torch.Tensor,
+                    packed: Sequence[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None) -> torch.Tensor:
+        """One token ``[1]`` at cache slot ``cache_index``, mRoPE position ``rope_position`` (0-dim) → logits.
+        ``packed``: ``packed_projections(self.transformer)`` taken for this generation (None: layer by layer)."""
         cache = self.cache
         h = self.transformer.embed_tokens(token.view(1))
         rope = cache.rope.index_select(1, rope_position.view(1))
@@ -436,7 +461,8 @@ class Cosmos3Reasoner:
         mask = cache.positions <= cache_index
         layer_fn = self._compiled_layer or decode_layer
         for i, layer in enumerate(self.transformer.layers):
-            h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask)
+            qkv, gate_up = packed[i] if packed is not None else (None, None)
+            h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask, qkv, gate_up)
         return self._logits(h)[0]
 
     def compile_decode(self, enable: bool = True, **compile_kwargs) -> None:
@@ -501,9 +527,13 @@ class Cosmos3Reasoner:
         cache_index = torch.tensor(prompt.length, device=device)  # the decode cursor, advanced in place by `advance`
         rope_position = torch.tensor(prompt.next_position, device=device)
 
+        # each projection group read as one matrix (views over the weights; dropped when this call returns, so a
+        # host that moves the weights afterwards frees their old storage)
+        packed = packed_projections(self.transformer) if self.pack_projections else None
+
         def advance(token: torch.Tensor) -> torch.Tensor:
             """Logits after ``token``; the cursor moves on by one (in place: inside the graph when captured)."""
-            logits = self.decode_step(token, cache_index, rope_position)
+            logits = self.decode_step(token, cache_index, rope_position, packed)
             cache_index.add_(1)
             rope_position.add_(1)
             return logits

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention, attention_backend
@@ -265,25 +266,32 @@ def _any_prompt_length(compiled, layer, x, cos, sin, text_keys, text_values, *re
     return compiled(layer, x, cos, sin, text_keys, text_values, *rest)
 
 
-def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm):
+def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, qkv_weight: torch.Tensor | None = None):
     """The text tower's attention inputs over ``h`` ``[L, D]``: q ``[L, H, hd]`` and k ``[L, KV, hd]`` after the
     per-head QK-norm (Nano/Super; Edge has none) and before RoPE, and v ``[L, KV, hd]``. ``norm(module, x)`` applies
-    an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers')."""
+    an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers').
+    ``qkv_weight``: ``to_q/to_k/to_v`` packed as one matrix (packed.py), read in one GEMV."""
     attn = layer.self_attn
     n = h.shape[0]
     x = norm(layer.input_layernorm, h)
-    q = attn.to_q(x).view(n, attn.num_heads, attn.head_dim)
-    k = attn.to_k(x).view(n, attn.num_kv_heads, attn.head_dim)
-    v = attn.to_v(x).view(n, attn.num_kv_heads, attn.head_dim)
+    if qkv_weight is None:
+        q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+    else:
+        q, k, v = F.linear(x, qkv_weight).split([attn.to_q.out_features, attn.to_k.out_features,
+                                                 attn.to_v.out_features], dim=-1)
+    q = q.reshape(n, attn.num_heads, attn.head_dim)
+    k = k.reshape(n, attn.num_kv_heads, attn.head_dim)
+    v = v.reshape(n, attn.num_kv_heads, attn.head_dim)
     if attn.norm_q is not None:
         q, k = norm(attn.norm_q, q), norm(attn.norm_k, k)
     return q, k, v
 
 
-def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm):
+def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm,
+                      gate_up_weight: torch.Tensor | None = None):
     """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``."""
     h = h + layer.self_attn.to_out(attn_out)
-    return h + layer.mlp(norm(layer.post_attention_layernorm, h))
+    return h + layer.mlp(norm(layer.post_attention_layernorm, h), gate_up_weight)
 
 
 def generation_layer(

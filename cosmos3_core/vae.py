@@ -73,16 +73,19 @@ class Cosmos3VAE(torch.nn.Module):
         self.temporal_scale = int(cfg.scale_factor_temporal)
         self.patch_size = cfg.patch_size
         self._frame_decoders: dict[tuple[bool, bool], WanFrameDecoder] = {}  # by (compile, channels_last)
+        self.compile_backend = "inductor"  # torch.compile backend of the compiled frame decoder
 
     def frame_decoder(self, compile: bool = False) -> WanFrameDecoder:
-        """The per-latent-frame decoder over ``self.vae.decoder`` (``compile``: torch.compile'd steady state).
+        """The per-latent-frame decoder over ``self.vae.decoder`` (``compile``: torch.compile'd steady state, with
+        ``compile_backend``).
 
-        Eager on CUDA it keeps activations channels-last (``channels_last_3d``): on the H200 that decoded 8–14 %
-        faster with 20–25 % less activation memory at 720p/480p/256p (BENCHMARKS.md, run 10); compiled it does
-        not (6.40 vs 6.35 s at 720p), so the compiled decoder keeps the default layout."""
-        key = (compile, not compile and self.device.type == "cuda")
+        On CUDA it keeps activations and convolution weights channels-last (vae_decoder.py): on the H200 at 720p/189f
+        that decodes in 5.43 s compiled against 6.24 s with the default layout (BENCHMARKS.md), and eager it took
+        20–25 % less activation memory."""
+        key = (compile, self.device.type == "cuda")
         if key not in self._frame_decoders:
-            self._frame_decoders[key] = WanFrameDecoder(self.vae.decoder, compile=key[0], channels_last=key[1])
+            self._frame_decoders[key] = WanFrameDecoder(self.vae.decoder, compile=key[0], channels_last=key[1],
+                                                        compile_backend=self.compile_backend)
         return self._frame_decoders[key]
 
     # ------------------------------------------------------------------ properties / stats

@@ -19,6 +19,13 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
   ``WanUpsample`` (nearest-exact x2) runs in the input dtype (nearest is a copy: identical values) on the 5-D tensor,
   followed by the 2-D conv as a ``(1, 3, 3)`` conv3d over a view of its weight (no ``[b*t]`` permute copies).
 * Histories are released as soon as their conv has read them (diffusers replaces each slot as it goes, too).
+* Channels-last (``channels_last=True``, the default on CUDA): activations *and* the decoder's convolution weights
+  in ``channels_last_3d`` (2-D weights ``channels_last``), the layout cuDNN's implicit-GEMM kernels read. With
+  contiguous activations cuDNN transposes every conv's input and output (``nchwToNhwc``/``nhwcToNchw``: 18 of
+  127 GPU ms per 720p latent frame compiled, BENCHMARKS.md); with channels-last activations over contiguous
+  weights it transposes the weights on every call instead. Each decoder puts the weights in its own layout when a
+  clip (or tile) starts, so a compiled graph always sees the layout it was traced with, whatever a host did to the
+  parameters in between (a reload, another decoder).
 * Optional ``torch.compile`` (``dynamic=False``) of the steady-state frame (every frame but the first, which has its
   own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
   so that a graph, which holds its input histories until it returns, holds only its own stage's.
@@ -66,6 +73,8 @@ class WanFrameDecoder:
         # a fresh dense frame (not a view into the clip): a compiled graph sees the same strides/offset each call
         x = x.contiguous(memory_format=torch.channels_last_3d if self.channels_last else torch.contiguous_format)
         d = self.dec
+        if first:
+            conv_weights_to_layout(d, self.channels_last)
         stages = [(_stage_in, d)] + [(_stage_up, b) for b in d.up_blocks] + [(_stage_out, d)]
         if first:
             state[:] = [None] * len(stages)
@@ -84,6 +93,23 @@ class WanFrameDecoder:
             compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
             self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
         return self._compiled[fn]
+
+
+def conv_weights_to_layout(module: torch.nn.Module, channels_last: bool) -> int:
+    """Store every Conv2d/Conv3d weight under ``module`` channels-last (or contiguous); returns how many moved.
+    Same values, same parameters (``.data`` re-pointed); a no-op for weights already in that layout."""
+    moved = 0
+    for m in module.modules():
+        if not isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+            continue
+        w = m.weight
+        fmt = (torch.channels_last_3d if w.ndim == 5 else torch.channels_last) if channels_last else \
+            torch.contiguous_format
+        if not w.is_contiguous(memory_format=fmt):
+            with torch.inference_mode(False), torch.no_grad():  # a normal tensor even under a host's inference mode
+                w.data = w.detach().contiguous(memory_format=fmt)
+            moved += 1
+    return moved
 
 
 # ------------------------------------------------------------------ the network, in stages

@@ -244,3 +244,11 @@ def test_vae_decode_to_host_matches_diffusers(checkpoint):
                          out_device="cpu")
         assert out.device.type == "cpu" and seen == reports
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    # compiled (inductor) over channels-last activations and weights; then a host reloads the weights in the default
+    # layout: the next clip puts them back before the compiled stages run (they were traced channels-last)
+    for _ in range(2):
+        out = vae.decode(latents, chunk_latent_frames=2, compile=True, out_device="cpu")
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        for m in vae.vae.decoder.modules():
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+                m.weight.data = m.weight.data.contiguous()

@@ -41,9 +41,40 @@ def test_frame_decoder_matches_diffusers_decode(wan, t):
     assert out.shape == ref.shape == (1, 3, 1 + 4 * (t - 1), 32, 48)
     assert float(ref.std()) > 1e-2
     assert (out - ref).abs().max().item() <= TOL
-    if t == 2:  # channels-last activations: same math, other layout (slow conv3d path on CPU)
+    if t == 2:  # channels-last activations and weights: same math, other layout (slow conv3d path on CPU)
         cl = _ours(wan, WanFrameDecoder(wan.decoder, channels_last=True), z)
         assert (cl - ref).abs().max().item() <= TOL
+        assert _layouts(wan) == {"channels_last"}
+        again = _ours(wan, WanFrameDecoder(wan.decoder), z)  # the default-layout decoder moves them back
+        assert _layouts(wan) == {"contiguous"}
+        assert (again - ref).abs().max().item() <= TOL
+
+
+def _layouts(wan) -> set[str]:
+    out = set()
+    for m in wan.decoder.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+            fmt = torch.channels_last_3d if m.weight.ndim == 5 else torch.channels_last
+            cl, plain = m.weight.is_contiguous(memory_format=fmt), m.weight.is_contiguous()
+            if cl != plain:  # both for 1x1 kernels: such a weight has one layout
+                out.add("channels_last" if cl else "contiguous" if plain else "other")
+    return out
+
+
+def test_compiled_channels_last_survives_a_host_resetting_the_weights(wan):
+    """A compiled channels-last decoder traced over channels-last weights; a host then reloads the weights in the
+    default layout (as a state-dict load would): the next clip puts them back first and still decodes correctly."""
+    z = _z(3, h=2, w=2, seed=11)
+    with torch.no_grad():
+        ref = wan.decode(z).sample
+    dec = WanFrameDecoder(wan.decoder, compile=True, channels_last=True, compile_backend="aot_eager")
+    assert (_ours(wan, dec, z) - ref).abs().max().item() <= TOL
+    for m in wan.decoder.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+            m.weight.data = m.weight.data.contiguous()
+    assert _layouts(wan) == {"contiguous"}
+    assert (_ours(wan, dec, z) - ref).abs().max().item() <= TOL
+    assert _layouts(wan) == {"channels_last"}
 
 
 def test_compiled_steady_frames_match_eager(wan):
@@ -56,7 +87,7 @@ def test_compiled_steady_frames_match_eager(wan):
 def test_vae_decode_compile_switch(wan):
     """Cosmos3VAE.decode(compile=True) goes through the compiled frame decoder and gives the eager frames."""
     vae = Cosmos3VAE(wan)
-    vae._frame_decoders[True] = WanFrameDecoder(wan.decoder, compile=True, compile_backend="aot_eager")
+    vae.compile_backend = "aot_eager"
     lat = _z(3, seed=3)
     eager = vae.decode(lat, chunk_latent_frames=2)
     compiled = vae.decode(lat, chunk_latent_frames=2, compile=True)
