@@ -57,12 +57,15 @@ def packed_weight(linears: Sequence[nn.Module]) -> torch.Tensor | None:
         return None
     weights = [m.weight for m in linears]
     first = weights[0]
-    if any(w.dtype != first.dtype or w.device != first.device or w.shape[1] != first.shape[1] for w in weights):
+    inference = first.is_inference()
+    if any(w.dtype != first.dtype or w.device != first.device or w.shape[1] != first.shape[1]
+           or w.is_inference() != inference for w in weights):
         return None
     if not _adjacent(weights):
-        # a normal tensor even when called under a host's inference mode: the weights stay writable in place
-        # (a host's LoRA patch copies into them) outside it
-        with torch.inference_mode(False), torch.no_grad():
+        # the packed tensor is of the weights' own kind whatever mode the caller runs in: inference tensors (a host
+        # such as ComfyUI loads models under inference mode) stay inference tensors, normal ones stay normal and
+        # writable in place outside inference mode; a parameter's TensorImpl keeps its kind across ``.data =``
+        with torch.inference_mode(inference), torch.no_grad():
             packed = torch.cat([w.detach() for w in weights])
             start = 0
             for m in linears:

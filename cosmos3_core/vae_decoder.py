@@ -106,7 +106,9 @@ def conv_weights_to_layout(module: torch.nn.Module, channels_last: bool) -> int:
         fmt = (torch.channels_last_3d if w.ndim == 5 else torch.channels_last) if channels_last else \
             torch.contiguous_format
         if not w.is_contiguous(memory_format=fmt):
-            with torch.inference_mode(False), torch.no_grad():  # a normal tensor even under a host's inference mode
+            # of the weight's own kind whatever mode the caller runs in (a parameter keeps its kind across
+            # ``.data =``): an inference tensor as a host loading under inference mode made it, else a normal one
+            with torch.inference_mode(w.is_inference()), torch.no_grad():
                 w.data = w.detach().contiguous(memory_format=fmt)
             moved += 1
     return moved

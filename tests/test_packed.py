@@ -68,6 +68,31 @@ def test_packing_under_inference_mode_leaves_writable_weights():
         layers[0].weight.mul_(2.0)  # would raise for an inference tensor outside inference mode
 
 
+@pytest.mark.parametrize("call_mode", [False, True], ids=["called_outside", "called_inside"])
+def test_weights_loaded_under_inference_mode_pack_and_stay_inference_tensors(call_mode):
+    with torch.inference_mode():  # how ComfyUI loads a model: its nodes run under inference mode
+        layers = _linears()
+    before = [m.weight.detach().clone() for m in layers]
+    x = torch.randn(3, 16)
+    for _ in range(2):  # packing, then the view over the packed storage
+        with torch.inference_mode(call_mode):
+            w = packed_weight(layers)
+            torch.testing.assert_close(F.linear(x, w), F.linear(x, torch.cat(before)), rtol=0, atol=0)
+    assert all(m.weight.is_inference() for m in layers)  # same kind as loaded: a host patches them in inference mode
+    with torch.inference_mode(), torch.no_grad():
+        layers[1].weight.add_(1.0)
+    torch.testing.assert_close(w[8:12], before[1] + 1.0, rtol=0, atol=0)
+
+
+def test_a_mix_of_inference_and_normal_weights_is_left_alone():
+    layers = _linears()
+    with torch.inference_mode():
+        layers[2] = nn.Linear(16, 4, bias=False)
+    ptrs = [m.weight.data_ptr() for m in layers]
+    assert packed_weight(layers) is None
+    assert [m.weight.data_ptr() for m in layers] == ptrs
+
+
 @pytest.mark.parametrize("case", ["bias", "dtype_mix", "fp8", "width", "host_cast", "weight_function", "one"])
 def test_layers_that_cannot_be_packed_are_left_alone(case):
     layers = _linears()

@@ -77,6 +77,26 @@ def test_compiled_channels_last_survives_a_host_resetting_the_weights(wan):
     assert _layouts(wan) == {"channels_last"}
 
 
+@pytest.mark.parametrize("call_mode", [False, True], ids=["called_outside", "called_inside"])
+def test_weights_loaded_under_inference_mode_change_layout_and_stay_inference_tensors(call_mode):
+    """ComfyUI loads models under inference mode: moving such weights channels-last (and back) keeps them inference
+    tensors that decode in either mode and that the host can still patch in place under inference mode."""
+    with torch.inference_mode():
+        wan = _build_vae(0, torch.Generator().manual_seed(0))
+    z = _z(2, seed=5)
+    with torch.inference_mode():
+        ref = wan.decode(z).sample
+    convs = [m for m in wan.decoder.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
+    for channels_last in (True, False):
+        with torch.inference_mode(call_mode):
+            out = _ours(wan, WanFrameDecoder(wan.decoder, channels_last=channels_last), z)
+        assert (out - ref).abs().max().item() <= TOL
+        assert _layouts(wan) == {"channels_last" if channels_last else "contiguous"}
+        assert all(m.weight.is_inference() for m in convs)
+    with torch.inference_mode(), torch.no_grad():
+        convs[0].weight.mul_(1.0)
+
+
 def test_compiled_steady_frames_match_eager(wan):
     z = _z(4, h=3, w=2, seed=7)
     eager = _ours(wan, WanFrameDecoder(wan.decoder), z)
