@@ -18,7 +18,11 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
 * ``DupUp3D`` shortcut (channel repeat + pixel shuffle) is added through a broadcast view instead of two copies;
   ``WanUpsample`` (nearest-exact x2) runs in the input dtype (nearest is a copy: identical values) on the 5-D tensor,
   followed by the 2-D conv as a ``(1, 3, 3)`` conv3d over a view of its weight (no ``[b*t]`` permute copies).
-* Histories are released as soon as their conv has read them (diffusers replaces each slot as it goes, too).
+* Each history is one two-frame buffer per causal conv, made on a clip's first frame and overwritten in place on
+  every later frame once its conv input has read it: no allocation per frame, and a history never aliases its
+  conv input. (Returned as a fresh ``clone`` of the input's last frames instead, a channels-last slice is already
+  dense, so inductor drops the clone as a no-op and returns a view that keeps each whole ``[history | frames]``
+  buffer alive until the next frame: 16.3 GiB peak at 720p against 9.5 GiB contiguous, BENCHMARKS.md.)
 * Channels-last (``channels_last=True``, the default on CUDA): activations *and* the decoder's convolution weights
   in ``channels_last_3d`` (2-D weights ``channels_last``), the layout cuDNN's implicit-GEMM kernels read. With
   contiguous activations cuDNN transposes every conv's input and output (``nchwToNhwc``/``nhwcToNchw``: 18 of
@@ -28,7 +32,7 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
   parameters in between (a reload, another decoder).
 * Optional ``torch.compile`` (``dynamic=False``) of the steady-state frame (every frame but the first, which has its
   own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
-  so that a graph, which holds its input histories until it returns, holds only its own stage's.
+  so that a graph's buffers are freed between stages.
 
 Results equal diffusers' decode up to float rounding (tests/test_vae_decoder.py, fp32). Only the Wan2.2 layout
 (``is_residual=True``: ``WanResidualUpBlock``) is supported; anything else is refused with a clear message.
@@ -48,9 +52,9 @@ class WanFrameDecoder:
     """``decoder(x_frame, state, first)`` → decoder output of one latent frame (before unpatchify/clamp).
 
     ``state`` is a list owned by the caller: pass ``[]`` for a new clip (or tile); it holds one history list per
-    stage (input + mid block, each up block, head) and is updated in place, each stage's old histories released as
-    soon as that stage has run. ``first`` must be True exactly for the clip's first latent frame. Compiled, each
-    stage is its own static-shape graph (old + new histories of one stage alive at a time, not of the whole net).
+    stage (input + mid block, each up block, head), made on the first frame and overwritten in place after that.
+    ``first`` must be True exactly for the clip's first latent frame. Compiled, each stage is its own static-shape
+    graph.
     """
 
     def __init__(self, decoder: torch.nn.Module, *, compile: bool = False, channels_last: bool = False,
@@ -79,9 +83,7 @@ class WanFrameDecoder:
         if first:
             state[:] = [None] * len(stages)
         for k, (fn, module) in enumerate(stages):
-            hist, state[k] = state[k], None  # the stage's list is the only reference: consumed entries free early
-            x, state[k] = self._run(fn)(module, x, hist, first, self.channels_last)
-            del hist
+            x, state[k] = self._run(fn)(module, x, state[k], first, self.channels_last)
         return x
 
     def _run(self, fn):
@@ -157,18 +159,20 @@ class _Cursor:
         next history (its last two frames)."""
         b, ch, t, h, w = x.shape
         buf = torch.empty(b, ch, HISTORY + t, h, w, dtype=x.dtype, device=x.device, memory_format=self.fmt)
-        if self.hist is None:
+        hist = None if self.hist is None else self.hist[len(self.out)]
+        if hist is None:
             buf[:, :, :HISTORY].zero_()
         else:
-            i = len(self.out)
-            buf[:, :, :HISTORY].copy_(self.hist[i])
-            if not torch.compiler.is_compiling():
-                self.hist[i] = None  # eager: release the old history now (compiled: the graph holds its inputs)
+            buf[:, :, :HISTORY].copy_(hist)
         if norm is None:
             buf[:, :, HISTORY:].copy_(x)
         else:
             _rms_silu(x, norm, buf[:, :, HISTORY:])
-        self.out.append(buf[:, :, -HISTORY:].clone(memory_format=torch.preserve_format))
+        if hist is None:  # a clip's first frame: the history buffer is born here
+            hist = buf[:, :, -HISTORY:].clone(memory_format=torch.preserve_format)
+        else:  # later frames overwrite it in place, after ``buf`` has read it (see the module docstring)
+            hist.copy_(buf[:, :, -HISTORY:])
+        self.out.append(hist)
         return buf
 
     def skip(self, like: torch.Tensor) -> None:

@@ -252,3 +252,12 @@ def test_vae_decode_to_host_matches_diffusers(checkpoint):
         for m in vae.vae.decoder.modules():
             if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
                 m.weight.data = m.weight.data.contiguous()
+    # each causal conv's history owns exactly its two frames: inductor turns a copy-out of a dense channels-last
+    # slice into a view, which would keep every whole conv input alive from one frame to the next
+    dec, state = vae.frame_decoder(compile=True), []
+    with torch.no_grad():
+        x = vae.vae.post_quant_conv(latents.cuda())
+        for i in range(4):
+            dec(x[:, :, i:i + 1], state, i == 0)
+    hists = [h for stage in state for h in stage]
+    assert hists and all(h.untyped_storage().nbytes() == h.numel() * h.element_size() for h in hists)

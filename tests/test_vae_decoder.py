@@ -97,6 +97,27 @@ def test_weights_loaded_under_inference_mode_change_layout_and_stay_inference_te
         convs[0].weight.mul_(1.0)
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_histories_are_made_once_and_overwritten_in_place(wan, compile):
+    """Frame 0 makes one two-frame history per causal conv; later frames overwrite those same tensors (nothing
+    allocated per frame, nothing aliasing a conv input) and the output still equals diffusers'."""
+    z = _z(4, h=2, w=2, seed=13)
+    with torch.no_grad():
+        ref = wan.decode(z).sample
+    dec = WanFrameDecoder(wan.decoder, compile=compile, channels_last=True, compile_backend="aot_eager")
+    x, state, frames, first_ids = wan.post_quant_conv(z), [], [], None
+    with torch.no_grad():
+        for i in range(z.shape[2]):
+            frames.append(dec(x[:, :, i:i + 1], state, i == 0))
+            ids = [[(id(h), h.data_ptr()) for h in stage] for stage in state]
+            first_ids = first_ids or ids
+            assert ids == first_ids
+    assert all(h.shape[2] == 2 and h.untyped_storage().nbytes() == h.numel() * h.element_size()
+               for stage in state for h in stage)
+    out = unpatchify(torch.cat(frames, dim=2), patch_size=wan.config.patch_size).clamp(-1, 1)
+    assert (out - ref).abs().max().item() <= TOL
+
+
 def test_compiled_steady_frames_match_eager(wan):
     z = _z(4, h=3, w=2, seed=7)
     eager = _ours(wan, WanFrameDecoder(wan.decoder), z)
