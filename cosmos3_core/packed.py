@@ -4,8 +4,8 @@ A batch-1 decode step is a chain of matrix-vector products, each bound by readin
 text tower's ``to_q``/``to_k``/``to_v`` (and the SiLU MLP's ``gate_proj``/``up_proj``) as one ``[Σ out, in]``
 matrix is one GEMV instead of three (two). Measured on an H200 (BENCHMARKS.md, full-size bf16): cuBLAS reads each
 of Edge's 4 MB ``to_k``/``to_v`` matrices at 0.34 TB/s (a 12 µs launch-and-tail floor), so one token's projections
-take 1.81 ms split and 1.14 ms packed (Nano: 4.45 → 3.93 ms); the compiled, graphed decode goes 370 → 495 tokens/s
-(Edge) and 167 → 193 (Nano).
+take 1.81 ms split and 1.14 ms packed (Nano: 4.45 → 3.93 ms); the compiled, graphed decode goes 361 → 511 tokens/s
+(Edge) and 169 → 191 (Nano).
 
 ``packed_weight(linears)`` returns that matrix as a *view* over the layers' own storage. When their weights are
 not yet adjacent rows of one tensor it first moves them there (one new tensor per group, each parameter's

@@ -469,7 +469,8 @@ class Cosmos3Reasoner:
         """Opt-in (node/CLI ``compile``): ``torch.compile`` (inductor unless ``compile_kwargs`` say otherwise, whole
         graph) of ``decode_layer`` — one graph for every layer, fusing its norms, RoPE, cache writes, softmax and
         SiLU·mul around the GEMMs; the CUDA graph (``cuda_graphs``) is captured over it. The first step compiles
-        (3–5 s on an H200); batch-1 decode there: Nano 108 → 166 tokens/s, Edge 226 → 368 (BENCHMARKS.md)."""
+        (3–7 s on an H200); batch-1 decode there, packed projections: Nano 115 → 191 tokens/s, Edge 260 → 511
+        (BENCHMARKS.md)."""
         if enable and self._compiled_layer is not None and not compile_kwargs:
             return  # already compiled: keep its traced graph
         if enable:
