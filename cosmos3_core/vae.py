@@ -361,8 +361,9 @@ class Cosmos3VAE(torch.nn.Module):
         causal-conv caches of every tile (untiled: one tile = the frame; tiled: the tiles overlap, ~1.65x the
         frame), plus the chunk's output frames. Fitted on an H200, bf16, released Wan2.2 widths
         (decoder_base_dim 256), torch 2.11: 720p untiled 10.13 GiB measured (any T; diffusers' whole-clip decode
-        10.17 GiB at T=3), 720p tiled 256/192 5.60 GiB, 480p 4.40 / 2.73 GiB. Rounded up by 10 %.
-        """
+        10.17 GiB at T=3), 720p tiled 256/192 5.60 GiB, 480p 4.40 / 2.73 GiB. Rounded up by 10 %. The channels-last
+        decoder on CUDA needs less (720p untiled 6.2 GiB eager, 7.1 GiB compiled, BENCHMARKS.md run 11): there this
+        is an upper bound, kept until the other sizes are re-measured."""
         dtype = dtype or self.dtype
         itemsize = torch.empty((), dtype=dtype).element_size()
         h_lat, w_lat = int(latent_shape[-2]), int(latent_shape[-1])
