@@ -49,7 +49,7 @@ def main() -> None:
         prepared = reasoner.prepare(" ".join(["describe the robot on the street"] * 66))
         configure(reasoner, "packed")
         reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=8))
-        rows, ref = {}, None
+        rows, ref = results.setdefault(family, {}), None
         for name in args.sets.split(","):
             torch._dynamo.reset()
             reasoner.compile_decode(True, options=dict(OPTION_SETS[name]))
@@ -59,6 +59,7 @@ def main() -> None:
                 reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=4))
             except Exception as exc:  # noqa: BLE001 — report the failing option set, go on with the others
                 rows[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                Path(args.out).write_text(json.dumps(results, indent=1))
                 continue
             sync(device)
             row = {"compile_warmup_s": round(time.perf_counter() - t0, 1)}
@@ -71,13 +72,11 @@ def main() -> None:
             row["speed"] = speed
             rows[name] = row
             print(family, name, json.dumps(row), flush=True)
-            results[family] = rows
             Path(args.out).write_text(json.dumps(results, indent=1))
         reasoner.compile_decode(False)
         torch._dynamo.reset()
         del reasoner, model
         torch.cuda.empty_cache()
-        Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vae import build_vae, decode_clip, make_decoder, timed  # noqa: E402
+from cosmos3_core.vae_decoder import conv_weights_to_layout  # noqa: E402
 
 
 @torch.no_grad()
@@ -73,7 +74,7 @@ def memory_at_peak(vae, variant: str, latent_frames: int = 6) -> dict:
         if e["action"] == "alloc":
             live[e["addr"]] = e
             total += e["size"]
-        elif e["action"] in ("free_requested",) and e["addr"] in live:
+        elif e["action"] == "free_requested" and e["addr"] in live:
             total -= live.pop(e["addr"])["size"]
         if total > best:
             best, best_live, at_event = total, dict(live), i
@@ -105,10 +106,7 @@ def main() -> None:
     args = p.parse_args()
     vae = build_vae(False, torch.device("cuda"), torch.bfloat16)
     if args.weights_cl:
-        for m in vae.decoder.modules():
-            if isinstance(m, (torch.nn.Conv3d, torch.nn.Conv2d)):
-                fmt = torch.channels_last_3d if m.weight.ndim == 5 else torch.channels_last
-                m.weight.data = m.weight.data.contiguous(memory_format=fmt)
+        conv_weights_to_layout(vae.decoder, channels_last=True)
     run = memory_at_peak if args.memory else profile_variant
     res = {args.variant + ("_weights_cl" if args.weights_cl else ""): run(vae, args.variant)}
     if args.memory:  # the generated code the live blocks point into, to read offline

@@ -26,10 +26,14 @@ def _z(t, h=2, w=3, seed=0):
 
 
 @torch.no_grad()
-def _ours(wan, dec: WanFrameDecoder, z: torch.Tensor) -> torch.Tensor:
-    x, state = wan.post_quant_conv(z), []
-    out = torch.cat([dec(x[:, :, i:i + 1], state, i == 0) for i in range(z.shape[2])], dim=2)
-    return unpatchify(out, patch_size=wan.config.patch_size).clamp(-1, 1)
+def _ours(wan, dec: WanFrameDecoder, z: torch.Tensor, after_frame=None) -> torch.Tensor:
+    """Our decode of ``z``, frame by frame; ``after_frame(state)`` sees the decoder state after each frame."""
+    x, state, frames = wan.post_quant_conv(z), [], []
+    for i in range(z.shape[2]):
+        frames.append(dec(x[:, :, i:i + 1], state, i == 0))
+        if after_frame is not None:
+            after_frame(state)
+    return unpatchify(torch.cat(frames, dim=2), patch_size=wan.config.patch_size).clamp(-1, 1)
 
 
 @pytest.mark.parametrize("t", [1, 2, 5])
@@ -105,16 +109,17 @@ def test_histories_are_made_once_and_overwritten_in_place(wan, compile):
     with torch.no_grad():
         ref = wan.decode(z).sample
     dec = WanFrameDecoder(wan.decoder, compile=compile, channels_last=True, compile_backend="aot_eager")
-    x, state, frames, first_ids = wan.post_quant_conv(z), [], [], None
-    with torch.no_grad():
-        for i in range(z.shape[2]):
-            frames.append(dec(x[:, :, i:i + 1], state, i == 0))
-            ids = [[(id(h), h.data_ptr()) for h in stage] for stage in state]
-            first_ids = first_ids or ids
-            assert ids == first_ids
-    assert all(h.shape[2] == 2 and h.untyped_storage().nbytes() == h.numel() * h.element_size()
-               for stage in state for h in stage)
-    out = unpatchify(torch.cat(frames, dim=2), patch_size=wan.config.patch_size).clamp(-1, 1)
+    seen = []
+
+    def same_histories(state):
+        ids = [[(id(h), h.data_ptr()) for h in stage] for stage in state]
+        assert ids == (seen or [ids])[0]
+        assert all(h.shape[2] == 2 and h.untyped_storage().nbytes() == h.numel() * h.element_size()
+                   for stage in state for h in stage)
+        seen.append(ids)
+
+    out = _ours(wan, dec, z, after_frame=same_histories)
+    assert len(seen) == z.shape[2]
     assert (out - ref).abs().max().item() <= TOL
 
 
