@@ -11,8 +11,10 @@ replays one captured graph, step_graph.GraphedCall):
     gqa_sampling            + the greedy pick and cursor advance inside the graph (the default)
     gqa_compiled            gqa + ``compile_decode()`` (inductor, one graph for every layer), pick outside
     gqa_compiled_sampling   gqa_compiled with the pick inside the step
-    packed                  gqa_sampling + q/k/v and gate/up each read as one packed matrix (packed.py)
-    packed_compiled         everything (the defaults after ``compile_decode()``)
+    packed                  gqa_sampling + q/k/v and gate/up each read as one packed matrix (packed.py), cuBLAS
+    packed_compiled         packed + ``compile_decode()``
+    gemv                    packed, every projection and ``lm_head`` through the Triton GEMV (gemv.py; the default)
+    gemv_compiled           everything (the defaults after ``compile_decode()``)
 
 Per variant: ``tokens_per_s`` (decode only, prefill subtracted, the graph capture included: the earlier runs'
 measure), ``steady_tokens_per_s`` (tokens 32 → end, timed at the loop's host syncs, capture excluded) and token
@@ -20,7 +22,7 @@ agreement with ``current`` (``agree_prefix``: leading tokens equal; ``agree_frac
 4-token generation after ``compile_decode()`` (compiles, then captures). ``compiled_graphs``: graphs dynamo traced
 (2 = one per projection layout, split and packed, each shared by every layer and step: no recompiles).
 
-``logits`` (per route: current / gqa / packed / compiled / packed_compiled): teacher-forced decode of ``--diff-steps`` tokens (the greedy
+``logits`` (per route: current / gqa / packed / gemv / compiled / packed_compiled / gemv_compiled): teacher-forced decode of ``--diff-steps`` tokens (the greedy
 tokens of ``current`` eager), logits max |diff| per step of — ``eager_repeat`` (eager run twice: determinism),
 ``side_stream`` (eager on a non-default stream, as GraphedCall's warm-up), ``graph`` (GraphedCall: step 0 is its
 warm-up, later steps are replays) — each against the same route's eager run, and ``vs_current_eager`` (the route
@@ -52,11 +54,12 @@ EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_
             num_key_value_heads=8, head_dim=128, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
             use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8, rope_axes_dim=[24, 20, 20],
             action_gen=True, action_dim=64)
-# name: (attention backend, compiled layer, greedy pick inside the step, packed projections)
-VARIANTS = {"current": ("sdpa", False, False, False), "gqa": ("auto", False, False, False),
-            "gqa_sampling": ("auto", False, True, False), "gqa_compiled": ("auto", True, False, False),
-            "gqa_compiled_sampling": ("auto", True, True, False), "packed": ("auto", False, True, True),
-            "packed_compiled": ("auto", True, True, True)}
+# name: (attention backend, compiled layer, greedy pick inside the step, packed projections, GEMV route)
+VARIANTS = {"current": ("sdpa", False, False, False, "torch"), "gqa": ("auto", False, False, False, "torch"),
+            "gqa_sampling": ("auto", False, True, False, "torch"), "gqa_compiled": ("auto", True, False, False, "torch"),
+            "gqa_compiled_sampling": ("auto", True, True, False, "torch"),
+            "packed": ("auto", False, True, True, "torch"), "packed_compiled": ("auto", True, True, True, "torch"),
+            "gemv": ("auto", False, True, True, "auto"), "gemv_compiled": ("auto", True, True, True, "auto")}
 STEADY_FROM = 32
 
 
@@ -76,9 +79,11 @@ def build(values: dict, device: str):
 
 def configure(reasoner, variant: str) -> None:
     from cosmos3_core.attention import set_attention_backend
+    from cosmos3_core.gemv import set_gemv_route
 
-    backend, compiled, in_step, packed = VARIANTS[variant]
+    backend, compiled, in_step, packed, gemv_route = VARIANTS[variant]
     set_attention_backend(backend)
+    set_gemv_route(gemv_route)
     reasoner.graph_sampling = in_step
     reasoner.pack_projections = packed
     if compiled and reasoner._compiled_layer is None:
@@ -114,14 +119,14 @@ def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
 def teacher_forced_logits(reasoner, prepared, tokens: list[int] | None, steps: int, mode: str) -> tuple[list, list]:
     """Logits of ``steps`` decode steps fed ``tokens`` (None: this run's own greedy tokens); ``mode`` is ``eager``,
     ``side_stream`` or ``graph``. Returns (logits per step on the CPU, tokens fed)."""
-    from cosmos3_core.reasoner import packed_projections
+    from cosmos3_core.reasoner import decode_weights
     from cosmos3_core.step_graph import GraphedCall
 
     device = reasoner.device
     first = reasoner.prefill(prepared, cache_len=prepared.length + steps + 1)
     cache_index = torch.tensor(prepared.length, device=device)
     rope_position = torch.tensor(prepared.next_position, device=device)
-    packed = packed_projections(reasoner.transformer) if reasoner.pack_projections else None
+    packed = decode_weights(reasoner.transformer) if reasoner.pack_projections else None
 
     def decode(token, index, position):
         return reasoner.decode_step(token, index, position, packed)
@@ -198,12 +203,12 @@ def bench_family(family: str, args, device: torch.device) -> dict:
     reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=8))  # warm-up (cuBLAS, allocator)
 
     logits, reference = {}, None
-    for route in ("current", "gqa", "packed"):
+    for route in ("current", "gqa", "packed", "gemv"):
         configure(reasoner, route)
         logits[route], found = logits_report(reasoner, prepared, args.diff_steps, reference)
         reference = reference or found
     speed = {}
-    for variant in ("current", "gqa", "gqa_sampling", "packed"):
+    for variant in ("current", "gqa", "gqa_sampling", "packed", "gemv"):
         configure(reasoner, variant)
         speed[variant] = timed_generate(reasoner, prepared, args.new_tokens)
 
@@ -220,7 +225,9 @@ def bench_family(family: str, args, device: torch.device) -> dict:
             logits["compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
             configure(reasoner, "packed_compiled")
             logits["packed_compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
-            for variant in ("gqa_compiled", "gqa_compiled_sampling", "packed_compiled"):
+            configure(reasoner, "gemv_compiled")
+            logits["gemv_compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
+            for variant in ("gqa_compiled", "gqa_compiled_sampling", "packed_compiled", "gemv_compiled"):
                 configure(reasoner, variant)
                 speed[variant] = timed_generate(reasoner, prepared, args.new_tokens)
         except Exception as exc:  # noqa: BLE001 — report, do not hide, a compile failure
@@ -232,7 +239,7 @@ def bench_family(family: str, args, device: torch.device) -> dict:
     for s in speed.values():
         s |= agreement(s.pop("ids"), ref_ids)
     row |= {"variants": speed, "logits": logits}
-    configure(reasoner, "packed")  # the defaults again
+    configure(reasoner, "gemv")  # the defaults again
     return row
 
 

@@ -21,6 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import Cosmos3Config
+from .gemv import gemv
+from .packed import LayerWeights
+
+_NO_WEIGHTS = LayerWeights()
 
 # Modules whose weights stay fp32 whatever the model dtype (diffusers `_keep_in_fp32_modules`).
 KEEP_FP32 = ("time_embedder",)
@@ -71,15 +75,22 @@ class MLP(nn.Module):
         self.up_proj = linear(d, f, bias=False)
         self.down_proj = linear(f, d, bias=False)
 
-    def forward(self, x: torch.Tensor, gate_up_weight: torch.Tensor | None = None) -> torch.Tensor:
-        """``gate_up_weight``: ``gate_proj`` and ``up_proj`` packed as one matrix (packed.py), read in one GEMV."""
+    def forward(self, x: torch.Tensor, weights: LayerWeights | None = None) -> torch.Tensor:
+        """``weights`` (a one-row decode step, packed.py): ``gate_up`` (``gate_proj`` and ``up_proj`` packed as one
+        matrix), ``up`` and ``down`` read by one GEMV each (gemv.py); a None entry runs its module."""
+        w = weights or _NO_WEIGHTS
         if self.act == "relu2":
-            return self.down_proj(torch.relu(self.up_proj(x)).square())
-        if gate_up_weight is None:
+            return project(self.down_proj, torch.relu(project(self.up_proj, x, w.up)).square(), w.down)
+        if w.gate_up is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
-            gate, up = F.linear(x, gate_up_weight).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            gate, up = gemv(x, w.gate_up).chunk(2, dim=-1)
+        return project(self.down_proj, F.silu(gate) * up, w.down)
+
+
+def project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``module(x)``, or one GEMV over ``weight`` (the module's own plain weight, packed.py) where one is given."""
+    return module(x) if weight is None else gemv(x, weight)
 
 
 class MoTAttention(nn.Module):

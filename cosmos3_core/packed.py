@@ -22,7 +22,7 @@ per-call weight hooks or weight streaming) are left alone (``None``) and run mod
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -74,3 +74,21 @@ def packed_weight(linears: Sequence[nn.Module]) -> torch.Tensor | None:
                 start += n
     first = linears[0].weight.detach()
     return first.as_strided((sum(m.weight.shape[0] for m in linears), first.shape[1]), (first.shape[1], 1))
+
+
+class LayerWeights(NamedTuple):
+    """A text-tower layer's projections as plain weight tensors for a one-row (batch-1 decode) step, each read by one
+    GEMV (gemv.py): ``qkv`` and ``gate_up`` packed (``packed_weight``), ``o``/``up``/``down`` as stored. None where
+    the module must run itself (not a plain bias-free ``nn.Linear``, see the module docstring; ``up`` is given only
+    for relu² MLPs, ``gate_up`` only for SiLU ones)."""
+
+    qkv: torch.Tensor | None = None
+    gate_up: torch.Tensor | None = None
+    o: torch.Tensor | None = None
+    up: torch.Tensor | None = None
+    down: torch.Tensor | None = None
+
+
+def plain_weight(m: nn.Module) -> torch.Tensor | None:
+    """``m.weight`` if ``m`` computes exactly ``F.linear(x, m.weight)``, else None."""
+    return m.weight if _plain(m) else None

@@ -38,8 +38,8 @@ from torch import nn
 from . import defaults
 from .attention import attention
 from .config import CheckpointError, Cosmos3Config
-from .layers import transformers_rms_norm
-from .packed import packed_weight
+from .layers import project, transformers_rms_norm
+from .packed import LayerWeights, packed_weight, plain_weight
 from .rope import apply_rope, rope_tables
 from .step_graph import GraphedCall
 from .towers import tower_module
@@ -202,25 +202,23 @@ def sample_token(logits: torch.Tensor, seen: torch.Tensor, params: SamplingParam
     return (probs / noise).argmax(-1, keepdim=True)
 
 
-def rope_qkv(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qkv_weight: torch.Tensor | None = None):
+def rope_qkv(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: LayerWeights | None = None):
     """A text-tower layer's q, k (RoPE applied) and v over ``h`` ``[L, D]``, with transformers' norm rounding."""
-    q, k, v = text_qkv(layer, h, transformers_rms_norm, qkv_weight)
+    q, k, v = text_qkv(layer, h, transformers_rms_norm, weights)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def layer_output(layer, h: torch.Tensor, attn_out: torch.Tensor,
-                 gate_up_weight: torch.Tensor | None = None) -> torch.Tensor:
+def layer_output(layer, h: torch.Tensor, attn_out: torch.Tensor, weights: LayerWeights | None = None) -> torch.Tensor:
     """A text-tower layer's output given its attention output ``[L, H·hd]`` (transformers' norm rounding)."""
-    return text_layer_output(layer, h, attn_out, transformers_rms_norm, gate_up_weight)
+    return text_layer_output(layer, h, attn_out, transformers_rms_norm, weights)
 
 
 def decode_layer(layer, h: torch.Tensor, rope: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 slot: torch.Tensor, mask: torch.Tensor, qkv_weight: torch.Tensor | None = None,
-                 gate_up_weight: torch.Tensor | None = None) -> torch.Tensor:
+                 slot: torch.Tensor, mask: torch.Tensor, weights: LayerWeights | None = None) -> torch.Tensor:
     """One text-tower layer for one token ``h`` ``[1, D]``: writes its RoPE'd key and value at ``slot`` (``[1]``) of
     this layer's cache ``keys``/``values`` ``[KV, max_len, hd]`` and attends over the cache under ``mask``
-    ``[max_len]``; ``rope`` ``[2, 1, hd]`` is the token's cos/sin; ``qkv_weight``/``gate_up_weight`` the layer's
-    packed projections (``packed_projections``) or None. A function of tensors and the layer alone, so one
+    ``[max_len]``; ``rope`` ``[2, 1, hd]`` is the token's cos/sin; ``weights`` the layer's projections for GEMVs
+    (``decode_weights``) or None. A function of tensors and the layer alone, so one
     ``torch.compile`` of it serves every layer (``Cosmos3Reasoner.compile_decode``).
 
     The layer runs on ``[1, 1, D]`` rows, as transformers' ``[batch, length, D]``: each projection then ends in a
@@ -228,22 +226,27 @@ def decode_layer(layer, h: torch.Tensor, rope: torch.Tensor, keys: torch.Tensor,
     2-D ``h + x @ W.T`` into ``addmm`` (one rounding where the reference has two, and on CUDA a copy of ``h`` into
     the output before each such GEMV)."""
     h = h.view(1, 1, -1)
-    q, k, v = rope_qkv(layer, h, rope[0], rope[1], qkv_weight)
+    q, k, v = rope_qkv(layer, h, rope[0], rope[1], weights)
     keys.index_copy_(1, slot, k.transpose(0, 1))
     values.index_copy_(1, slot, v.transpose(0, 1))
     out = attention(q.transpose(0, 1)[None], keys[None], values[None], mask=mask.view(1, 1, 1, -1))
-    return layer_output(layer, h, out[0].transpose(0, 1).reshape(1, 1, -1), gate_up_weight).view(1, -1)
+    return layer_output(layer, h, out[0].transpose(0, 1).reshape(1, 1, -1), weights).view(1, -1)
 
 
-def packed_projections(transformer: Cosmos3Transformer) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
-    """Per text-tower layer, its ``to_q/to_k/to_v`` and (SiLU MLP) ``gate_proj/up_proj`` packed into one matrix each
-    (packed.py: views over the layer's own weights, packing them in place the first time); None where a group
-    cannot be packed. A batch-1 decode step then reads each group with one GEMV (BENCHMARKS.md)."""
+def decode_weights(transformer: Cosmos3Transformer) -> list[LayerWeights]:
+    """Per text-tower layer, the weights a batch-1 decode step reads with one GEMV each (gemv.py): ``to_q/to_k/to_v``
+    and (SiLU MLP) ``gate_proj/up_proj`` packed into one matrix each (packed.py: views over the layer's own weights,
+    packing them in place the first time), ``to_out``, ``up_proj`` (relu² MLP) and ``down_proj`` as stored; None
+    where a module cannot be read that way (it then runs itself). BENCHMARKS.md has the measured effect."""
     out = []
     for layer in transformer.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        gate_up = packed_weight([mlp.gate_proj, mlp.up_proj]) if mlp.act == "silu" else None
-        out.append((packed_weight([attn.to_q, attn.to_k, attn.to_v]), gate_up))
+        silu = mlp.act == "silu"
+        out.append(LayerWeights(
+            qkv=packed_weight([attn.to_q, attn.to_k, attn.to_v]),
+            gate_up=packed_weight([mlp.gate_proj, mlp.up_proj]) if silu else None,
+            o=plain_weight(attn.to_out), up=None if silu else plain_weight(mlp.up_proj),
+            down=plain_weight(mlp.down_proj)))
     return out
 
 
@@ -334,7 +337,7 @@ class Cosmos3Reasoner:
         self.max_context = int(max_context)
         self.cuda_graphs = True  # decode steps on CUDA replay one captured graph (step_graph.GraphedCall)
         self.graph_sampling = True  # greedy picks happen inside the decode step (inside the graph)
-        self.pack_projections = True  # decode reads q/k/v and gate/up as one matrix each (packed.py)
+        self.pack_projections = True  # decode reads each projection by one GEMV, q/k/v and gate/up packed (packed.py)
         self._compiled_layer = None  # compile_decode(): torch.compile of decode_layer (opt-in)
         self.special = special_token_ids(processor, strict=False)
         self.cache: StaticKVCache | None = None
@@ -399,7 +402,8 @@ class Cosmos3Reasoner:
         return rope_tables(positions, self.config, self.dtype, self.device)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(transformers_rms_norm(self.transformer.norm, h)).float()
+        x = transformers_rms_norm(self.transformer.norm, h)
+        return project(self.lm_head, x, plain_weight(self.lm_head)).float()  # one row (a decode step): a GEMV
 
     def embed(self, prompt: PreparedPrompt) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Input embeddings ``[L, D]`` with vision tokens scattered in; visual positions and deepstack features."""
@@ -451,9 +455,9 @@ class Cosmos3Reasoner:
 
     @torch.no_grad()
     def decode_step(self, token: torch.Tensor, cache_index: torch.Tensor, rope_position: torch.Tensor,
-                    packed: Sequence[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None) -> torch.Tensor:
+                    weights: Sequence[LayerWeights] | None = None) -> torch.Tensor:
         """One token ``[1]`` at cache slot ``cache_index``, mRoPE position ``rope_position`` (0-dim) → logits.
-        ``packed``: ``packed_projections(self.transformer)`` taken for this generation (None: layer by layer)."""
+        ``weights``: ``decode_weights(self.transformer)`` taken for this generation (None: module by module)."""
         cache = self.cache
         h = self.transformer.embed_tokens(token.view(1))
         rope = cache.rope.index_select(1, rope_position.view(1))
@@ -461,8 +465,8 @@ class Cosmos3Reasoner:
         mask = cache.positions <= cache_index
         layer_fn = self._compiled_layer or decode_layer
         for i, layer in enumerate(self.transformer.layers):
-            qkv, gate_up = packed[i] if packed is not None else (None, None)
-            h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask, qkv, gate_up)
+            h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask,
+                         weights[i] if weights is not None else None)
         return self._logits(h)[0]
 
     def compile_decode(self, enable: bool = True, **compile_kwargs) -> None:
@@ -528,13 +532,13 @@ class Cosmos3Reasoner:
         cache_index = torch.tensor(prompt.length, device=device)  # the decode cursor, advanced in place by `advance`
         rope_position = torch.tensor(prompt.next_position, device=device)
 
-        # each projection group read as one matrix (views over the weights; dropped when this call returns, so a
+        # each projection (group) read by one GEMV (views over the weights; dropped when this call returns, so a
         # host that moves the weights afterwards frees their old storage)
-        packed = packed_projections(self.transformer) if self.pack_projections else None
+        weights = decode_weights(self.transformer) if self.pack_projections else None
 
         def advance(token: torch.Tensor) -> torch.Tensor:
             """Logits after ``token``; the cursor moves on by one (in place: inside the graph when captured)."""
-            logits = self.decode_step(token, cache_index, rope_position, packed)
+            logits = self.decode_step(token, cache_index, rope_position, weights)
             cache_index.add_(1)
             rope_position.add_(1)
             return logits

@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention, attention_backend
 from .caches import prepare_compile
 from .config import Cosmos3Config
-from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm
+from .gemv import gemv
+from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
 from .layout import GenLayout, patchify, unpatchify
+from .packed import LayerWeights
 from .rope import apply_rope, rope_tables, text_position_ids
 from .step_graph import StepGraphs
 from .text_kv import TextKV
@@ -266,19 +267,19 @@ def _any_prompt_length(compiled, layer, x, cos, sin, text_keys, text_values, *re
     return compiled(layer, x, cos, sin, text_keys, text_values, *rest)
 
 
-def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, qkv_weight: torch.Tensor | None = None):
+def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None):
     """The text tower's attention inputs over ``h`` ``[L, D]``: q ``[L, H, hd]`` and k ``[L, KV, hd]`` after the
     per-head QK-norm (Nano/Super; Edge has none) and before RoPE, and v ``[L, KV, hd]``. ``norm(module, x)`` applies
     an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers').
-    ``qkv_weight``: ``to_q/to_k/to_v`` packed as one matrix (packed.py), read in one GEMV."""
+    ``weights`` (a one-row decode step, packed.py): ``qkv`` = ``to_q/to_k/to_v`` packed as one matrix, one GEMV."""
     attn = layer.self_attn
     n = h.shape[0]
     x = norm(layer.input_layernorm, h)
-    if qkv_weight is None:
+    if weights is None or weights.qkv is None:
         q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
     else:
-        q, k, v = F.linear(x, qkv_weight).split([attn.to_q.out_features, attn.to_k.out_features,
-                                                 attn.to_v.out_features], dim=-1)
+        q, k, v = gemv(x, weights.qkv).split([attn.to_q.out_features, attn.to_k.out_features,
+                                              attn.to_v.out_features], dim=-1)
     q = q.reshape(n, attn.num_heads, attn.head_dim)
     k = k.reshape(n, attn.num_kv_heads, attn.head_dim)
     v = v.reshape(n, attn.num_kv_heads, attn.head_dim)
@@ -288,10 +289,11 @@ def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, qkv_wei
 
 
 def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm,
-                      gate_up_weight: torch.Tensor | None = None):
-    """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``."""
-    h = h + layer.self_attn.to_out(attn_out)
-    return h + layer.mlp(norm(layer.post_attention_layernorm, h), gate_up_weight)
+                      weights: LayerWeights | None = None):
+    """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``. ``weights``: as
+    ``text_qkv``'s (``o``, and the MLP's)."""
+    h = h + project(layer.self_attn.to_out, attn_out, weights.o if weights is not None else None)
+    return h + layer.mlp(norm(layer.post_attention_layernorm, h), weights)
 
 
 def generation_layer(

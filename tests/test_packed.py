@@ -132,14 +132,16 @@ def reasoner(request, tmp_path_factory):
 
 
 def test_packed_decode_step_equals_layer_by_layer(reasoner):
-    from cosmos3_core.reasoner import packed_projections
+    from cosmos3_core.reasoner import decode_weights
 
     p = reasoner.prepare("the robot arm picks up a red cup")
     state = {k: v.clone() for k, v in reasoner.transformer.state_dict().items()}
-    packed = packed_projections(reasoner.transformer)
-    assert all(qkv is not None for qkv, _ in packed)
-    assert all((gate_up is not None) == (layer.mlp.act == "silu")
-               for (_, gate_up), layer in zip(packed, reasoner.transformer.layers))
+    packed = decode_weights(reasoner.transformer)
+    assert all(w.qkv is not None and w.o is not None and w.down is not None for w in packed)
+    for w, layer in zip(packed, reasoner.transformer.layers):
+        silu = layer.mlp.act == "silu"
+        assert (w.gate_up is not None, w.up is not None) == (silu, not silu)
+        assert w.o is layer.self_attn.to_out.weight and w.down is layer.mlp.down_proj.weight
     results = []
     for use in (None, packed):
         reasoner.prefill(p, cache_len=p.length + 4)
