@@ -29,9 +29,11 @@ SHAPES = {
               "lm_head": (151936, 4096)}, 36),
     "edge": ({"qkv": (4096, 2048), "o": (2048, 2048), "up": (9216, 2048), "down": (2048, 9216),
               "lm_head": (131072, 2048)}, 28),
+    "super": ({"qkv": (10240, 5120), "o": (5120, 8192), "gate_up": (51200, 5120), "down": (5120, 25600),
+               "lm_head": (151936, 5120)}, 64),
 }
 CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w)
-           for bn, bk, w in itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8)) if bn * bk <= 16384]
+           for bn, bk, w in itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (4, 8)) if bn * bk <= 16384]
 
 
 def replay_ms(fns, reps: int = 20) -> float:
@@ -139,7 +141,7 @@ def profile_decode(family: str, tokens: int = 8) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--families", default="nano,edge")
+    ap.add_argument("--families", default="nano,edge,super")
     ap.add_argument("--profile-decode", default="")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -153,9 +155,11 @@ def main() -> None:
         for name, (n, k) in shapes.items():
             row = probe_shape(n, k, layers)
             results[family][name] = row
-            print(f"{family} {name} {n}x{k}: cublas {row['cublas']['tb_s']} TB/s, best {row['best']}, "
-                  f"default {row['default']}", flush=True)
+            top = sorted(row.get("triton", []), key=lambda e: e["ms"])[:4]
+            print(f"{family} {name} {n}x{k}: cublas {row['cublas']['tb_s']} TB/s; default {row['default']}; top "
+                  + "; ".join(f"{e['block_n']}/{e['block_k']}/{e['num_warps']} {e['tb_s']}" for e in top), flush=True)
             torch.cuda.empty_cache()
+    Path(args.out).write_text(json.dumps(results, indent=1))
     if args.profile_decode:
         results["profile"] = profile_decode(args.profile_decode)
         for r in results["profile"]["kernels"][:25]:
