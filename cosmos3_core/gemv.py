@@ -2,13 +2,14 @@
 reasoner's decode step, a Triton kernel on CUDA that streams the weight near the memory bandwidth, ``F.linear``
 everywhere else.
 
-A batch-1 decode step is a chain of matrix-vector products, each bound by reading its weight once from HBM. cuBLAS
-reads the text tower's square and tall-K matrices well below the bandwidth on an H200 (BENCHMARKS.md: Nano's
-``to_out`` 4096×4096 at 2.9 TB/s, ``down_proj`` 4096×12288 at 3.5 TB/s, of ≈ 4.3 TB/s that a device copy
-reaches). The kernel here gives each program ``block_n`` whole rows of ``W`` and walks ``K`` in ``block_k``-wide
-coalesced tiles, multiplying in fp32 into a ``[block_n, block_k]`` register accumulator that is summed across once
-at the end: fp32 accumulation of bf16/fp16 products as cuBLAS does, in another (fixed, deterministic) order, and
-one rounding to the output dtype. Results therefore equal ``F.linear`` up to that rounding (tests/test_gpu.py).
+A batch-1 decode step is a chain of matrix-vector products, each bound by reading its weight once from HBM. On an
+H200 cuBLAS reads the text towers' decode weights at 1.4–4.1 TB/s of the 4.8 TB/s datasheet rate (worst on the
+small square ``to_out`` and the tall-K ``down_proj``); this kernel reads them at 2.1–4.6 TB/s (per shape in
+``TUNED`` below; Nano's whole decode step: 3.71 instead of 4.23 ms of GEMVs per token). Each program takes
+``block_n`` whole rows of ``W`` and walks ``K`` in ``block_k``-wide coalesced tiles, multiplying in fp32 into a
+``[block_n, block_k]`` register accumulator that is summed across once at the end: fp32 accumulation of bf16/fp16
+products as cuBLAS does, in another (fixed, deterministic) order, and one rounding to the output dtype, so results
+equal ``F.linear``'s up to that rounding (tests/test_gemv.py, tests/test_gpu.py).
 
 Used when all of these hold, else ``F.linear``: the route is ``"triton"``, or ``"auto"`` on a CUDA device of compute
 capability ≥ 8.0 where Triton imports; ``x`` holds one row; ``x``/``W`` are CUDA bf16/fp16 of one dtype; ``W`` has
@@ -98,9 +99,33 @@ def _triton_ready(index: int) -> bool:
     return not triton_unavailable_reason(torch.device("cuda", index))
 
 
+# (N, K) → (block_n, block_k, num_warps): the fastest of 38 launch configurations for each decode GEMV of the three
+# text towers, timed on an H200 as the decode runs them (one weight per layer back to back in a CUDA graph;
+# bench/probe_gemv.py → bench/results_probe_gemv.json). Weight bandwidth there, ours vs cuBLAS, in TB/s.
+TUNED = {
+    (4096, 2048): (4, 512, 4),  # Edge q/k/v packed: 2.77 vs 2.34
+    (2048, 2048): (4, 1024, 8),  # Edge to_out: 2.11 vs 1.38
+    (9216, 2048): (16, 256, 8),  # Edge up_proj (relu²): 3.50 vs 3.34
+    (2048, 9216): (4, 1024, 8),  # Edge down_proj: 3.46 vs 2.50
+    (131072, 2048): (16, 256, 4),  # Edge lm_head: 4.50 vs 4.15
+    (6144, 4096): (8, 512, 4),  # Nano q/k/v packed: 3.66 vs 3.11
+    (4096, 4096): (4, 2048, 4),  # Nano to_out: 3.36 vs 2.53
+    (24576, 4096): (4, 2048, 4),  # Nano gate/up packed: 4.29 vs 4.06
+    (4096, 12288): (4, 2048, 4),  # Nano down_proj: 4.07 vs 3.35
+    (151936, 4096): (4, 2048, 4),  # Nano lm_head: 4.62 vs 4.12
+    (10240, 5120): (8, 256, 4),  # Super q/k/v packed: 4.03 vs 3.79
+    (5120, 8192): (2, 4096, 4),  # Super to_out: 3.95 vs 3.32
+    (51200, 5120): (8, 256, 4),  # Super gate/up packed: 4.45 vs 3.99
+    (5120, 25600): (8, 512, 8),  # Super down_proj: 4.27 vs 3.71
+    (151936, 5120): (8, 1024, 8),  # Super lm_head: 4.57 vs 4.10
+}
+
+
 def launch_config(n: int, k: int) -> tuple[int, int, int]:
-    """``(block_n, block_k, num_warps)`` for an ``[n, k]`` weight (measured on an H200: BENCHMARKS.md)."""
-    return (8, 512, 4) if k <= 4096 else (4, 1024, 4)
+    """``(block_n, block_k, num_warps)`` for an ``[n, k]`` weight: the tuned entry, else whole 2,048-wide tiles of four
+    rows where they divide ``K`` (best or within 1 % of it on every Nano shape) and 8 × 512 tiles (within 2 % of the
+    best on every Super shape, whose ``K`` they divide) otherwise."""
+    return TUNED.get((n, k)) or ((4, 2048, 4) if k % 2048 == 0 else (8, 512, 8))
 
 
 # One op per copy of this module (ComfyUI imports the pack under its folder's name: see attention.py).

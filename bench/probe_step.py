@@ -1,0 +1,107 @@
+"""Where one compiled guided denoising step spends its GPU time, per kernel class, on full-size random-weight Nano.
+
+Builds our transformer only (no diffusers model), prefills a 1,500-token and a 60-token prompt (timed: the text
+tower's prefill of both prompts, eager, after a warm-up), compiles the generation layer, and for each shape times the
+two-branch step (CUDA events, after two warm-up steps) and profiles three steps with torch.profiler. Kernels are
+grouped by name and by class — GEMM (cuBLAS ``nvjet``/``gemm``/CUTLASS), attention (cuDNN / FlashAttention),
+Triton (inductor's fused element-wise and reduction kernels), other (copies, concatenations) — with µs per step.
+
+    python bench/probe_step.py --out bench/results_probe_step.json [--shapes t2i,256p]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_generation import COND_TOKENS, NANO, RESOLUTIONS, UNCOND_TOKENS, random_bf16_weights  # noqa: E402
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    if "nvjet" in low or "gemm" in low or "cutlass" in low or "xmma" in low:
+        return "gemm"
+    if "fmha" in low or "flash" in low or "sdpa" in low or "attention" in low:
+        return "attention"
+    if low.startswith("triton"):
+        return "triton"
+    return "other"
+
+
+def events_ms(fn, iters: int = 5) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="t2i,256p")
+    args = ap.parse_args()
+    from torch.profiler import ProfilerActivity, profile
+
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.layout import build_layout
+    from cosmos3_core.transformer import Cosmos3Transformer
+
+    skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
+    with torch.device("meta"):
+        model = Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=skip)
+    model = random_bf16_weights(model, "cuda")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 151000, (n,), generator=g).tolist() for n in (COND_TOKENS, UNCOND_TOKENS)]
+    kvs = [model.prefill(p) for p in prompts]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        kvs = [model.prefill(p) for p in prompts]
+    torch.cuda.synchronize()
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "prefill_both_s": round((time.perf_counter() - t0) / 3, 4)}
+    model.compile_generation_layers(True)
+    for name in args.shapes.split(","):
+        h, w, frames = RESOLUTIONS[name]
+        shape = (1, 48, (frames - 1) // 4 + 1, h // 16, w // 16)
+        latents = torch.randn(shape, generator=g).to("cuda")
+        t = torch.tensor(900, device="cuda")
+        layout = build_layout(model.config, [kv.length for kv in kvs], shape[2:], 24.0, device="cuda",
+                              dtype=torch.bfloat16)
+        step = lambda: model.denoise_step(latents, t, kvs, layout)  # noqa: E731
+        step(), step()
+        torch.cuda.synchronize()
+        step_ms = events_ms(step)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        kernels, classes = [], {}
+        for ev in prof.key_averages():
+            if ev.device_type.name != "CUDA" or ev.count == 0:
+                continue
+            us = ev.device_time_total / 3
+            cls = kernel_class(ev.key)
+            classes[cls] = classes.get(cls, 0.0) + us
+            kernels.append(dict(name=ev.key[:110], cls=cls, calls_per_step=round(ev.count / 3, 1), us_per_step=round(us, 1)))
+        kernels.sort(key=lambda r: -r["us_per_step"])
+        results[name] = dict(step_ms=round(step_ms, 2), gpu_ms_by_class={k: round(v / 1e3, 2) for k, v in classes.items()},
+                             gpu_ms_total=round(sum(classes.values()) / 1e3, 2), kernels=kernels[:30])
+        print(name, {k: v for k, v in results[name].items() if k != "kernels"}, flush=True)
+        for r in kernels[:16]:
+            print("  ", r, flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
