@@ -16,7 +16,8 @@ them; this module runs the text tower's own forward, including the last layer, `
   returns the last position's logits.
 * ``decode_step`` runs one token with static shapes: the cache slot and the mRoPE cursor are 0-dim tensors, the
   RoPE rotation is looked up in the cache's table, each layer (``decode_layer``) writes K/V with ``index_copy_`` and
-  attends over the whole cache under a mask (attention.py's decode route: grouped heads, no expanded copy) — no
+  attends over the whole cache under a mask (attention.py's decode route: grouped heads, no expanded copy), each
+  projection one GEMV (``decode_weights``: gemv.py's Triton kernel on CUDA, q/k/v and gate/up packed) — no
   ``.item()``, so the step can be ``torch.compile``d (``compile_decode``) and CUDA-graph captured. Positions past the
   prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
 * ``generate_ids`` advances the cursor in place after each step, and for greedy decoding picks the token (penalty,
@@ -473,8 +474,8 @@ class Cosmos3Reasoner:
         """Opt-in (node/CLI ``compile``): ``torch.compile`` (inductor unless ``compile_kwargs`` say otherwise, whole
         graph) of ``decode_layer`` — one graph for every layer, fusing its norms, RoPE, cache writes, softmax and
         SiLU·mul around the GEMMs; the CUDA graph (``cuda_graphs``) is captured over it. The first step compiles
-        (3–7 s on an H200); batch-1 decode there, packed projections: Nano 115 → 191 tokens/s, Edge 260 → 511
-        (BENCHMARKS.md)."""
+        (2–7 s on an H200); batch-1 decode there, packed projections through the Triton GEMV (gemv.py): Nano
+        123 → 210 tokens/s, Edge 265 → 564 (BENCHMARKS.md run 12)."""
         if enable and self._compiled_layer is not None and not compile_kwargs:
             return  # already compiled: keep its traced graph
         if enable:
