@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .caches import enable_persistent_caches
+from .kernel_support import import_failure, unavailable_reason
 
 BACKENDS = ("auto", "sdpa", "flash4")
 _FLASH4_HEAD_DIMS = (64, 96, 128)
@@ -76,26 +77,23 @@ def _flash4_import():
     try:
         from flash_attn.cute import flash_attn_func
     except Exception as exc:  # noqa: BLE001 — any import failure means "not available", reported by reason
-        return f"flash-attn-4 does not import ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+        return import_failure("flash-attn-4", exc)
     return flash_attn_func
 
 
 _reasons: dict[int, str] = {}
 
 
+def _flash4_check(major: int, minor: int) -> str:
+    if major != 9:
+        return f"GPU compute capability sm{major}{minor}, its Hopper kernel needs sm90"
+    found = _flash4_import()
+    return found if isinstance(found, str) else ""
+
+
 def flash4_unavailable_reason(device: torch.device | None = None) -> str:
     """Empty if FlashAttention-4 can run on the CUDA ``device`` (default: the current one), else why not."""
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-    if index not in _reasons:
-        major, minor = torch.cuda.get_device_capability(index)
-        if major != 9:
-            _reasons[index] = f"GPU compute capability sm{major}{minor}, its Hopper kernel needs sm90"
-        else:
-            found = _flash4_import()
-            _reasons[index] = found if isinstance(found, str) else ""
-    return _reasons[index]
+    return unavailable_reason(_reasons, device, _flash4_check)
 
 
 @torch.compiler.assume_constant_result

@@ -27,6 +27,8 @@ import re
 import torch
 import torch.nn.functional as F
 
+from .kernel_support import import_failure, unavailable_reason
+
 ROUTES = ("auto", "triton", "torch")
 _DTYPES = (torch.bfloat16, torch.float16)
 _route = "auto"
@@ -55,7 +57,7 @@ def _kernel():
         import triton
         import triton.language as tl
     except Exception as exc:  # noqa: BLE001 — any import failure means "not available", reported by reason
-        return f"Triton does not import ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+        return import_failure("Triton", exc)
 
     @triton.jit
     def gemv_rows(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -78,19 +80,16 @@ def _kernel():
 _reasons: dict[int, str] = {}
 
 
+def _triton_check(major: int, minor: int) -> str:
+    if major < 8:
+        return f"GPU compute capability sm{major}{minor}; the kernel is tuned for sm80 and newer"
+    found = _kernel()
+    return found if isinstance(found, str) else ""
+
+
 def triton_unavailable_reason(device: torch.device | None = None) -> str:
     """Empty if the Triton GEMV can run on the CUDA ``device`` (default: the current one), else why not."""
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-    if index not in _reasons:
-        major, minor = torch.cuda.get_device_capability(index)
-        if major < 8:
-            _reasons[index] = f"GPU compute capability sm{major}{minor}; the kernel is tuned for sm80 and newer"
-        else:
-            found = _kernel()
-            _reasons[index] = found if isinstance(found, str) else ""
-    return _reasons[index]
+    return unavailable_reason(_reasons, device, _triton_check)
 
 
 @torch.compiler.assume_constant_result
