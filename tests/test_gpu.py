@@ -248,6 +248,11 @@ def test_reasoner_bf16_decode_through_the_triton_gemv(tmp_path):
             reasoner.compile_decode(False)
         assert len(compiled_ids[0]) == 16
         assert compiled_ids[0][:4] == eager_ids[0][:4]  # fused rounding may part tied random logits later on
+        with torch.inference_mode():  # as under ComfyUI: weights loaded and decoded as inference tensors
+            host = Cosmos3Reasoner.load(root, dtype=torch.bfloat16, device="cuda")
+            host.eos_token_ids = []
+            assert host.generate_ids(host.prepare("describe the robot on the street"),
+                                     SamplingParams(max_new_tokens=16)) == eager_ids
     finally:
         gemv.set_gemv_route(previous)
 
