@@ -69,7 +69,7 @@ def probe_shape(n: int, k: int, layers: int) -> dict:
     scale = exact.abs().max().item()
     outs = [torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in weights]
     row = {"N": n, "K": k, "matrices": len(weights)}
-    ms = replay_ms([functools_partial_linear(x, w, o) for w, o in zip(weights, outs)])
+    ms = replay_ms([cublas_call(x, w, o) for w, o in zip(weights, outs)])
     row["cublas"] = dict(ms=round(ms, 4), tb_s=round(nbytes / ms / 1e9, 3),
                          max_rel=float((F.linear(x, weights[0]).view(-1).double() - exact).abs().max() / scale))
     best = None
@@ -93,7 +93,7 @@ def probe_shape(n: int, k: int, layers: int) -> dict:
     return row
 
 
-def functools_partial_linear(x, w, o):
+def cublas_call(x, w, o):
     return lambda: torch.matmul(x, w.T, out=o.view(1, -1))
 
 
