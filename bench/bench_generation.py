@@ -443,6 +443,7 @@ def _compile_stats() -> dict:
     times = {k: sum(compilation_time_metrics.get(name, [])) for k, name in
              (("compile_s", "_compile.compile_inner"), ("dynamo_tracing_s", "bytecode_tracing"))}
     return dict(
+        phases={k: sum(v) for k, v in compilation_time_metrics.items()},
         fxgraph_cache_hit=counters["inductor"]["fxgraph_cache_hit"],
         fxgraph_cache_miss=counters["inductor"]["fxgraph_cache_miss"],
         autograd_cache_hit=counters["aot_autograd"]["autograd_cache_hit"],
@@ -488,7 +489,9 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
         res["shapes"][name] = dict(
             first_compiled_step_s=round(first, 3), compiled_step_s=round(steady, 4),
             compile_warmup_s=round(first - steady, 2),
-            **{k: round(after[k] - before[k], 2) for k in after},
+            **{k: round(after[k] - before[k], 2) for k in after if k != "phases"},
+            compile_phases_s={k: round(v - before["phases"].get(k, 0.0), 2) for k, v in after["phases"].items()
+                              if v - before["phases"].get(k, 0.0) >= 0.05},
             rel_vs_eager=float(f"{((compiled - eager).norm() / eager.norm()).item():.2e}"))
         print("probe", name, res["shapes"][name], flush=True)
     Path(out_path).write_text(json.dumps(res, indent=1))

@@ -111,7 +111,7 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
     try:
         def encode():
             ids = pipe.tokenize(LONG_PROMPT, None, **shape)
-            handle.load_text_tower(text_length=max(len(ids.cond), len(ids.uncond)))
+            handle.load_text_tower(text_length=ids.prefill_tokens)
             text = pipe.prefill_prompts(ids, **shape)
             return text.to(mm.intermediate_device())
 

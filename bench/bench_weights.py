@@ -95,7 +95,7 @@ def run_case(handle, mm, shape, vram_gib, steps: int, cuda: bool) -> dict:
     try:
         def encode():
             ids = pipe.tokenize(LONG_PROMPT, None, **text_shape)
-            handle.load_text_tower(text_length=max(len(ids.cond), len(ids.uncond)))
+            handle.load_text_tower(text_length=ids.prefill_tokens)
             return pipe.prefill_prompts(ids, **text_shape).to(mm.intermediate_device())
 
         text = phase("text_encode", encode)

@@ -35,6 +35,25 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
+def kernel_rows(prof, calls: int) -> list[dict]:
+    """The profiled CUDA kernels, slowest first, per call of the profiled function (``calls`` of them)."""
+    rows = []
+    for ev in prof.key_averages():
+        if ev.device_type.name != "CUDA" or ev.count == 0:
+            continue
+        rows.append(dict(name=ev.key[:110], cls=kernel_class(ev.key), calls_per_step=round(ev.count / calls, 1),
+                         us_per_step=round(ev.device_time_total / calls, 1)))
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def by_class(prof, calls: int) -> dict[str, float]:
+    """GPU milliseconds per kernel class per call."""
+    classes: dict[str, float] = {}
+    for r in kernel_rows(prof, calls):
+        classes[r["cls"]] = classes.get(r["cls"], 0.0) + r["us_per_step"] / 1e3
+    return {k: round(v, 2) for k, v in classes.items()}
+
+
 def events_ms(fn, iters: int = 5) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -70,6 +89,16 @@ def main() -> None:
     torch.cuda.synchronize()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "prefill_both_s": round((time.perf_counter() - t0) / 3, 4)}
+    for n, p in zip((COND_TOKENS, UNCOND_TOKENS), prompts):  # each prompt alone: wall time and GPU time by class
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            model.prefill(p)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        classes = by_class(prof, 1)
+        results[f"prefill_{n}"] = dict(wall_ms=round(wall * 1e3, 2), gpu_ms_by_class=classes,
+                                       gpu_ms_total=round(sum(classes.values()), 2))
+        print(f"prefill {n} tokens", results[f"prefill_{n}"], flush=True)
     model.compile_generation_layers(True)
     for name in args.shapes.split(","):
         h, w, frames = RESOLUTIONS[name]
@@ -86,17 +115,10 @@ def main() -> None:
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
-        kernels, classes = [], {}
-        for ev in prof.key_averages():
-            if ev.device_type.name != "CUDA" or ev.count == 0:
-                continue
-            us = ev.device_time_total / 3
-            cls = kernel_class(ev.key)
-            classes[cls] = classes.get(cls, 0.0) + us
-            kernels.append(dict(name=ev.key[:110], cls=cls, calls_per_step=round(ev.count / 3, 1), us_per_step=round(us, 1)))
-        kernels.sort(key=lambda r: -r["us_per_step"])
-        results[name] = dict(step_ms=round(step_ms, 2), gpu_ms_by_class={k: round(v / 1e3, 2) for k, v in classes.items()},
-                             gpu_ms_total=round(sum(classes.values()) / 1e3, 2), kernels=kernels[:30])
+        kernels = kernel_rows(prof, 3)
+        classes = by_class(prof, 3)
+        results[name] = dict(step_ms=round(step_ms, 2), gpu_ms_by_class=classes,
+                             gpu_ms_total=round(sum(classes.values()), 2), kernels=kernels[:30])
         print(name, {k: v for k, v in results[name].items() if k != "kernels"}, flush=True)
         for r in kernels[:16]:
             print("  ", r, flush=True)

@@ -230,16 +230,19 @@ class Cosmos3Pipeline:
         )
 
     def prefill_prompts(self, ids: PromptIds, *, num_frames: int, height: int, width: int, fps: float) -> TextConditioning:
-        cond = self._prefill(ids.cond)
-        if self.distilled is not None:  # one branch: the uncond K/V would never be used
-            uncond = None
-        else:
-            uncond = cond if ids.uncond == ids.cond else self._prefill(ids.uncond)
-        return TextConditioning(cond, uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
+        """Both branches' text K/V from one text-tower pass over the distinct prompts (a distilled checkpoint has
+        one branch: its uncond K/V would never be used)."""
+        one_branch = self.distilled is not None or ids.uncond == ids.cond
+        kvs = self._prefill_many([ids.cond] if one_branch else [ids.cond, ids.uncond])
+        uncond = None if self.distilled is not None else kvs[-1]
+        return TextConditioning(kvs[0], uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
 
     def _prefill(self, ids: list[int]) -> TextKV:
-        self.prefill_count += 1
-        return self.transformer.prefill(ids)
+        return self._prefill_many([ids])[0]
+
+    def _prefill_many(self, prompts: list[list[int]]) -> list[TextKV]:
+        self.prefill_count += len(prompts)
+        return self.transformer.prefill_many(prompts)
 
     # ------------------------------------------------------------------ 2. conditioning
     def encode_condition(

@@ -60,6 +60,12 @@ class PromptIds:
     cond_text: str
     uncond_text: str
 
+    @property
+    def prefill_tokens(self) -> int:
+        """Rows of the one text-tower pass that prefills both prompts (``Cosmos3Pipeline.prefill_prompts``); at most
+        this many: equal prompts and a distilled checkpoint prefill ``cond`` alone."""
+        return len(self.cond) + len(self.uncond)
+
 
 # --------------------------------------------------------------------------------------------------------------
 # Checkpoint helpers

@@ -100,7 +100,7 @@ class Cosmos3ActionCondition(io.ComfyNode):
         condition = pipe.encode_action(request, who=who)
         ids = pipe.tokenize_action(condition, prompt, negative_prompt, fps=fps, use_system_prompt=use_system_prompt,
                                    who=who)
-        model.load_text_tower(text_length=max(len(ids.cond), len(ids.uncond)))
+        model.load_text_tower(text_length=ids.prefill_tokens)
         text = pipe.prefill_action_prompts(ids, condition, fps=fps)
         out = mm.intermediate_device()
         return io.NodeOutput(text.to(out), condition.to(out))

@@ -58,6 +58,6 @@ class Cosmos3TextEncode(io.ComfyNode):
             ids = pipe.tokenize(prompt, negative_prompt if negative_prompt.strip() else None, **shape, who=who)
         except ValueError as exc:
             raise ValueError(str(exc) if str(exc).startswith(who) else f"{who}: {exc}") from exc
-        model.load_text_tower(text_length=max(len(ids.cond), len(ids.uncond)))
+        model.load_text_tower(text_length=ids.prefill_tokens)
         text = pipe.prefill_prompts(ids, **shape)
         return io.NodeOutput(text.to(mm.intermediate_device()))

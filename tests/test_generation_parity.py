@@ -134,16 +134,17 @@ def test_batched_guidance_equals_two_pass_guidance(ours, monkeypatch):
 
 
 def test_text_tower_runs_once_per_distinct_prompt(ours, monkeypatch):
-    calls = {"prefill": 0, "und_mlp": 0}
-    real_prefill = ours.transformer.prefill
+    calls = {"passes": 0, "prefill": 0, "und_mlp": 0}
+    real_prefill = ours.transformer.prefill_many
 
-    def counting_prefill(ids):
-        calls["prefill"] += 1
-        return real_prefill(ids)
+    def counting_prefill(prompts):
+        calls["passes"] += 1
+        calls["prefill"] += len(prompts)
+        return real_prefill(prompts)
 
-    monkeypatch.setattr(ours.transformer, "prefill", counting_prefill)
+    monkeypatch.setattr(ours.transformer, "prefill_many", counting_prefill)
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
-    assert calls["prefill"] == 2
+    assert calls["prefill"] == 2 and calls["passes"] == 1  # both prompts in one text-tower pass
     hooks = [layer.mlp.register_forward_hook(lambda *a: calls.__setitem__("und_mlp", calls["und_mlp"] + 1))
              for layer in ours.transformer.layers]
     try:
@@ -152,7 +153,7 @@ def test_text_tower_runs_once_per_distinct_prompt(ours, monkeypatch):
     finally:
         for h in hooks:
             h.remove()
-    assert calls["prefill"] == 2  # sampling twice re-used the cached K/V
+    assert calls["prefill"] == 2 and calls["passes"] == 1  # sampling twice re-used the cached K/V
     assert calls["und_mlp"] == 0  # the understanding tower never ran during denoising
 
 

@@ -81,7 +81,7 @@ def reference_step(ref, ids, latents, timestep, fps, clean, sound=None, action=N
 
 
 def ours_step(model, ids_list, latents, timestep, fps, clean, sound=None, action=None, domain=7, clean_actions=()):
-    kvs = [model.prefill(ids) for ids in ids_list]
+    kvs = model.prefill_many(ids_list)  # both branches' prompts in one text-tower pass, as the pipeline runs them
     layout = build_layout(
         model.config, [kv.length for kv in kvs], latents.shape[2:], fps, clean_frames=clean,
         sound_len=0 if sound is None else sound.shape[1], action_len=0 if action is None else action.shape[0],
@@ -153,18 +153,22 @@ def test_batched_branches_with_unequal_prompts_equal_single_steps(models):
 
 def test_prefill_kv_equals_reference_internal_kv_and_is_step_independent(models, monkeypatch):
     """The text K/V diffusers' generation pathway reads, captured inside its forward under different latents,
-    timesteps, fps and sound, all equal our one prefill (|Δ| tiny) — so the cache is exact."""
+    timesteps, fps and sound, all equal our one prefill (|Δ| tiny) — so the cache is exact. The prompt is prefilled
+    second of a pair in one pass (as a guidance pair is), behind a prompt of another length; that one is checked
+    against the reference too."""
     variant, ours, ref = models
     g = torch.Generator().manual_seed(9)
+    other = torch.randint(0, ours.config.vocab_size, (8,), generator=g).tolist()
     ids = torch.randint(0, ours.config.vocab_size, (19,), generator=g).tolist()
-    kv = ours.prefill(ids)
+    kv_other, kv = ours.prefill_many([other, ids])
+    assert (kv_other.length, kv.length) == (8, 19)
     kv_copy = (kv.keys.clone(), kv.values.clone())
     captured = []
     real = dtc.dispatch_attention_fn
 
     def spy(q, k, v, *, is_causal=False, **kw):
         if not is_causal:  # the generation pathway: keys = [text | gen]
-            captured.append((k[0, : len(ids)].clone(), v[0, : len(ids)].clone()))
+            captured.append((k[0].clone(), v[0].clone()))  # [text | gen] keys; the text rows are compared
         return real(q, k, v, is_causal=is_causal, **kw)
 
     monkeypatch.setattr(dtc, "dispatch_attention_fn", spy)
@@ -179,10 +183,16 @@ def test_prefill_kv_equals_reference_internal_kv_and_is_step_independent(models,
         reference_step(ref, ids, latents, timestep, fps, (), sound)
         assert len(captured) == ours.config.num_hidden_layers
         for layer, (k_ref, v_ref) in enumerate(captured):  # reference layout [L, KV, hd]
-            assert rel_err(kv.keys[layer].transpose(0, 1), k_ref) <= RTOL
-            assert rel_err(kv.values[layer].transpose(0, 1), v_ref) <= RTOL
+            assert rel_err(kv.keys[layer].transpose(0, 1), k_ref[: len(ids)]) <= RTOL
+            assert rel_err(kv.values[layer].transpose(0, 1), v_ref[: len(ids)]) <= RTOL
         ours_step(ours, [ids], latents, timestep, fps, (), sound)
     assert torch.equal(kv.keys, kv_copy[0]) and torch.equal(kv.values, kv_copy[1])  # steps never write the cache
+    captured.clear()
+    reference_step(ref, other, torch.randn(1, 48, 1, 4, 4, generator=g), 999, 24.0, ())
+    assert len(captured) == ours.config.num_hidden_layers
+    for layer, (k_ref, v_ref) in enumerate(captured):
+        assert rel_err(kv_other.keys[layer].transpose(0, 1), k_ref[: len(other)]) <= RTOL
+        assert rel_err(kv_other.values[layer].transpose(0, 1), v_ref[: len(other)]) <= RTOL
 
 
 def test_position_ids_equal_the_pipeline_builders():
