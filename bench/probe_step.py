@@ -1,12 +1,12 @@
 """Where one compiled guided denoising step spends its GPU time, per kernel class, on full-size random-weight Nano.
 
-Builds our transformer only (no diffusers model), prefills a 1,500-token and a 60-token prompt (timed: the text
-tower's prefill of both prompts, eager, after a warm-up), compiles the generation layer, and for each shape times the
+Builds our transformer only (no diffusers model), prefills a 1,500-token and a 60-token prompt (timed, eager, after
+a warm-up: one prompt at a time, and the pair in one pass as the pipeline runs it; each profiled), compiles the generation layer, and for each shape times the
 two-branch step (CUDA events, after two warm-up steps) and profiles three steps with torch.profiler. Kernels are
 grouped by name and by class — GEMM (cuBLAS ``nvjet``/``gemm``/CUTLASS), attention (cuDNN / FlashAttention),
 Triton (inductor's fused element-wise and reduction kernels), other (copies, concatenations) — with µs per step.
 
-    python bench/probe_step.py --out bench/results_probe_step.json [--shapes t2i,256p]
+    python bench/probe_step.py --out bench/results_probe_step.json [--shapes t2i,256p]   (--shapes "": prefill only)
 """
 
 from __future__ import annotations
@@ -89,6 +89,18 @@ def main() -> None:
     torch.cuda.synchronize()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "prefill_both_s": round((time.perf_counter() - t0) / 3, 4)}
+    model.prefill_many(prompts)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        kvs = model.prefill_many(prompts)  # the pair in one pass, as the pipeline runs it
+    torch.cuda.synchronize()
+    results["prefill_pair_one_pass_s"] = round((time.perf_counter() - t0) / 3, 4)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.prefill_many(prompts)
+        torch.cuda.synchronize()
+    results["prefill_pair_gpu_ms_by_class"] = by_class(prof, 1)
+    print("prefill", {k: v for k, v in results.items() if k.startswith("prefill")}, flush=True)
     for n, p in zip((COND_TOKENS, UNCOND_TOKENS), prompts):  # each prompt alone: wall time and GPU time by class
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
@@ -100,7 +112,7 @@ def main() -> None:
                                        gpu_ms_total=round(sum(classes.values()), 2))
         print(f"prefill {n} tokens", results[f"prefill_{n}"], flush=True)
     model.compile_generation_layers(True)
-    for name in args.shapes.split(","):
+    for name in filter(None, args.shapes.split(",")):
         h, w, frames = RESOLUTIONS[name]
         shape = (1, 48, (frames - 1) // 4 + 1, h // 16, w // 16)
         latents = torch.randn(shape, generator=g).to("cuda")
