@@ -104,7 +104,8 @@ def running_ids(srv) -> list[str]:
 
 def interrupted_run(srv, n: int) -> None:
     """A long run interrupted while it samples, then a normal run that must succeed."""
-    long_id = srv.queue(graph("t2v", n=n, steps=200, width=96, height=64, frames=9))
+    # several seconds of sampling on the tiny checkpoint (at 96×64×9 all 200 steps took ~0.5 s: a race with the sleep)
+    long_id = srv.queue(graph("t2v", n=n, steps=200, width=320, height=192, frames=33))
     after_id = srv.queue(graph("t2v", n=n + 1))
     deadline = time.monotonic() + 120
     while long_id not in running_ids(srv):
