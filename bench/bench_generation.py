@@ -428,6 +428,43 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     print("e2e ours", name, results["e2e_ours"][name], flush=True)
 
 
+def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> None:
+    """Where a compiled 35-step sampling loop's time goes at one shape: wall time per step in the loop, the same
+    step timed alone on the plan's own layout, the GPU's busy time per step in the loop (torch.profiler), and the
+    loop with every step replayed as one CUDA graph (``use_cuda_graphs``; a run captures once: its layout is new)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae import Cosmos3VAE
+
+    h, w, frames = RESOLUTIONS[name]
+    sound = frames > 1
+    pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
+    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0)
+    run = lambda: pipe.sample(text, seed=0, steps=35, guidance=6.0, sound=sound, compile=True)  # noqa: E731
+    run()  # compile + warm-up
+    row = dict(loop_step_ms=round(timed(run, warmup=0, iters=2) * 1e3 / 35, 2))
+    plan = pipe.plan(text, seed=0, steps=35, guidance=6.0, sound=sound)
+    g = plan.guidance[0]
+    x = {s.name: s.init for s in plan.streams}
+    step = lambda: ours.denoise_step(x["vision"], plan.timesteps[0].to("cuda"), g.text, g.layout,  # noqa: E731
+                                     sound=x.get("sound"))
+    row["isolated_step_ms"] = round(timed(step, warmup=2, iters=10) * 1e3, 2)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        sync()
+    busy = sum(ev.device_time_total for ev in prof.key_averages() if ev.device_type.name == "CUDA")
+    row["gpu_busy_per_step_ms_in_loop"] = round(busy / 1e3 / 35, 2)
+    ours.use_cuda_graphs(True)
+    try:
+        row["graph_loop_step_ms"] = round(timed(run, warmup=1, iters=2) * 1e3 / 35, 2)  # each run captures once
+    finally:
+        ours.use_cuda_graphs(False)
+    results.setdefault("loop", {})[name] = row
+    print("loop", name, row, flush=True)
+
+
 def build_tiny_ours() -> torch.nn.Module:
     """A tiny random fp32 model on the CPU (cosmos3_core/tiny.py's geometry and init) for ``--tiny``."""
     from cosmos3_core.config import Cosmos3Config
@@ -608,6 +645,7 @@ def main() -> None:
     p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at these shapes, then exit")
     p.add_argument("--warm-start", default="",
                    help="two fresh --probe-warmup processes at these shapes on one new empty cache dir, then exit")
+    p.add_argument("--loop", default="", help="compiled 35-step loop vs isolated step vs GPU busy vs CUDA graphs")
     p.add_argument("--tiny", action="store_true", help="--probe-warmup/--warm-start on the CPU with a tiny model")
     p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
@@ -660,6 +698,9 @@ def main() -> None:
         torch.cuda.empty_cache()
         for name in filter(None, args.e2e.split(",")):
             bench_e2e_ours(ours, files, vae, audio, tokenizer, name, results, device)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        for name in filter(None, args.loop.split(",")):
+            bench_loop(ours, files, vae, audio, tokenizer, name, results)
             Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
 
