@@ -103,20 +103,31 @@ def random_bf16_weights(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def build_models(device: str):
-    from diffusers import Cosmos3OmniTransformer
+OURS_SKIP = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")  # generation needs none
 
+
+def meta_ours() -> torch.nn.Module:
+    """Our full-size Nano transformer on the meta device (no storage yet)."""
     from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.transformer import Cosmos3Transformer
 
     with torch.device("meta"):
+        return Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=OURS_SKIP)
+
+
+def build_ours(device: str) -> torch.nn.Module:
+    """Our full-size Nano alone, seeded random bf16 weights (no diffusers model beside it)."""
+    return random_bf16_weights(meta_ours(), device)
+
+
+def build_models(device: str):
+    from diffusers import Cosmos3OmniTransformer
+
+    with torch.device("meta"):
         ref = Cosmos3OmniTransformer(**NANO)
     ref = random_bf16_weights(ref, device)
-    config = Cosmos3Config.from_dict(NANO)
-    skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
-    with torch.device("meta"):
-        ours = Cosmos3Transformer(config, skip_modules=skip)
-    state = {k: v for k, v in ref.state_dict().items() if not k.startswith(skip)}
+    ours = meta_ours()
+    state = {k: v for k, v in ref.state_dict().items() if not k.startswith(OURS_SKIP)}
     ours.load_state_dict(state, strict=True, assign=True)
     return ref, ours.eval().requires_grad_(False)
 

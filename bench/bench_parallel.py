@@ -42,16 +42,11 @@ def build_pipeline(tiny: bool, device: torch.device, tmp: Path):
     if tiny:
         files = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=False, seed=0)
         return Cosmos3Pipeline.load(files, dtype=torch.float32, device=device, with_sound=False)
-    from bench_generation import NANO, make_components, random_bf16_weights
+    from bench_generation import build_ours, make_components
 
-    from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.transformer import Cosmos3Transformer
     from cosmos3_core.vae import Cosmos3VAE
 
-    skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
-    with torch.device("meta"):
-        model = Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=skip)
-    model = random_bf16_weights(model, str(device))  # seeded: the same weights on every rank
+    model = build_ours(str(device))  # seeded: the same weights on every rank
     torch.manual_seed(0)  # the VAE's default init, identical on every rank
     files, vae, _audio, tokenizer = make_components(str(device), tmp)
     return Cosmos3Pipeline(files, model, Cosmos3VAE(vae), tokenizer)

@@ -22,23 +22,23 @@ import argparse
 import json
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from probe_step import events_ms  # noqa: E402
 
 SHAPES = {"t2i": 1840, "256p": 2 * (2880 + 197), "480p": 2 * (9360 + 197), "720p": 2 * (44160 + 197)}
 D, FF = 4096, 12288
 
 
-def events_ms(fn, iters: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+def warm_events_ms(fn, iters: int = 20) -> float:
+    fn()  # warm-up (a first call may JIT-compile or pick a kernel)
+    return events_ms(fn, iters)
 
 
 def main() -> None:
@@ -69,10 +69,10 @@ def main() -> None:
         scale = ref.abs().max().item()
         row: dict = dict(rows=m, tflop_up=round(2 * m * D * 2 * FF / 1e12, 3))
 
-        def split():
+        def split(x=x):
             return silu_mul(F.linear(x, wg), F.linear(x, wu))
 
-        def packed():
+        def packed(x=x):
             gu = F.linear(x, w)
             return silu_mul(gu[:, :FF], gu[:, FF:])
 
@@ -81,7 +81,7 @@ def main() -> None:
             for tuned in (False, True):
                 key = "quack_tuned" if tuned else "quack_default"
 
-                def q(tuned=tuned):
+                def q(tuned=tuned, x=x):
                     return gemm_gated(x, w.t(), activation="swiglu", concat_layout=("B",), store_preact=False,
                                       tuned=tuned)[1]
                 try:
@@ -96,8 +96,8 @@ def main() -> None:
         for key, fn in variants.items():
             out = fn()
             err = ((out.double() - ref).abs().max().item()) / scale
-            ms = events_ms(fn)
-            ms_mlp = events_ms(lambda fn=fn: F.linear(fn(), wd))
+            ms = warm_events_ms(fn)
+            ms_mlp = warm_events_ms(lambda fn=fn: F.linear(fn(), wd))
             row[key] = dict(ms=round(ms, 3), tflops=round(row["tflop_up"] / ms * 1e3, 1), rel_err=float(f"{err:.3g}"),
                             mlp_ms=round(ms_mlp, 3))
         res["shapes"][name] = row

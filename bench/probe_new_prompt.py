@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generation import NANO, RESOLUTIONS, random_bf16_weights  # noqa: E402
+from bench_generation import RESOLUTIONS, build_ours  # noqa: E402
 
 BACKENDS = {"default": None, "flash": [SDPBackend.FLASH_ATTENTION]}  # efficient attention has no GQA
 
@@ -39,14 +39,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.layout import build_layout
-    from cosmos3_core.transformer import Cosmos3Transformer
 
-    skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
-    with torch.device("meta"):
-        model = Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=skip)
-    model = random_bf16_weights(model, "cuda")
+    model = build_ours("cuda")
     g = torch.Generator().manual_seed(1)
     ids = lambda n: torch.randint(0, 151000, (n,), generator=g).tolist()  # noqa: E731
     model.prefill_many([ids(1000), ids(50)])  # process warm-up (cuBLAS, allocator) at unrelated lengths
@@ -59,8 +54,8 @@ def main() -> None:
             pair = [ids(length), ids(60 + length % 13)]
             ctx = sdpa_kernel(backends) if backends else contextlib.nullcontext()
             with ctx:
-                new = wall(lambda: model.prefill_many(pair))
-                again = wall(lambda: model.prefill_many(pair))
+                prefill = lambda pair=pair: model.prefill_many(pair)  # noqa: E731
+                new, again = wall(prefill), wall(prefill)
             rows.append(dict(lengths=[len(p) for p in pair], new_s=round(new, 4), repeated_s=round(again, 4)))
         res["prefill"][name] = rows
         print("prefill", name, rows, flush=True)
@@ -79,8 +74,8 @@ def main() -> None:
                                   dtype=torch.bfloat16)
             ctx = sdpa_kernel(backends) if backends else contextlib.nullcontext()
             with ctx:
-                new = wall(lambda: model.denoise_step(latents, t, kvs, layout))
-                again = wall(lambda: model.denoise_step(latents, t, kvs, layout))
+                step = lambda kvs=kvs, layout=layout: model.denoise_step(latents, t, kvs, layout)  # noqa: E731
+                new, again = wall(step), wall(step)
             rows.append(dict(cond_length=length, first_step_s=round(new, 4), repeated_step_s=round(again, 4)))
         res["t2i_step"][name] = rows
         print("t2i step", name, rows, flush=True)

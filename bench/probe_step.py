@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generation import COND_TOKENS, NANO, RESOLUTIONS, UNCOND_TOKENS, random_bf16_weights  # noqa: E402
+from bench_generation import COND_TOKENS, RESOLUTIONS, UNCOND_TOKENS, build_ours  # noqa: E402
 
 
 def kernel_class(name: str) -> str:
@@ -71,14 +71,9 @@ def main() -> None:
     args = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
-    from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.layout import build_layout
-    from cosmos3_core.transformer import Cosmos3Transformer
 
-    skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
-    with torch.device("meta"):
-        model = Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=skip)
-    model = random_bf16_weights(model, "cuda")
+    model = build_ours("cuda")
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 151000, (n,), generator=g).tolist() for n in (COND_TOKENS, UNCOND_TOKENS)]
     kvs = [model.prefill(p) for p in prompts]
@@ -119,7 +114,7 @@ def main() -> None:
         t = torch.tensor(900, device="cuda")
         layout = build_layout(model.config, [kv.length for kv in kvs], shape[2:], 24.0, device="cuda",
                               dtype=torch.bfloat16)
-        step = lambda: model.denoise_step(latents, t, kvs, layout)  # noqa: E731
+        step = lambda latents=latents, t=t, layout=layout: model.denoise_step(latents, t, kvs, layout)  # noqa: E731
         step(), step()
         torch.cuda.synchronize()
         step_ms = events_ms(step)
