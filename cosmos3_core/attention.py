@@ -139,7 +139,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     if mask is not None and groups > 1 and q.is_cuda:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         groups = 1
-    if causal and mask is None and q.is_cuda:
+    if causal and mask is None and q.is_cuda and q.shape[2] == k.shape[2]:  # square: every kernel aligns it alike
         with sdpa_kernel(list(_CAUSAL_CUDA_KERNELS)):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups > 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
