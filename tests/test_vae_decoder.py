@@ -149,3 +149,57 @@ def test_frame_decoder_rejects_misuse(wan):
         dec(torch.zeros(1, 48, 1, 2, 2), [], False)
     with pytest.raises(ValueError, match="Wan2.2"):
         WanFrameDecoder(type("Wan21Decoder", (), {"up_blocks": [torch.nn.Identity()]})())
+
+
+class _CountingBackend:
+    """A torch.compile backend that runs the traced graph as is and records which thread traced it."""
+
+    def __init__(self, fail_off_main_thread: bool = False):
+        self.threads: list[str] = []
+        self.fail_off_main_thread = fail_off_main_thread
+
+    def __call__(self, gm, example_inputs):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        if self.fail_off_main_thread and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("no compiling off the main thread in this test")
+        return gm.forward
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_compile_warmup_builds_every_graph_the_decode_then_uses(wan, mode):
+    """start_compile_warmup traces every compiled stage on a background thread; the decode after it (in the same
+    grad / inference mode as the caller that started it, as ComfyUI's sampler and decode nodes run) traces nothing
+    more, and its frames are the eager decode's."""
+    vae = Cosmos3VAE(wan)
+    vae.compile_backend = backend = _CountingBackend()
+    lat = _z(3, seed=5)
+    eager = vae.decode(lat)
+    ctx = torch.inference_mode if mode == "inference_mode" else torch.no_grad
+    with ctx():
+        assert vae.start_compile_warmup(lat.shape)
+        vae.wait_compile_warmup()
+        stages = 2 + len(wan.decoder.up_blocks)
+        assert len(backend.threads) == stages
+        assert all(name == "Cosmos3 VAE decoder compile warm-up" for name in backend.threads)
+        compiled = vae.decode(lat, compile=True)
+    assert len(backend.threads) == stages  # the decode found every graph built
+    assert (compiled - eager).abs().max().item() <= TOL
+    assert not vae.start_compile_warmup(lat.shape)  # this size is compiled now: nothing to do
+    assert not vae.start_compile_warmup((1, 48, 1, 2, 3))  # an image: its only frame decodes eager
+    with pytest.raises(ValueError, match=r"latent_shape must be \[1,48,T,h,w\]"):
+        vae.start_compile_warmup((48, 3, 2, 3))
+
+
+def test_failed_compile_warmup_costs_the_decode_its_compile_not_its_result(wan, caplog):
+    vae = Cosmos3VAE(wan)
+    vae.compile_backend = backend = _CountingBackend(fail_off_main_thread=True)
+    lat = _z(2, h=3, w=3, seed=6)
+    eager = vae.decode(lat)
+    assert vae.start_compile_warmup(lat.shape)
+    with caplog.at_level("WARNING"):
+        compiled = vae.decode(lat, compile=True)  # waits for the failed warm-up, then compiles itself
+    assert "Cosmos3 VAE decoder compile warm-up failed" in caplog.text
+    assert "MainThread" in backend.threads
+    assert (compiled - eager).abs().max().item() <= TOL
