@@ -77,10 +77,7 @@ def child(shapes: list[str], warmup: bool, tiny: bool, out: str) -> None:
                              warmup_started=started[-1] if started else None,
                              graphs=after["graphs"] - before["graphs"],
                              fxgraph_cache_hit=after["fxgraph_cache_hit"] - before["fxgraph_cache_hit"],
-                             fxgraph_cache_miss=after["fxgraph_cache_miss"] - before["fxgraph_cache_miss"],
-                             compile_phases_s={k: round(v - before["phases"].get(k, 0.0), 2)
-                                               for k, v in after["phases"].items()
-                                               if v - before["phases"].get(k, 0.0) >= 0.1}))
+                             fxgraph_cache_miss=after["fxgraph_cache_miss"] - before["fxgraph_cache_miss"]))
         res["shapes"][name] = dict(first=runs[0], second=runs[1],
                                    first_run_overhead_s=round(runs[0]["wall_s"] - runs[1]["wall_s"], 2))
         print("first run", name, res["shapes"][name], flush=True)

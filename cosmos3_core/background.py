@@ -1,9 +1,8 @@
 """Work on a background thread that must not change what the foreground computes: compiling ahead.
 
-``BackgroundWork(fn, device)`` runs ``fn()`` once on a daemon thread, in a copy of the creating thread's context
-variables (torch keeps ``torch._dynamo.config`` / ``torch._inductor.config`` settings per context: a fresh thread
-would compile with the defaults, e.g. Dynamo's recompile limit of 8) and under its grad / inference mode (a compiled
-graph is guarded on those modes, so graphs built here are the ones the foreground will look up), with autocast off, and on CUDA on its own stream, so its kernels interleave with the foreground's instead
+``BackgroundWork(fn, device)`` runs ``fn()`` once on a daemon thread, under the grad / inference mode of the thread
+that created it (a compiled graph is guarded on those modes, so graphs built here are the ones the foreground will
+look up) with autocast off, and on CUDA on its own stream, so its kernels interleave with the foreground's instead
 of queueing behind them. ``wait()`` joins it. A failure is kept and reported by ``wait()`` as a logged warning,
 never raised: background work only prepares (e.g. builds compiled graphs), so a failure costs the foreground the
 time it would have spent anyway, not a result.
@@ -13,7 +12,6 @@ Used for the compiled VAE decoder's warm-up during sampling (``Cosmos3VAE.start_
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 from typing import Callable
@@ -30,8 +28,7 @@ class BackgroundWork:
         self._fn, self._device = fn, torch.device(device)
         self._inference = torch.is_inference_mode_enabled()
         self._grad = torch.is_grad_enabled()
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(target=context.run, args=(self._main,), name=name, daemon=True)
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
     def _main(self) -> None:

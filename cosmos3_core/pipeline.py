@@ -400,10 +400,11 @@ class Cosmos3Pipeline:
         return self.run(self.plan(text, **plan_args), callback=callback, compile=compile, attention=attention)
 
     def start_decode_warmup(self, plan: SamplePlan) -> bool:
-        """Start building the compiled VAE decoder's graphs for this plan's latent size on a background thread
-        (``Cosmos3VAE.start_compile_warmup``; the decode waits for it). Only where the VAE is on a GPU with room
-        for a step's activations and a frame's decode at once — elsewhere the decode compiles when it starts, as
-        without a warm-up. Returns whether it started; outputs are the same either way."""
+        """For a run whose video will be decoded with ``compile`` on: build the compiled VAE decoder's graphs for
+        this plan's latent size on a background thread while the plan samples (``Cosmos3VAE.start_compile_warmup``;
+        the decode waits for it). Only where the VAE is on a GPU with room for a step's activations and a frame's
+        decode at once — elsewhere the decode compiles when it starts, as without a warm-up. Returns whether it
+        started; outputs are the same either way."""
         vae = self.vae
         if vae.device.type != "cuda":
             return False
@@ -413,32 +414,6 @@ class Cosmos3Pipeline:
         if free < plan.memory_required + vae.memory_required(shape):
             return False
         return vae.start_compile_warmup(shape)
-
-    def with_decode_warmup(self, plan: SamplePlan, callback: StepCallback | None) -> StepCallback:
-        """``callback`` for ``run`` that also builds the compiled VAE decoder's graphs while ``plan`` samples, for a
-        run whose video will be decoded with ``compile`` on (``start_decode_warmup``).
-
-        Started after the first step, once the step's own compile (if any) is done: Dynamo compiles one frame at a
-        time, so a decoder compile started earlier would hold the step's back. While it runs, the host stays at
-        most one step ahead of the GPU and waits for the step before with the interpreter lock released; left to
-        run ahead, the host fills CUDA's launch queue and then blocks inside kernel launches holding the lock,
-        which starves the compile thread (the decoder compile then took longer than sampling itself, H200 run 14)."""
-        state = {"started": False, "previous": None}
-
-        def on_step(step: int, total: int, preview) -> None:
-            if not state["started"]:
-                state["started"] = True
-                self.start_decode_warmup(plan)
-            if self.vae.compile_warmup_running and plan.device.type == "cuda":
-                done = torch.cuda.Event()
-                done.record()
-                if state["previous"] is not None:
-                    state["previous"].synchronize()  # releases the interpreter lock while it waits
-                state["previous"] = done
-            if callback is not None:
-                callback(step, total, preview)
-
-        return on_step
 
     # ------------------------------------------------------------------ 4. decode
     def decode_video(self, latents: torch.Tensor, on_chunk=None, **kwargs) -> torch.Tensor:
@@ -491,7 +466,7 @@ class Cosmos3Pipeline:
         """The stages after planning that every whole run shares: denoise, then decode the video and sound (with
         ``compile``, the VAE decoder's graphs are built while the plan samples)."""
         if decode and compile:
-            callback = self.with_decode_warmup(plan, callback)
+            self.start_decode_warmup(plan)
         with _timed(timings, "inference"):
             result = self.run(plan, callback=callback, compile=compile, attention=attention)
         frames = waveform = None

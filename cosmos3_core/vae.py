@@ -42,7 +42,6 @@ from typing import Callable
 import torch
 
 from .background import BackgroundWork
-from .caches import prepare_compile
 from .vae_decoder import WanFrameDecoder
 
 OnChunk = Callable[[int, int], None]
@@ -113,7 +112,6 @@ class Cosmos3VAE(torch.nn.Module):
         frame = (1, shape[1], 1, shape[3], shape[4])
         if shape[2] < 2 or decoder.compiled_for(frame):
             return False
-        prepare_compile()  # in the caller's context, which the thread copies (torch keeps compile settings per context)
         dtype, device = self.dtype, self.device
 
         def decode_two_frames() -> None:
@@ -124,10 +122,6 @@ class Cosmos3VAE(torch.nn.Module):
 
         self._warmup = BackgroundWork(decode_two_frames, device, "Cosmos3 VAE decoder compile warm-up")
         return True
-
-    @property
-    def compile_warmup_running(self) -> bool:
-        return self._warmup is not None and self._warmup.running
 
     def wait_compile_warmup(self) -> None:
         """Wait for a warm-up started by ``start_compile_warmup`` (if any); a failed one is logged, not raised."""

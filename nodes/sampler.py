@@ -119,6 +119,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         if warm_decoder:
             model.prepare_decode_warmup(plan)
         model.load_generation_tower(plan.memory_required)
+        if warm_decoder:  # the VAE builds its compiled graphs while this samples; Cosmos3VAEDecode waits for it
+            pipe.start_decode_warmup(plan)
 
         bar = comfy.utils.ProgressBar(plan.steps)
         preview = make_previewer(model)
@@ -128,8 +130,6 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
         denoiser = model.branch_denoiser() if cfg != 1.0 else None
-        if warm_decoder:  # the VAE builds its compiled graphs while this samples
-            on_step = pipe.with_decode_warmup(plan, on_step)
         result = pipe.run(plan, callback=on_step, compile=compile, attention=attention, denoiser=denoiser)
         if warm_decoder:  # done here, not in the decode node: no other node may move the VAE while it compiles
             pipe.vae.wait_compile_warmup()
