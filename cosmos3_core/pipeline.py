@@ -399,22 +399,6 @@ class Cosmos3Pipeline:
         """``plan`` then ``run``."""
         return self.run(self.plan(text, **plan_args), callback=callback, compile=compile, attention=attention)
 
-    def start_decode_warmup(self, plan: SamplePlan) -> bool:
-        """For a run whose video will be decoded with ``compile`` on: build the compiled VAE decoder's graphs for
-        this plan's latent size on a background thread while the plan samples (``Cosmos3VAE.start_compile_warmup``;
-        the decode waits for it). Only where the VAE is on a GPU with room for a step's activations and a frame's
-        decode at once — elsewhere the decode compiles when it starts, as without a warm-up. Returns whether it
-        started; outputs are the same either way."""
-        vae = self.vae
-        if vae.device.type != "cuda":
-            return False
-        shape = (1, *plan.stream("vision").init.shape[1:])
-        free, _ = torch.cuda.mem_get_info(vae.device)
-        free += torch.cuda.memory_reserved(vae.device) - torch.cuda.memory_allocated(vae.device)
-        if free < plan.memory_required + vae.memory_required(shape):
-            return False
-        return vae.start_compile_warmup(shape)
-
     # ------------------------------------------------------------------ 4. decode
     def decode_video(self, latents: torch.Tensor, on_chunk=None, **kwargs) -> torch.Tensor:
         """``[N, 48, T, h, w]`` → frames ``[N·F, H, W, 3]`` (items one after another; ComfyUI's IMAGE batch);
@@ -463,10 +447,7 @@ class Cosmos3Pipeline:
     def _run_and_decode(self, plan: SamplePlan, timings: dict[str, float], num_frames: int, fps: float, *,
                         callback: StepCallback | None, compile: bool, attention: str = "auto",
                         decode: bool = True) -> GenerationOutput:
-        """The stages after planning that every whole run shares: denoise, then decode the video and sound (with
-        ``compile``, the VAE decoder's graphs are built while the plan samples)."""
-        if decode and compile:
-            self.start_decode_warmup(plan)
+        """The stages after planning that every whole run shares: denoise, then decode the video and sound."""
         with _timed(timings, "inference"):
             result = self.run(plan, callback=callback, compile=compile, attention=attention)
         frames = waveform = None

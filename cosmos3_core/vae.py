@@ -19,11 +19,6 @@ post-processed and copied straight into a preallocated output on ``out_device``,
 network over the module's own parameters with fewer memory passes (and, with ``compile=True``, a
 ``torch.compile``d steady-state frame); the result equals a whole-clip ``decode`` up to float rounding.
 
-A compiled decode builds its graphs (one per decoder stage) on its first decode at a new size: 25–34 s on an H200
-the first time, 5.6 s from the on-disk caches (BENCHMARKS.md). They depend on the latent's shape only, so
-``start_compile_warmup`` builds them ahead by decoding two zero latent frames on a background thread
-(background.py), e.g. while the denoiser samples; ``decode`` waits for it and then finds every graph built.
-
 Optional spatial tiling reproduces ``AutoencoderKLWan.tiled_decode`` (same tile grid from the module's
 ``tile_sample_*`` attributes set by ``enable_tiling``, same ``blend_v``/``blend_h`` seams), with one feature cache
 per tile so that it can also be streamed in temporal chunks. Blending is per frame, so chunking does not change it.
@@ -41,7 +36,6 @@ from typing import Callable
 
 import torch
 
-from .background import BackgroundWork
 from .vae_decoder import WanFrameDecoder
 
 OnChunk = Callable[[int, int], None]
@@ -80,7 +74,6 @@ class Cosmos3VAE(torch.nn.Module):
         self.patch_size = cfg.patch_size
         self._frame_decoders: dict[tuple[bool, bool], WanFrameDecoder] = {}  # by (compile, channels_last)
         self.compile_backend = "inductor"  # torch.compile backend of the compiled frame decoder
-        self._warmup: BackgroundWork | None = None  # start_compile_warmup()'s thread, until a decode waits for it
 
     def frame_decoder(self, compile: bool = False) -> WanFrameDecoder:
         """The per-latent-frame decoder over ``self.vae.decoder`` (``compile``: torch.compile'd steady state, with
@@ -94,40 +87,6 @@ class Cosmos3VAE(torch.nn.Module):
             self._frame_decoders[key] = WanFrameDecoder(self.vae.decoder, compile=key[0], channels_last=key[1],
                                                         compile_backend=self.compile_backend)
         return self._frame_decoders[key]
-
-    def start_compile_warmup(self, latent_shape) -> bool:
-        """Build the compiled decoder's graphs for latents of ``latent_shape`` ``[1, C, T, h, w]`` on a background
-        thread and return at once; the next ``decode`` (or ``wait_compile_warmup``) waits for it. The thread decodes
-        two zero latent frames (the first eager, as a clip's first frame always is; the second through every compiled
-        stage) with a state of its own, on its own CUDA stream: nothing a decode reads is changed, so results do not
-        depend on it. Returns whether it started: not for a one-frame latent (an image decodes eager), nor for a
-        size already compiled in this process. Memory: one frame's decode activations (``memory_required``) on top
-        of what the caller is doing."""
-        self.wait_compile_warmup()
-        shape = tuple(int(s) for s in latent_shape)
-        if len(shape) != 5 or shape[0] != 1 or shape[1] != self.latent_channels:
-            raise ValueError(f"Cosmos3VAE.start_compile_warmup: latent_shape must be [1,{self.latent_channels},T,h,w],"
-                             f" got {list(shape)}.")
-        decoder = self.frame_decoder(compile=True)
-        frame = (1, shape[1], 1, shape[3], shape[4])
-        if shape[2] < 2 or decoder.compiled_for(frame):
-            return False
-        dtype, device = self.dtype, self.device
-
-        def decode_two_frames() -> None:
-            with torch.no_grad():
-                x, state = torch.zeros(frame, dtype=dtype, device=device), []
-                decoder(x, state, True)
-                decoder(x, state, False)
-
-        self._warmup = BackgroundWork(decode_two_frames, device, "Cosmos3 VAE decoder compile warm-up")
-        return True
-
-    def wait_compile_warmup(self) -> None:
-        """Wait for a warm-up started by ``start_compile_warmup`` (if any); a failed one is logged, not raised."""
-        warmup, self._warmup = self._warmup, None
-        if warmup is not None:
-            warmup.wait()
 
     # ------------------------------------------------------------------ properties / stats
     @property
@@ -216,10 +175,8 @@ class Cosmos3VAE(torch.nn.Module):
         is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
         card what else is resident decides, and tiling needs about half the activations (BENCHMARKS.md).
         ``compile=True`` runs every latent frame after the first through ``torch.compile`` (static shapes: the first
-        decode at a new size, or tile size, compiles for a while; later ones reuse it). A warm-up started by
-        ``start_compile_warmup`` is waited for first.
+        decode at a new size, or tile size, compiles for a while; later ones reuse it).
         """
-        self.wait_compile_warmup()
         if latents.ndim == 4:
             latents = latents.unsqueeze(0)
         if latents.ndim != 5 or latents.shape[0] != 1 or latents.shape[1] != self.latent_channels:

@@ -68,12 +68,6 @@ class WanFrameDecoder:
         self.channels_last = channels_last
         self.compile, self.compile_backend = compile, compile_backend
         self._compiled: dict = {}
-        self.steady_shapes: set[tuple[int, ...]] = set()  # frame shapes whose compiled steady state has run
-
-    def compiled_for(self, frame_shape) -> bool:
-        """Whether a steady frame of ``frame_shape`` ``[1, C, 1, h, w]`` already ran compiled in this process (every
-        stage's graph for it exists)."""
-        return self.compile and tuple(frame_shape) in self.steady_shapes
 
     def __call__(self, x: torch.Tensor, state: list, first: bool) -> torch.Tensor:
         if x.shape[2] != 1:
@@ -88,11 +82,8 @@ class WanFrameDecoder:
         stages = [(_stage_in, d)] + [(_stage_up, b) for b in d.up_blocks] + [(_stage_out, d)]
         if first:
             state[:] = [None] * len(stages)
-        shape = tuple(x.shape)
         for k, (fn, module) in enumerate(stages):
             x, state[k] = self._run(fn)(module, x, state[k], first, self.channels_last)
-        if self.compile and not first:
-            self.steady_shapes.add(shape)
         return x
 
     def _run(self, fn):

@@ -93,21 +93,6 @@ class Cosmos3AudioDecode(io.ComfyNode):
                               "sample_rate": pipe.sound_decoder.sampling_rate})
 
 
-def compiled_decode_reads(prompt: dict | None, node_id: str | None) -> bool:
-    """Whether a Cosmos3VAEDecode in the queued graph decodes output 0 (the latent) of node ``node_id`` with
-    ``compile`` on and ``tiled`` off (literal values): the sampler then lets the VAE build that decode's compiled
-    graphs while it samples. Anything else (linked values, a tiled decode) reads as no: the decode compiles itself."""
-    for node in (prompt or {}).values():
-        inputs = node.get("inputs", {}) if isinstance(node, dict) else {}
-        samples = inputs.get("samples")
-        if node.get("class_type") != "Cosmos3VAEDecode" or not isinstance(samples, list) or len(samples) != 2:
-            continue
-        if str(samples[0]) == str(node_id) and samples[1] == 0 and inputs.get("compile") is True \
-                and inputs.get("tiled") is False:
-            return True
-    return False
-
-
 def _check_create_video_fps(prompt: dict | None, node_id: str | None, fps: float) -> None:
     """A CreateVideo that takes this node's audio must play the frames at the fps the sound was generated for
     (Text Encode's), else the mp4's sound covers only part of the video (or runs past it). Reads the fps that

@@ -161,20 +161,6 @@ class Cosmos3ModelHandle:
     def load_vae(self, latent_shape) -> None:
         _load(self.vae_patcher, self.pipeline.vae.memory_required(latent_shape))
 
-    def prepare_decode_warmup(self, plan) -> None:
-        """A compiled Cosmos3VAEDecode will decode ``plan``'s latent: load the VAE now, before the generation tower,
-        where the GPU has room for both towers' work at once (``load_generation_tower`` may still evict it if not),
-        so that ``Cosmos3Pipeline.start_decode_warmup`` can build its graphs while the plan samples."""
-        pipe, device = self.pipeline, self.vae_patcher.load_device
-        shape = (1, *plan.stream("vision").init.shape[1:])
-        if device.type != "cuda" or shape[2] < 2 or pipe.vae.device == device:
-            return
-        gen = self.generation_patcher
-        need = (self.vae_patcher.model_size() + pipe.vae.memory_required(shape) + plan.memory_required
-                + gen.model_size() - gen.loaded_size())
-        if mm.get_free_memory(device) >= need:
-            self.load_vae(shape)
-
     def load_sound_decoder(self) -> None:
         if self.sound_patcher is not None:
             _load(self.sound_patcher)

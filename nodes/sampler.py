@@ -18,7 +18,6 @@ from ..cosmos3_core import defaults
 from ..cosmos3_core.attention import flash4_unavailable_reason
 from ..cosmos3_core.action import unpadded_actions
 from .action import ActionVectors
-from .decode import compiled_decode_reads
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
@@ -82,7 +81,6 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                                                                         "decode with Cosmos3 Audio Decode."),
                      Cosmos3Actions.Output(display_name="actions", tooltip="Predicted actions (action modes); "
                                                                            "see Cosmos3 actions nodes.")],
-            hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # to see whether a compiled VAE decode follows
         )
 
     @classmethod
@@ -115,12 +113,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
                 x0=x0, clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
             )
-        warm_decoder = compile and compiled_decode_reads(cls.hidden.prompt, cls.hidden.unique_id)
-        if warm_decoder:
-            model.prepare_decode_warmup(plan)
         model.load_generation_tower(plan.memory_required)
-        if warm_decoder:  # the VAE builds its compiled graphs while this samples; Cosmos3VAEDecode waits for it
-            pipe.start_decode_warmup(plan)
 
         bar = comfy.utils.ProgressBar(plan.steps)
         preview = make_previewer(model)
@@ -131,8 +124,6 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
         denoiser = model.branch_denoiser() if cfg != 1.0 else None
         result = pipe.run(plan, callback=on_step, compile=compile, attention=attention, denoiser=denoiser)
-        if warm_decoder:  # done here, not in the decode node: no other node may move the VAE while it compiles
-            pipe.vae.wait_compile_warmup()
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

@@ -343,30 +343,3 @@ def test_vae_decode_to_host_matches_diffusers(checkpoint):
             dec(x[:, :, i:i + 1], state, i == 0)
     hists = [h for stage in state for h in stage]
     assert hists and all(h.untyped_storage().nbytes() == h.numel() * h.element_size() for h in hists)
-
-
-def test_compiled_vae_decoder_warms_up_while_the_compiled_step_samples(checkpoint):
-    """``generate(compile=True)`` builds the VAE decoder's compiled graphs (inductor) on a background thread while the
-    compiled generation layer samples: every stage is traced there and none again by the decode, and the decoded
-    frames equal an eager decode of the same latents."""
-    import threading
-
-    from torch._inductor.compile_fx import compile_fx
-
-    from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    pipe = Cosmos3Pipeline.load(checkpoint, dtype=torch.float32, device="cuda")
-    traced = []
-
-    def backend(gm, example_inputs):
-        traced.append(threading.current_thread().name)
-        return compile_fx(gm, example_inputs)
-
-    pipe.vae.compile_backend = backend
-    out = pipe.generate(GenerationRequest(prompt="a red robot", num_frames=9, height=64, width=96, steps=2, seed=1,
-                                          compile=True))
-    assert traced == ["Cosmos3 VAE decoder compile warm-up"] * (2 + len(pipe.vae.vae.decoder.up_blocks))
-    eager = pipe.vae.decode(out.latents, out_device="cpu")
-    torch.testing.assert_close(out.frames, eager, rtol=1e-4, atol=1e-4)

@@ -195,27 +195,6 @@ def _expect_error(host, graph, node_type, *needles):
     return msg
 
 
-def test_sampler_sees_a_compiled_decode_of_its_latent(host):
-    """The sampler warms the VAE's compiled decode up only when the queued graph decodes its latent with compile on
-    and untiled (read from the shipped t2v workflow as the server receives it)."""
-    import sys
-
-    reads = sys.modules[host.node_class_mappings["Cosmos3KSamplerUniPCDualTower"].__module__].compiled_decode_reads
-    api = load_api("t2v")
-    (sampler_id,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
-    (decode_id,) = nodes_of(api, "Cosmos3VAEDecode")
-    decode = api[decode_id]
-    assert decode["inputs"]["samples"] == [sampler_id, 0]
-    decode["inputs"].update(compile=True, tiled=False)
-    assert reads(api, sampler_id)
-    assert not reads(api, "999")  # another sampler's latent
-    decode["inputs"]["tiled"] = True
-    assert not reads(api, sampler_id)  # a tiled decode compiles its tile size itself
-    decode["inputs"].update(compile=False, tiled=False)
-    assert not reads(api, sampler_id)
-    assert not reads(None, sampler_id)
-
-
 def test_missing_checkpoint(host):
     g = t2i_graph(checkpoint="Cosmos3-Nano-missing")
     # ComfyUI 0.3.75 does not check V3 combo values in validate_prompt: the loader's own message must be clear
