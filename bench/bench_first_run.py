@@ -3,8 +3,8 @@
 Each process builds full-size random bf16 Nano (bench_generation.build_ours), the full-size Wan2.2 VAE and sound
 decoder, then per shape runs what ``Cosmos3Pipeline.generate(compile=True)`` runs — prefill of a 1,500-token prompt
 pair, 35 compiled guided steps, compiled VAE decode, audio decode — twice. "first-run overhead" = first wall time −
-second; both towers stay resident (no text-tower move). For the step (``inference``) and the VAE decode (``decode``)
-apart, each run records its seconds, the graphs Dynamo traced, the inductor cache hits / misses and where the compile
+second; both towers stay resident (no text-tower move). For sampling (``sample``: what ``generate(decode=False)`` runs)
+and the VAE decode (``decode``) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache hits / misses and where the compile
 time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s). Processes run one after another on one
 new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a restart (e.g. of ComfyUI).
 
@@ -18,8 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_generation import (LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, _compile_stats, build_ours,  # noqa: E402
-                              make_components, sync)
+                              fresh_processes, make_components, sync)
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -101,24 +99,10 @@ def main() -> None:
     if args.child:
         child(args.shapes.split(","), args.tiny, args.out)
         return
-    cache = Path(tempfile.mkdtemp(prefix="cosmos3-first-run-cache-"))
-    drop = ("TORCHINDUCTOR_", "TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE", "TORCH_COMPILE")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["COSMOS3_CACHE_DIR"] = str(cache)
     results = dict(date=datetime.date.today().isoformat(), shapes=args.shapes.split(","), tiny=args.tiny,
                    processes=[])
-    try:
-        for _ in range(args.processes):
-            probe = cache / "process.json"
-            cmd = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--out", str(probe)]
-            start = time.perf_counter()
-            subprocess.run(cmd + ["--tiny"] * args.tiny, env=env, check=True, timeout=560)
-            run = json.loads(probe.read_text())
-            run["process_wall_s"] = round(time.perf_counter() - start, 1)
-            results["processes"].append(run)
-            Path(args.out).write_text(json.dumps(results, indent=1))
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+    fresh_processes([__file__, "--child", "--shapes", args.shapes] + ["--tiny"] * args.tiny, args.processes, results,
+                    args.out)
     for i, run in enumerate(results["processes"], 1):
         for name, r in run["shapes"].items():
             print(f"process {i} {name}: first {r['first']['wall_s']} s (sample {r['first']['sample']['s']}, decode "

@@ -550,26 +550,33 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
     Path(out_path).write_text(json.dumps(res, indent=1))
 
 
-def warm_start(names: str, out_path: str, tiny: bool) -> None:
-    """Two fresh ``--probe-warmup`` processes, one after the other, on one new empty cache root; the compile
-    settings the environment held are dropped so that every cache lands there."""
-    cache = Path(tempfile.mkdtemp(prefix="cosmos3-warm-start-"))
+def fresh_processes(argv: list[str], count: int, results: dict, out_path: str) -> None:
+    """Run ``python argv… --out <file>`` ``count`` times, one fresh process after another, on one new, empty
+    ``COSMOS3_CACHE_DIR`` (the compile settings the environment held are dropped so that every cache lands there);
+    each process's JSON, with its wall time, is appended to ``results["processes"]`` and ``results`` written to
+    ``out_path`` after each process."""
+    cache = Path(tempfile.mkdtemp(prefix="cosmos3-fresh-processes-"))
     drop = ("TORCHINDUCTOR_", "TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE", "TORCH_COMPILE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["COSMOS3_CACHE_DIR"] = str(cache)
-    results = dict(date=datetime.date.today().isoformat(), shapes=names.split(","), tiny=tiny, processes=[])
+    results.setdefault("processes", [])
     try:
-        for _ in range(2):
-            probe = cache / "probe.json"
-            cmd = [sys.executable, __file__, "--probe-warmup", names, "--out", str(probe)] + (["--tiny"] * tiny)
+        for _ in range(count):
+            probe = cache / "process.json"
             start = time.perf_counter()
-            subprocess.run(cmd, env=env, check=True, timeout=450)
+            subprocess.run([sys.executable, *argv, "--out", str(probe)], env=env, check=True, timeout=560)
             run = json.loads(probe.read_text())
             run["process_wall_s"] = round(time.perf_counter() - start, 1)
             results["processes"].append(run)
             Path(out_path).write_text(json.dumps(results, indent=1))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def warm_start(names: str, out_path: str, tiny: bool) -> None:
+    """Two fresh ``--probe-warmup`` processes, one after the other, on one new empty cache root."""
+    results = dict(date=datetime.date.today().isoformat(), shapes=names.split(","), tiny=tiny, processes=[])
+    fresh_processes([__file__, "--probe-warmup", names] + ["--tiny"] * tiny, 2, results, out_path)
     for i, run in enumerate(results["processes"], 1):
         for name, r in run["shapes"].items():
             print(f"process {i} {name}: warm-up {r['compile_warmup_s']} s, steady {r['compiled_step_s']} s, "
