@@ -58,20 +58,24 @@ def enable_persistent_caches() -> Path:
     import torch._functorch.config
     import torch._inductor.config
 
-    if "TORCHINDUCTOR_FX_GRAPH_CACHE" not in os.environ:
+    if "TORCHINDUCTOR_FX_GRAPH_CACHE" not in os.environ and not torch._inductor.config.fx_graph_cache:
         torch._inductor.config.fx_graph_cache = True
-    if "TORCHINDUCTOR_AUTOGRAD_CACHE" not in os.environ:
+    if "TORCHINDUCTOR_AUTOGRAD_CACHE" not in os.environ and not torch._functorch.config.enable_autograd_cache:
         torch._functorch.config.enable_autograd_cache = True
     return root
 
 
 def prepare_compile() -> None:
-    """Before a ``torch.compile`` of ours (generation layer, VAE decoder stages, reasoner decode layer): the on-disk
-    caches (``enable_persistent_caches``), and room for ``RECOMPILE_LIMIT`` static graphs per compiled function (one
-    per shape) before Dynamo would fall back to eager."""
+    """Before every run of a ``torch.compile``d function of ours (generation layer, VAE decoder stages, reasoner
+    decode layer) — not only before the first: the on-disk caches (``enable_persistent_caches``), and room for
+    ``RECOMPILE_LIMIT`` static graphs per compiled function (one per shape) before Dynamo would fall back to eager
+    (the generation layer) or fail (the decoder's full graphs). torch ≥ 2.14 keeps these settings per context
+    (``contextvars``), and ComfyUI runs every prompt in a fresh asyncio task, i.e. a copy of its worker thread's
+    context: a setting made during one prompt is gone in the next. Idempotent; a setting already in place is not
+    written again."""
     enable_persistent_caches()
     import torch._dynamo
 
     for knob in ("recompile_limit", "cache_size_limit"):  # the name differs across torch versions
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
+        if hasattr(torch._dynamo.config, knob) and getattr(torch._dynamo.config, knob) < RECOMPILE_LIMIT:
+            setattr(torch._dynamo.config, knob, RECOMPILE_LIMIT)

@@ -247,8 +247,9 @@ class Cosmos3Transformer(nn.Module):
         dynamic): one graph per generation shape (resolution × frames, branches, batch, streams), the same graph in
         every process whatever the prompts and whatever shapes ran before, so the on-disk caches (``caches.py``)
         serve a fresh process. Up to ``caches.RECOMPILE_LIMIT`` shapes stay compiled per process."""
+        if enable:
+            prepare_compile()  # on-disk caches and the recompile limit, in this run's context (caches.py)
         if enable and self._compiled_fn is None:
-            prepare_compile()  # a second process reuses the compiled kernels (caches.py)
             compiled = torch.compile(generation_layer, **{"dynamic": False, **compile_kwargs})
             self._compiled_fn = functools.partial(_any_prompt_length, compiled)
         self._compiled_layer = self._compiled_fn if enable else None

@@ -79,6 +79,8 @@ class WanFrameDecoder:
         d = self.dec
         if first:
             conv_weights_to_layout(d, self.channels_last)
+            if self.compile:
+                prepare_compile()  # on-disk caches and the recompile limit, in this clip's context (caches.py)
         stages = [(_stage_in, d)] + [(_stage_up, b) for b in d.up_blocks] + [(_stage_out, d)]
         if first:
             state[:] = [None] * len(stages)
@@ -90,8 +92,7 @@ class WanFrameDecoder:
         """The stage eager (first frame, or compile off) or through its torch.compile'd version."""
         if not self.compile:
             return fn
-        if fn not in self._compiled:
-            prepare_compile()  # on-disk caches; one static graph per stage function, module and shape
+        if fn not in self._compiled:  # one static graph per stage function, module and shape
             compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
             self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
         return self._compiled[fn]

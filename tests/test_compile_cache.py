@@ -93,5 +93,29 @@ def test_cache_dir_replaces_torch_default_but_keeps_the_users(monkeypatch, tmp_p
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "my-triton")
 
 
+def test_every_compiled_run_sets_the_compile_settings_in_its_own_context():
+    """torch (≥ 2.14) keeps compile settings per context and ComfyUI runs each prompt in a fresh asyncio task (a copy
+    of its worker thread's context): every compiled run, not only the one that built the compiled layer, must raise
+    Dynamo's recompile limit in its own context — at the default of 8 the generation layer would fall back to eager
+    after eight shapes."""
+    import contextvars
+
+    import torch._dynamo.config
+
+    from cosmos3_core.caches import RECOMPILE_LIMIT
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.tiny import transformer_config
+    from cosmos3_core.transformer import Cosmos3Transformer
+
+    model = Cosmos3Transformer(Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000)))
+
+    def compiled_run_settings() -> int:
+        model.compile_generation_layers(True)  # what Cosmos3Pipeline.run does first with compile on
+        return torch._dynamo.config.recompile_limit
+
+    for _ in range(2):  # the first run builds the compiled layer, the second reuses it
+        assert contextvars.Context().run(compiled_run_settings) == RECOMPILE_LIMIT
+
+
 if __name__ == "__main__":
     print(json.dumps(worker(sys.argv[1])))

@@ -149,3 +149,18 @@ def test_frame_decoder_rejects_misuse(wan):
         dec(torch.zeros(1, 48, 1, 2, 2), [], False)
     with pytest.raises(ValueError, match="Wan2.2"):
         WanFrameDecoder(type("Wan21Decoder", (), {"up_blocks": [torch.nn.Identity()]})())
+
+
+def test_compiled_decode_has_room_for_many_sizes_in_every_context(wan):
+    """torch (≥ 2.14) keeps compile settings per context, and ComfyUI runs each prompt in a fresh asyncio task (a
+    copy of the worker thread's context), so a setting made during one prompt is gone in the next. Each compiled
+    decode must therefore raise Dynamo's recompile limit itself: three sizes in three fresh contexts need 3 × 4
+    graphs of the up-block stage, over Dynamo's default limit of 8 (which fails a fullgraph compile)."""
+    import contextvars
+
+    vae = Cosmos3VAE(wan)
+    vae.compile_backend = "aot_eager"
+    for h, w in ((2, 2), (2, 4), (4, 2)):
+        lat = _z(2, h=h, w=w, seed=h * 10 + w)
+        compiled = contextvars.Context().run(lambda lat=lat: vae.decode(lat, compile=True))
+        assert (compiled - vae.decode(lat)).abs().max().item() <= TOL
