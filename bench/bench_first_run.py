@@ -10,6 +10,10 @@ new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next o
 
     python3 bench/bench_first_run.py --shapes 256p,480p --processes 2 --out bench/results_first_run.json
     python3 bench/bench_first_run.py --tiny --shapes 256p --processes 2 --out /tmp/first_run_tiny.json  # CPU check
+
+``--profile-first`` runs each process's first sampling under ``torch.profiler`` and records the 25 ops / CUDA runtime
+calls with the most host time (``first_sample_profile``): which first use the time outside compilation goes to. The
+profiler slows that run, so its seconds are not the overhead to report.
 """
 
 from __future__ import annotations
@@ -49,7 +53,19 @@ def _timed_stage(fn):
     return out, dict(s=round(time.perf_counter() - start, 2), **_delta(before, _compile_stats()))
 
 
-def child(shapes: list[str], tiny: bool, out: str) -> None:
+def _profiled(fn, device: str):
+    """``fn()`` under torch.profiler; returns its result and the 25 ops / runtime calls with the most self CPU time
+    (what the host spent where, compile excluded from nothing)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        out = fn()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
+    return out, [dict(name=e.key, self_cpu_s=round(e.self_cpu_time_total / 1e6, 3), calls=e.count) for e in rows]
+
+
+def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False) -> None:
     from cosmos3_core.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
     from cosmos3_core.vae import Cosmos3VAE
@@ -73,9 +89,13 @@ def child(shapes: list[str], tiny: bool, out: str) -> None:
         request = GenerationRequest(prompt=LONG_PROMPT, num_frames=frames, height=h, width=w, steps=35, guidance=6.0,
                                     seed=0, sound=frames > 1, compile=True)
         runs = []
-        for _ in range(2):  # generate(): sample (prefill, plan, run), then decode as it does with compile on
+        for k in range(2):  # generate(): sample (prefill, plan, run), then decode as it does with compile on
             start = time.perf_counter()
-            sampled, sample = _timed_stage(lambda: pipe.generate(request, decode=False))
+            if profile_first and k == 0 and not res["shapes"]:  # the process's first sampling, under the profiler
+                (sampled, res["first_sample_profile"]), sample = _timed_stage(
+                    lambda: _profiled(lambda: pipe.generate(request, decode=False), device))
+            else:
+                sampled, sample = _timed_stage(lambda: pipe.generate(request, decode=False))
             _, decode = _timed_stage(lambda: pipe.decode_video(sampled.latents, compile=True))
             if sampled.sound_latent is not None:
                 pipe.decode_sound(sampled.sound_latent, frames, request.fps)
@@ -94,15 +114,18 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=2, help="fresh processes, one after another, on one new cache")
     p.add_argument("--out", required=True)
     p.add_argument("--tiny", action="store_true", help="on the CPU with a tiny model (a check that it runs)")
+    p.add_argument("--profile-first", action="store_true",
+                   help="run each process's first sampling under torch.profiler and record where its host time went "
+                        "(attribution only: the profiler slows that run)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.shapes.split(","), args.tiny, args.out)
+        child(args.shapes.split(","), args.tiny, args.out, args.profile_first)
         return
     results = dict(date=datetime.date.today().isoformat(), shapes=args.shapes.split(","), tiny=args.tiny,
                    processes=[])
-    fresh_processes([__file__, "--child", "--shapes", args.shapes] + ["--tiny"] * args.tiny, args.processes, results,
-                    args.out)
+    flags = ["--tiny"] * args.tiny + ["--profile-first"] * args.profile_first
+    fresh_processes([__file__, "--child", "--shapes", args.shapes, *flags], args.processes, results, args.out)
     for i, run in enumerate(results["processes"], 1):
         for name, r in run["shapes"].items():
             print(f"process {i} {name}: first {r['first']['wall_s']} s (sample {r['first']['sample']['s']}, decode "
