@@ -195,6 +195,34 @@ def _expect_error(host, graph, node_type, *needles):
     return msg
 
 
+def test_compiled_vae_decode_at_many_sizes_across_prompts(host, monkeypatch):
+    """Cosmos3VAEDecode with compile on, three prompts at three video sizes: ComfyUI runs each prompt in a fresh
+    asyncio task (a copy of its worker's context) and torch keeps compile settings per context, so each compiled
+    decode must raise Dynamo's recompile limit itself (3 sizes × 4 graphs of the decoder's up-block stage are over
+    the default 8, which fails a full-graph compile). The decoder compiles with aot_eager here (seconds, not
+    inductor's minutes on a CPU)."""
+    import sys
+
+    import torch._dynamo.config
+
+    for name, module in list(sys.modules.items()):  # the pack's copy of the core, and the tests' own
+        if name.endswith("cosmos3_core.vae") and hasattr(module, "Cosmos3VAE"):
+            original = module.Cosmos3VAE.frame_decoder
+
+            def frame_decoder(self, compile=False, original=original):
+                self.compile_backend = "aot_eager"
+                return original(self, compile)
+
+            monkeypatch.setattr(module.Cosmos3VAE, "frame_decoder", frame_decoder)
+    with torch._dynamo.config.patch(recompile_limit=8):  # torch's default, whatever earlier tests set here
+        for width, height in ((96, 64), (64, 64), (64, 96)):
+            graph = shrink_api(load_api("t2v"), width=width, height=height, prefix=f"cosmos3_tests/cd{width}x{height}")
+            (decode_id,) = nodes_of(graph, "Cosmos3VAEDecode")
+            graph[decode_id]["inputs"]["compile"] = True
+            success, outputs, messages, _ = run(host, graph)
+            assert success, error_of(messages)["exception_message"]
+
+
 def test_missing_checkpoint(host):
     g = t2i_graph(checkpoint="Cosmos3-Nano-missing")
     # ComfyUI 0.3.75 does not check V3 combo values in validate_prompt: the loader's own message must be clear
