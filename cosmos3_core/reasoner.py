@@ -476,16 +476,14 @@ class Cosmos3Reasoner:
         SiLU·mul around the GEMMs; the CUDA graph (``cuda_graphs``) is captured over it. The first step compiles
         (2–7 s on an H200); batch-1 decode there, packed projections through the Triton GEMV (gemv.py): Nano
         123 → 210 tokens/s, Edge 265 → 564 (BENCHMARKS.md run 12)."""
-        if enable:
-            from .caches import prepare_compile
-
-            prepare_compile()  # on-disk caches and the recompile limit, in this call's context (caches.py)
-        if enable and self._compiled_layer is not None and not compile_kwargs:
-            return  # already compiled: keep its traced graph
-        if enable:
-            self._compiled_layer = torch.compile(decode_layer, **{"fullgraph": True, **compile_kwargs})
-        else:
+        if not enable:
             self._compiled_layer = None
+            return
+        from .caches import prepare_compile
+
+        prepare_compile()  # on-disk caches and the recompile limit, in this call's context (caches.py)
+        if self._compiled_layer is None or compile_kwargs:  # else already compiled: keep its traced graph
+            self._compiled_layer = torch.compile(decode_layer, **{"fullgraph": True, **compile_kwargs})
 
     # ------------------------------------------------------------------ prompts and generation
     def prepare(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
