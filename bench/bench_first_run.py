@@ -55,7 +55,7 @@ def _timed_stage(fn):
 
 def _profiled(fn, device: str):
     """``fn()`` under torch.profiler; returns its result and the 25 ops / runtime calls with the most self CPU time
-    (what the host spent where, compile excluded from nothing)."""
+    (where the host spent the run, compilation included)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
