@@ -5,15 +5,16 @@ decoder, then per shape runs what ``Cosmos3Pipeline.generate(compile=True)`` run
 pair, 35 compiled guided steps, compiled VAE decode, audio decode — twice. "first-run overhead" = first wall time −
 second; both towers stay resident (no text-tower move). For sampling (``sample``: what ``generate(decode=False)`` runs)
 and the VAE decode (``decode``) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache hits / misses and where the compile
-time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s). Processes run one after another on one
+time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s), and ``step_s``: each step's seconds, the
+GPU waited for at every step (the first entry from the run's start: prefill, plan and step 1). Processes run one after another on one
 new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a restart (e.g. of ComfyUI).
 
     python3 bench/bench_first_run.py --shapes 256p,480p --processes 2 --out bench/results_first_run.json
     python3 bench/bench_first_run.py --tiny --shapes 256p --processes 2 --out /tmp/first_run_tiny.json  # CPU check
 
-``--profile-first`` runs each process's first sampling under ``torch.profiler`` and records the 25 ops / CUDA runtime
-calls with the most host time (``first_sample_profile``): which first use the time outside compilation goes to. The
-profiler slows that run, so its seconds are not the overhead to report.
+``--profile-first`` runs each process's first sampling up to the end of step 1 under ``cProfile`` and records the
+Python functions with the most own and cumulative time (``first_step_profile``): which first use the time outside
+compilation goes to. The profiler slows that run, so its seconds are not the overhead to report.
 """
 
 from __future__ import annotations
@@ -53,24 +54,63 @@ def _timed_stage(fn):
     return out, dict(s=round(time.perf_counter() - start, 2), **_delta(before, _compile_stats()))
 
 
-def _profiled(fn, device: str):
-    """``fn()`` under torch.profiler; returns its result and the 25 ops / runtime calls with the most self CPU time
-    (where the host spent the run, compilation included)."""
-    from torch.profiler import ProfilerActivity, profile
+def _python_profile(prof) -> dict:
+    """The 40 functions with the most own time (``tottime``) and the 80 with the most cumulative time in a
+    ``cProfile`` run."""
+    import pstats
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        out = fn()
-    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
-    return out, [dict(name=e.key, self_cpu_s=round(e.self_cpu_time_total / 1e6, 3), calls=e.count) for e in rows]
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, ncalls, tottime, cumtime, callers)}
+
+    def top(index: int, n: int) -> list[dict]:
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][index])[:n]
+        return [dict(fn=f"{Path(f).name}:{line}:{name}", calls=v[1], tottime_s=round(v[2], 3),
+                     cumtime_s=round(v[3], 3)) for (f, line, name), v in rows]
+    return dict(by_own_time=top(2, 40), by_cumulative_time=top(3, 80))
 
 
-def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False) -> None:
+class _StepClock:
+    """A sampling callback: the seconds from the run's start to the end of step 1, then of each step after it (the
+    GPU waited for at each step, so a first use shows in the step that pays it). With ``profile`` the host's
+    Python time up to the end of step 1 runs under ``cProfile`` (``self.profile`` then holds its top functions)."""
+
+    def __init__(self, profile: bool = False):
+        self.seconds: list[float] = []
+        self.profile = None
+        self.new_modules: dict | None = None  # modules first imported up to the end of step 1, by package
+        self._modules = set(sys.modules)
+        self._profiler = None
+        if profile:
+            import cProfile
+
+            self._profiler = cProfile.Profile()
+            self._profiler.enable()
+        self._last = time.perf_counter()
+
+    def __call__(self, step: int, total: int, _preview=None) -> None:
+        sync()
+        now = time.perf_counter()
+        if self._profiler is not None:
+            self._profiler.disable()
+            self.profile, self._profiler = _python_profile(self._profiler), None
+        if self.new_modules is None:
+            new = set(sys.modules) - self._modules
+            packages: dict[str, int] = {}
+            for name in new:
+                key = ".".join(name.split(".")[:3])
+                packages[key] = packages.get(key, 0) + 1
+            self.new_modules = dict(count=len(new), by_package=dict(sorted(packages.items(), key=lambda kv: -kv[1])[:40]))
+        self.seconds.append(round(now - self._last, 3))
+        self._last = time.perf_counter()
+
+
+def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, preload: bool = False) -> None:
     from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.caches import preload_compiler
     from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
     from cosmos3_core.vae import Cosmos3VAE
 
     t0 = time.perf_counter()
+    preloading = preload_compiler() if preload else None  # as Cosmos3Pipeline.load does, before the weights
     device = "cpu" if tiny else "cuda"
     tmp = Path(tempfile.mkdtemp(prefix="cosmos3-first-run-"))
     if tiny:
@@ -84,24 +124,27 @@ def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False) 
     res = dict(setup_s=round(time.perf_counter() - t0, 1), torch=torch.__version__,
                device=torch.cuda.get_device_name() if device == "cuda" else device,
                cache=os.environ.get("COSMOS3_CACHE_DIR"), shapes={})
+    if preloading is not None:
+        res["preload"] = dict(done_before_first_run=not preloading.is_alive(), failed=preloading.failed,
+                              seconds=None if preloading.seconds is None else round(preloading.seconds, 2))
     for name in shapes:
         h, w, frames = (TINY_RESOLUTIONS if tiny else RESOLUTIONS)[name]
         request = GenerationRequest(prompt=LONG_PROMPT, num_frames=frames, height=h, width=w, steps=35, guidance=6.0,
                                     seed=0, sound=frames > 1, compile=True)
         runs = []
         for k in range(2):  # generate(): sample (prefill, plan, run), then decode as it does with compile on
+            steps = _StepClock(profile=profile_first and k == 0 and not res["shapes"])  # the process's first
             start = time.perf_counter()
-            if profile_first and k == 0 and not res["shapes"]:  # the process's first sampling, under the profiler
-                (sampled, res["first_sample_profile"]), sample = _timed_stage(
-                    lambda: _profiled(lambda: pipe.generate(request, decode=False), device))
-            else:
-                sampled, sample = _timed_stage(lambda: pipe.generate(request, decode=False))
+            sampled, sample = _timed_stage(lambda: pipe.generate(request, steps, decode=False))
+            if steps.profile is not None:
+                res["first_step_profile"] = steps.profile
             _, decode = _timed_stage(lambda: pipe.decode_video(sampled.latents, compile=True))
             if sampled.sound_latent is not None:
                 pipe.decode_sound(sampled.sound_latent, frames, request.fps)
             sync()
             runs.append(dict(wall_s=round(time.perf_counter() - start, 2),
-                             **{k: round(v, 2) for k, v in sampled.timings.items()}, sample=sample, decode=decode))
+                             **{k: round(v, 2) for k, v in sampled.timings.items()}, sample=sample, decode=decode,
+                             step_s=steps.seconds, first_step_new_modules=steps.new_modules))
         res["shapes"][name] = dict(first=runs[0], second=runs[1],
                                    first_run_overhead_s=round(runs[0]["wall_s"] - runs[1]["wall_s"], 2))
         print("first run", name, res["shapes"][name], flush=True)
@@ -117,14 +160,17 @@ def main() -> None:
     p.add_argument("--profile-first", action="store_true",
                    help="run each process's first sampling under torch.profiler and record where its host time went "
                         "(attribution only: the profiler slows that run)")
+    p.add_argument("--preload", action="store_true",
+                   help="start caches.preload_compiler() before building the model, as Cosmos3Pipeline.load does on "
+                        "a machine with CUDA (the bench builds its random model without load())")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.shapes.split(","), args.tiny, args.out, args.profile_first)
+        child(args.shapes.split(","), args.tiny, args.out, args.profile_first, args.preload)
         return
     results = dict(date=datetime.date.today().isoformat(), shapes=args.shapes.split(","), tiny=args.tiny,
                    processes=[])
-    flags = ["--tiny"] * args.tiny + ["--profile-first"] * args.profile_first
+    flags = ["--tiny"] * args.tiny + ["--profile-first"] * args.profile_first + ["--preload"] * args.preload
     fresh_processes([__file__, "--child", "--shapes", args.shapes, *flags], args.processes, results, args.out)
     for i, run in enumerate(results["processes"], 1):
         for name, r in run["shapes"].items():

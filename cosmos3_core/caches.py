@@ -16,6 +16,13 @@ first compile — through ``prepare_compile`` — or FlashAttention-4 import) po
 * FlashAttention-4: its CuTe-DSL kernels are JIT-compiled on first use per configuration (~2.5 s); its own
   persistent cache is switched on, in ``<root>/flash4`` (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``).
 
+* The compiler's own modules: a process's first compiled call imports about 600 modules of ``torch._dynamo``,
+  Inductor, its Triton code generator and their dependencies (networkx, ``torch.ao.quantization.fx``, …), even
+  when every graph is a cache hit — 2–3 s of host time on an H200 machine. ``preload_compiler()`` imports them on
+  a daemon thread, started by ``Cosmos3Pipeline.load`` on a machine with CUDA while the weights are read, so the
+  first compiled run finds them loaded. Imports only: Dynamo itself never runs on two threads (not safe in torch
+  2.11).
+
 Settings the user made win: a ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` /
 ``FLASH_ATTENTION_CUTE_DSL_CACHE_*`` already in the environment is kept, and ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` /
 ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` keep those caches off. One exception: importing ``torch._dynamo`` writes torch's
@@ -26,10 +33,25 @@ exact value is taken as unset (likewise a ``TRITON_CACHE_DIR`` that torch derive
 
 from __future__ import annotations
 
+import importlib
 import os
+import threading
+import time
 from pathlib import Path
 
 
+# Entry points that pull in nearly all a first compiled run imports (checked on torch 2.11 and 2.14).
+COMPILER_MODULES = (
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "torch._inductor.codegen.triton",
+    "torch._inductor.codegen.cuda_combined_scheduling",
+    "torch._inductor.runtime.triton_heuristics",
+    "torch._functorch.partitioners",
+    "networkx",
+    "torch.distributed.tensor.experimental",
+    "torch.export._trace",
+)
 RECOMPILE_LIMIT = 64  # static graphs kept per compiled function and process (torch's default is 8)
 
 
@@ -79,3 +101,34 @@ def prepare_compile() -> None:
     for knob in ("recompile_limit", "cache_size_limit"):  # the name differs across torch versions
         if hasattr(torch._dynamo.config, knob) and getattr(torch._dynamo.config, knob) < RECOMPILE_LIMIT:
             setattr(torch._dynamo.config, knob, RECOMPILE_LIMIT)
+
+
+class CompilerPreload(threading.Thread):
+    """Imports ``COMPILER_MODULES`` in order on a daemon thread. ``failed``: ``{module: error}`` for those that
+    did not import (a module missing from this torch version, say); the compile that needs one raises the real
+    error itself, so the preload reports nothing else."""
+
+    def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES):
+        super().__init__(name="cosmos3-compiler-preload", daemon=True)
+        self.modules = modules
+        self.failed: dict[str, str] = {}
+        self.seconds: float | None = None  # how long the imports took, once done
+
+    def run(self) -> None:
+        start = time.perf_counter()
+        for name in self.modules:
+            try:
+                importlib.import_module(name)
+            except Exception as e:  # noqa: BLE001 — recorded; the first compile imports it again and reports
+                self.failed[name] = f"{type(e).__name__}: {e}"
+        self.seconds = time.perf_counter() - start
+
+
+def preload_compiler() -> CompilerPreload:
+    """Start importing the compiler's modules in the background (see the module docstring) and return the thread.
+    The on-disk caches are pointed at ``cache_root()`` first: importing ``torch._dynamo`` writes torch's default
+    cache folder into the environment."""
+    enable_persistent_caches()
+    thread = CompilerPreload()
+    thread.start()
+    return thread

@@ -30,6 +30,7 @@ from . import action as action_mod
 from .action import ActionCondition, ActionGenerationRequest, ActionRequest
 from .attention import BACKENDS, set_attention_backend
 from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
+from .caches import preload_compiler
 from .conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
 from .distilled import DistilledSchedule, read_distilled
@@ -153,10 +154,14 @@ class Cosmos3Pipeline:
         storage_dtype: torch.dtype | None = None,
         scaled_linear: type[torch.nn.Linear] | None = None,
     ) -> "Cosmos3Pipeline":
-        """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``)."""
+        """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``).
+        On a machine with CUDA the compiler's modules import in the background meanwhile (``caches.preload_compiler``:
+        a first compiled run would otherwise spend 2–3 s of host time importing them)."""
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist.")
+        if torch.cuda.is_available():
+            preload_compiler()
         config = Cosmos3Config.from_checkpoint(root)
         # the small parts first: a damaged one is reported before minutes of reading the transformer's weights
         load_scheduler_config(root)

@@ -1,0 +1,83 @@
+"""``caches.preload_compiler``: the compiler's modules import on a background thread while a model loads.
+
+A fresh process (nothing of torch's compiler imported yet) starts the preload and, while it runs, compiles and runs
+a function on the main thread: the result must equal eager, every module of ``COMPILER_MODULES`` must be imported
+by the end, none may fail, and the inductor cache must still point at ``COSMOS3_CACHE_DIR`` (importing
+``torch._dynamo`` writes torch's default folder into the environment). ``Cosmos3Pipeline.load`` must start it on a
+machine with CUDA, and only there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+FRESH_PROCESS = r"""
+import json, os, sys
+import torch
+import torch.nn.functional as F
+from cosmos3_core.caches import COMPILER_MODULES, preload_compiler
+
+imported_before = [m for m in COMPILER_MODULES if m in sys.modules]
+thread = preload_compiler()
+f = torch.compile(lambda x: F.silu(x) * x + 1, backend="aot_eager", fullgraph=True)  # Dynamo on this thread
+x = torch.randn(257)
+y = f(x)
+thread.join(timeout=240)
+print(json.dumps(dict(
+    imported_before=imported_before, alive=thread.is_alive(), failed=thread.failed, seconds=thread.seconds,
+    missing=[m for m in COMPILER_MODULES if m not in sys.modules],
+    compiled_matches_eager=bool(torch.equal(y, F.silu(x) * x + 1)),
+    inductor_cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR"))))
+"""
+
+
+def test_preload_imports_the_compiler_while_the_main_thread_compiles(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE"))}
+    env.update(COSMOS3_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", FRESH_PROCESS], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["imported_before"] == [], "importing caches.py already imported the compiler: nothing to preload"
+    assert not out["alive"] and out["seconds"] is not None
+    assert out["failed"] == {}
+    assert out["missing"] == []
+    assert out["compiled_matches_eager"]
+    assert out["inductor_cache"] == str(tmp_path / "cache" / "inductor")
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from cosmos3_core.tiny import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", sound=False, seed=2)
+
+
+def test_load_starts_the_preload_only_where_cuda_is(monkeypatch, tiny_checkpoint):
+    import cosmos3_core.pipeline as pipeline_mod
+    from cosmos3_core.caches import preload_compiler
+
+    started = []
+
+    def recording_preload():
+        started.append(preload_compiler())
+        return started[-1]
+
+    monkeypatch.setattr(pipeline_mod, "preload_compiler", recording_preload)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
+    assert started == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
+    assert len(started) == 1
+    started[0].join(timeout=240)
+    assert not started[0].is_alive() and started[0].failed == {}
