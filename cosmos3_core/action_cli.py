@@ -124,8 +124,8 @@ def run_action(args: argparse.Namespace) -> dict[str, float]:
         sound=args.sound, use_system_prompt=args.use_system_prompt, compile=args.compile,
     )
 
-    out = pipe.generate_action(request, callback=print_progress)
-    write_outputs(args, pipe, out, timings)  # the clip and --latents-out, as for every generation
+    out = pipe.generate_action(request, callback=print_progress, decode=False)
+    write_outputs(args, pipe, out, timings)  # decode + the clip and --latents-out, as for every generation
     start = time.perf_counter()
     if args.actions_out:
         act.save_actions(args.actions_out, out.actions, domain_name=args.domain_name, mode=args.action_mode)

@@ -3,9 +3,10 @@
 Text/image/video to video (with sound on Nano/Super) or, with ``--num-frames 1``, to a PNG. With ``--control`` (Transfer)
 or ``--frames-per-chunk`` the video is generated in windows and streamed to the mp4 (long_video_cli.py). Prints the stage
 timings ``model_load, preprocess, inference, to_cpu, encode`` as the PhyAI generation script does (inference =
-denoising loop + VAE/audio decode; encode = writing the file). A user mistake exits with one ``error:`` line and
-status 2, never a traceback; every argument and output path is checked before anything is loaded. Ctrl-C exits
-with one line and status 130, leaving no partial output file.
+denoising loop + VAE/audio decode; encode = what is left of writing the file, since an mp4 is encoded on a worker
+thread while the video decodes). A user mistake exits with one ``error:`` line and status 2, never a traceback;
+every argument and output path is checked before anything is loaded. Ctrl-C exits with one line and status 130,
+leaving no partial output file.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device, with_sound=args.sound)
     timings["model_load"] = time.perf_counter() - start
     request = read_request(args)
-    out = pipe.generate(request, callback=print_progress)
+    out = pipe.generate(request, callback=print_progress, decode=False)  # write_outputs decodes while it encodes
     write_outputs(args, pipe, out, timings)
     return timings
 
@@ -206,18 +207,30 @@ def read_request(args: argparse.Namespace):
 
 
 def write_outputs(args: argparse.Namespace, pipe, out, timings: dict[str, float]) -> None:
-    """Write the clip (and ``--latents-out``); fills the ``preprocess, inference, to_cpu, encode`` timings."""
+    """Write the clip (and ``--latents-out``); fills the ``preprocess, inference, to_cpu, encode`` timings.
+
+    ``out`` not decoded yet (``generate(decode=False)``): the sound is decoded first, then the video, and an mp4
+    is encoded while the video decodes — each chunk of frames goes to the encoder's thread as soon as it is on the
+    host (``media.BackgroundVideoWriter``), so ``inference`` includes the decode and ``encode`` is what is left of
+    the encoding after it. A decoded ``out`` (the parallel CLI) is written as it is."""
     from . import media
 
     timings["preprocess"] = out.timings["preprocess"]
-    timings["inference"] = out.timings["inference"] + out.timings["decode"]
-    start = time.perf_counter()
-    frames = out.frames.cpu().numpy()
-    waveform = out.waveform.cpu().numpy() if out.waveform is not None else None
-    timings["to_cpu"] = time.perf_counter() - start
-    start = time.perf_counter()
+    timings["inference"] = out.timings["inference"] + out.timings.get("decode", 0.0)
     with _removed_if_unfinished(args.out):
-        if args.num_frames == 1:
+        writer = None
+        if out.frames is None:
+            start = time.perf_counter()
+            writer = decode_while_encoding(args, pipe, out)
+            timings["inference"] += time.perf_counter() - start
+        start = time.perf_counter()
+        frames = out.frames.cpu().numpy()
+        waveform = out.waveform.cpu().numpy() if out.waveform is not None else None
+        timings["to_cpu"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if writer is not None:
+            writer.close()
+        elif args.num_frames == 1:
             media.write_png(args.out, frames[0])
         else:
             media.write_video(args.out, frames, args.fps, audio=waveform)
@@ -237,6 +250,44 @@ def write_outputs(args: argparse.Namespace, pipe, out, timings: dict[str, float]
             save_file({"frames": out.frames.float().cpu().contiguous()}, args.frames_out,
                       metadata={"format": "frames [F,H,W,3] float in [0,1]", "fps": str(args.fps)})
     timings["encode"] = time.perf_counter() - start
+
+
+def decode_while_encoding(args: argparse.Namespace, pipe, out):
+    """Decode ``out``'s sound and video into it (``out.waveform``, ``out.frames``); for an mp4, returns the
+    ``BackgroundVideoWriter`` that has been encoding the frames as they decoded, still to be closed. ``None``: a PNG,
+    or a decode that ran out of memory and started again tiled (its first frames were already encoded from the
+    untiled attempt), whose file the caller writes from the whole clip afterwards."""
+    from . import media
+
+    latents = out.latents
+    shape = pipe.vae.decoded_shape(latents)
+    if out.sound_latent is not None:  # first: the mp4 declares its audio track before any frame
+        out.waveform = pipe.decode_sound(out.sound_latent, shape[0], args.fps)
+    out.frames = torch.empty(shape, dtype=torch.float32)
+    if args.num_frames == 1:
+        pipe.vae.decode(latents, out=out.frames, compile=args.compile)
+        return None
+    writer = media.BackgroundVideoWriter(args.out, args.fps, shape[2], shape[1], audio=out.waveform)
+    sent = 0  # frames handed to the encoder; -1 once the decode started again
+
+    def encode_decoded(done: int, _total: int) -> None:
+        nonlocal sent
+        ready = pipe.vae.num_pixel_frames(done)
+        if 0 <= sent < ready:
+            writer.append(out.frames[sent:ready])
+            sent = ready
+        elif ready <= sent:
+            sent = -1
+
+    try:
+        pipe.vae.decode(latents, out=out.frames, on_chunk=encode_decoded, compile=args.compile)
+    except BaseException:
+        writer.abort()
+        raise
+    if sent < 0:
+        writer.abort()
+        return None
+    return writer
 
 
 @contextmanager

@@ -19,6 +19,8 @@ these choices of our own:
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from fractions import Fraction
 from pathlib import Path
 
@@ -209,6 +211,63 @@ class VideoWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class BackgroundVideoWriter:
+    """A ``VideoWriter`` fed by a worker thread, so that encoding overlaps what the caller does next (the CLI:
+    decoding the next chunk of frames on the GPU). Same file as ``write_video`` of the same frames.
+
+    ``append(frames)`` queues a block of frames and returns at once; the caller leaves the block unchanged until
+    ``close()``. ``audio`` ``[C, N]`` (the whole track) is given up front and muxed along with the frames. ``close()``
+    waits for the queue, finishes the file and returns its path; an error of the worker is raised from the next
+    ``append`` or from ``close``. ``abort()`` stops the worker and deletes the file (a failed or abandoned run).
+    """
+
+    def __init__(self, path, fps, width: int, height: int, *, audio=None, sample_rate: int = AUDIO_RATE,
+                 crf: int = DEFAULT_CRF):
+        self._audio = None if audio is None else _stereo48k(audio, sample_rate)  # a bad track fails here
+        self._writer = VideoWriter(path, fps, width, height, audio=audio is not None, crf=crf)  # as do bad sizes
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="cosmos3-mp4-encode", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while (frames := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # drain: the caller learns of the error at its next append or close
+            try:
+                self._writer.append(frames, audio=self._audio)
+                self._audio = None  # the whole track went in with the first block
+            except BaseException as e:  # noqa: BLE001 — handed to the caller's thread
+                self._error = e
+
+    def append(self, frames) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(frames)
+
+    def _stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def close(self) -> Path:
+        self._stop()
+        try:
+            if self._error is not None:
+                raise self._error
+        finally:
+            path = self._writer.close()
+        return path
+
+    def abort(self) -> None:
+        self._stop()
+        try:
+            self._writer.close()
+        except Exception:  # noqa: BLE001 — the file is deleted either way
+            pass
+        self._writer.path.unlink(missing_ok=True)
 
 
 def write_video(path, frames, fps, audio=None, sample_rate: int = AUDIO_RATE, *, crf: int = DEFAULT_CRF) -> Path:

@@ -123,6 +123,11 @@ class Cosmos3VAE(torch.nn.Module):
         """Pixel frames decoded from ``latent_frames`` latents: the first gives 1, each later one 4."""
         return 1 + self.temporal_scale * (latent_frames - 1) if latent_frames > 0 else 0
 
+    def decoded_shape(self, latents: torch.Tensor) -> tuple[int, int, int, int]:
+        """``(F, H, W, 3)`` of the frames ``decode`` makes from ``latents`` ``[1, C, T, h, w]``."""
+        t, h, w = latents.shape[-3:]
+        return self.num_pixel_frames(t), h * self.spatial_scale, w * self.spatial_scale, 3
+
     # ------------------------------------------------------------------ encode
     @torch.no_grad()
     def encode(self, video: torch.Tensor) -> torch.Tensor:
@@ -163,6 +168,7 @@ class Cosmos3VAE(torch.nn.Module):
         out_device="cpu",
         tile_on_oom: bool = True,
         compile: bool = False,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Normalized latents ``[1,C,T,h,w]`` (or ``[C,T,h,w]``, any float dtype) -> frames ``[F,H,W,3]`` fp32 in [0,1].
 
@@ -175,7 +181,10 @@ class Cosmos3VAE(torch.nn.Module):
         is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
         card what else is resident decides, and tiling needs about half the activations (BENCHMARKS.md).
         ``compile=True`` runs every latent frame after the first through ``torch.compile`` (static shapes: the first
-        decode at a new size, or tile size, compiles for a while; later ones reuse it).
+        decode at a new size, or tile size, compiles for a while; later ones reuse it). ``out``: a float32 tensor of
+        ``decoded_shape(latents)`` to decode into instead of a new one on ``out_device`` (frames
+        ``[0, num_pixel_frames(done))`` of it are final when ``on_chunk(done, total)`` is called — until an untiled
+        decode that ran out of memory starts again tiled, when the count starts again too).
         """
         if latents.ndim == 4:
             latents = latents.unsqueeze(0)
@@ -191,9 +200,12 @@ class Cosmos3VAE(torch.nn.Module):
         mean, inv_std = self._stats()
         z = latents.to(device=self.device, dtype=self.dtype) / inv_std + mean  # raw VAE latents, VAE dtype
 
-        num_frames = self.num_pixel_frames(t_lat)
-        out = torch.empty(num_frames, h_lat * self.spatial_scale, w_lat * self.spatial_scale, 3,
-                          dtype=torch.float32, device=out_device)
+        shape = self.decoded_shape(latents)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.float32, device=out_device)
+        elif tuple(out.shape) != shape or out.dtype != torch.float32:
+            raise ValueError(f"Cosmos3VAE.decode: out must be a float32 tensor of shape {shape} for these latents, "
+                             f"got {out.dtype} {tuple(out.shape)}.")
         decoder = self.frame_decoder(compile)
         for tiled in (True,) if tile else (False, True) if tile_on_oom else (False,):
             grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tiled else None

@@ -100,3 +100,67 @@ def test_unreadable_video_is_reported(nano, tmp_path):
     bad.write_bytes(b"not a video")
     r = cli("--checkpoint", str(nano), *BASE, "--num-frames", "9", "--video", str(bad), "--out", str(tmp_path / "o.mp4"))
     assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+
+
+def _encoded_blocks(monkeypatch) -> list[int]:
+    """Record the sizes of the frame blocks the CLI hands to the mp4 encoder's thread."""
+    from cosmos3_core import media
+
+    blocks: list[int] = []
+    real = media.BackgroundVideoWriter.append
+
+    def append(self, frames):
+        blocks.append(int(frames.shape[0]))
+        real(self, frames)
+
+    monkeypatch.setattr(media.BackgroundVideoWriter, "append", append)
+    return blocks
+
+
+def test_mp4_is_encoded_while_the_video_decodes(nano, tmp_path, monkeypatch):
+    """Each decoded chunk goes to the encoder as it lands (1 frame, then 4 per latent frame), and the file is
+    the one ``write_video`` makes of the whole clip (``--frames-out``)."""
+    from cosmos3_core.generate import main
+    from cosmos3_core.media import write_video
+
+    blocks = _encoded_blocks(monkeypatch)
+    out, frames = tmp_path / "clip.mp4", tmp_path / "frames.safetensors"
+    assert main(["--checkpoint", str(nano), *BASE, "--num-frames", "9", "--fps", "24", "--out", str(out),
+                 "--frames-out", str(frames)]) == 0
+    assert blocks == [1, 4, 4]
+    whole = write_video(tmp_path / "whole.mp4", load_file(frames)["frames"], 24)
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_decode_that_restarts_tiled_still_writes_the_whole_clip(nano, tmp_path, monkeypatch):
+    """An untiled decode that runs out of memory after two chunks were encoded starts again tiled; the mp4 is then
+    written from the final frames, not from a mix of both attempts."""
+    import torch
+
+    from cosmos3_core.generate import main
+    from cosmos3_core.media import write_video
+    from cosmos3_core.vae import Cosmos3VAE
+
+    blocks = _encoded_blocks(monkeypatch)
+    real = Cosmos3VAE._decode_chunks
+    attempts = []
+
+    def out_of_memory_after_two_chunks(self, out, z, grid, chunk, on_chunk, **kw):
+        attempts.append(grid)
+        if len(attempts) > 1:  # the retry (this small clip fits one tile, so it runs the same decode)
+            return real(self, out, z, grid, chunk, on_chunk, **kw)
+
+        def report_then_fail(done, total):
+            on_chunk(done, total)
+            if done == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(self, out, z, grid, chunk, report_then_fail, **kw)
+
+    monkeypatch.setattr(Cosmos3VAE, "_decode_chunks", out_of_memory_after_two_chunks)
+    out, frames = tmp_path / "clip.mp4", tmp_path / "frames.safetensors"
+    assert main(["--checkpoint", str(nano), *BASE, "--num-frames", "9", "--fps", "24", "--out", str(out),
+                 "--frames-out", str(frames)]) == 0
+    assert len(attempts) == 2 and attempts[0] is None
+    assert blocks == [1, 4]  # the untiled attempt's; none after the restart
+    whole = write_video(tmp_path / "whole.mp4", load_file(frames)["frames"], 24)
+    assert out.read_bytes() == whole.read_bytes()

@@ -131,3 +131,36 @@ def test_read_errors_name_the_path(tmp_path):
             c.mux(p)
     with pytest.raises(ValueError, match="has no video stream"):
         read_video(audio_only)
+
+
+def test_background_writer_makes_the_same_file_as_write_video(tmp_path):
+    """Blocks appended to ``BackgroundVideoWriter`` (encoded on its thread) give the bytes ``write_video`` writes
+    for the whole clip at once, audio included."""
+    from cosmos3_core.media import BackgroundVideoWriter
+
+    frames = _smooth_frames(17, 64, 96)
+    t = np.arange(48_000 * 17 // 24) / 48_000
+    audio = np.stack([0.5 * np.sin(2 * np.pi * 440 * t), 0.25 * np.sin(2 * np.pi * 660 * t)]).astype(np.float32)
+    whole = write_video(tmp_path / "whole.mp4", frames, 24, audio=audio)
+    writer = BackgroundVideoWriter(tmp_path / "blocks.mp4", 24, 96, 64, audio=audio)
+    for a, b in ((0, 1), (1, 5), (5, 9), (9, 17)):  # as the VAE decode hands them on: 1 frame, then 4 per latent
+        writer.append(frames[a:b])
+    blocks = writer.close()
+    assert blocks.read_bytes() == whole.read_bytes()
+    assert probe_media(blocks)["video_frames"] == 17
+
+
+def test_background_writer_reports_the_workers_error_and_abort_deletes(tmp_path):
+    from cosmos3_core.media import BackgroundVideoWriter
+
+    writer = BackgroundVideoWriter(tmp_path / "bad.mp4", 24, 96, 64)
+    writer.append(_smooth_frames(2, 64, 96))
+    writer.append(_smooth_frames(2, 32, 96))  # the wrong height: fails on the worker thread
+    with pytest.raises(ValueError, match=r"frames must be \[F, 64, 96, 3\], got shape \(2, 32, 96, 3\)"):
+        writer.close()
+    writer = BackgroundVideoWriter(tmp_path / "aborted.mp4", 24, 96, 64)
+    writer.append(_smooth_frames(3, 64, 96))
+    writer.abort()
+    assert not (tmp_path / "aborted.mp4").exists()
+    with pytest.raises(ValueError, match="even height and width"):
+        BackgroundVideoWriter(tmp_path / "odd.mp4", 24, 95, 64)
