@@ -4,10 +4,12 @@ Each process builds full-size random bf16 Nano (bench_generation.build_ours), th
 decoder, then per shape runs what ``Cosmos3Pipeline.generate(compile=True)`` runs — prefill of a 1,500-token prompt
 pair, 35 compiled guided steps, compiled VAE decode, audio decode — twice. "first-run overhead" = first wall time −
 second; both towers stay resident (no text-tower move). For sampling (``sample``: what ``generate(decode=False)`` runs)
-and the VAE decode (``decode``) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache hits / misses and where the compile
-time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s), and ``step_s``: each step's seconds, the
-GPU waited for at every step (the first entry from the run's start: prefill, plan and step 1). Processes run one after another on one
-new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a restart (e.g. of ComfyUI).
+and the VAE decode (``decode``) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache
+hits / misses and where the compile time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s);
+``step_s`` holds each step's seconds, the GPU waited for at every step (the first entry from the run's start: prefill,
+plan and step 1), and ``first_step_new_modules`` the modules first imported up to the end of step 1. Processes run
+one after another on one new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a
+restart (e.g. of ComfyUI).
 
     python3 bench/bench_first_run.py --shapes 256p,480p --processes 2 --out bench/results_first_run.json
     python3 bench/bench_first_run.py --tiny --shapes 256p --processes 2 --out /tmp/first_run_tiny.json  # CPU check
@@ -98,7 +100,8 @@ class _StepClock:
             for name in new:
                 key = ".".join(name.split(".")[:3])
                 packages[key] = packages.get(key, 0) + 1
-            self.new_modules = dict(count=len(new), by_package=dict(sorted(packages.items(), key=lambda kv: -kv[1])[:40]))
+            top = sorted(packages.items(), key=lambda kv: -kv[1])[:40]
+            self.new_modules = dict(count=len(new), by_package=dict(top))
         self.seconds.append(round(now - self._last, 3))
         self._last = time.perf_counter()
 
