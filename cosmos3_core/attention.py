@@ -77,6 +77,12 @@ def attention_backend() -> str:
     return _backend
 
 
+def attention_setting() -> tuple[str, bool]:
+    """What a compiled graph of ``attention`` bakes in: the backend setting and whether FlashAttention-4 can run on
+    the current CUDA device (part of ``precompiled``'s key for the generation layer)."""
+    return _backend, torch.cuda.is_available() and not flash4_unavailable_reason()
+
+
 @functools.lru_cache(maxsize=None)
 def _flash4_import():
     """``flash_attn.cute.flash_attn_func`` or the import error's text (looked up once per process)."""

@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import nn
 
-from .attention import attention, attention_backend
+from .attention import attention, attention_backend, attention_setting
 from .caches import prepare_compile
 from .config import Cosmos3Config
 from .gemv import gemv
 from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
 from .layout import GenLayout, patchify, unpatchify
 from .packed import LayerWeights
+from .precompiled import PrecompiledFunction
 from .rope import apply_rope, rope_tables, text_position_ids
 from .step_graph import StepGraphs
 from .text_kv import TextKV
@@ -245,13 +246,19 @@ class Cosmos3Transformer(nn.Module):
 
         Shapes are static (``dynamic=False``) except the prompt lengths (the text K/V's length dimension is marked
         dynamic): one graph per generation shape (resolution × frames, branches, batch, streams), the same graph in
-        every process whatever the prompts and whatever shapes ran before, so the on-disk caches (``caches.py``)
-        serve a fresh process. Up to ``caches.RECOMPILE_LIMIT`` shapes stay compiled per process."""
+        every process whatever the prompts and whatever shapes ran before. Each graph is kept on disk whole
+        (``precompiled.PrecompiledFunction``, keyed also by the attention setting it baked in): a restarted process
+        loads it instead of tracing the layer again. ``compile_kwargs`` (a caller's own ``torch.compile`` settings)
+        compile through plain ``torch.compile`` instead, whose kernels the on-disk caches (``caches.py``) keep."""
         if enable:
             prepare_compile()  # on-disk caches and the recompile limit, in this run's context (caches.py)
         if enable and self._compiled_fn is None:
-            compiled = torch.compile(generation_layer, **{"dynamic": False, **compile_kwargs})
-            self._compiled_fn = functools.partial(_any_prompt_length, compiled)
+            if compile_kwargs:  # a caller's own torch.compile settings: traced in every process
+                compiled = torch.compile(generation_layer, **{"dynamic": False, **compile_kwargs})
+                self._compiled_fn = functools.partial(_any_prompt_length, compiled)
+            else:
+                self._compiled_fn = PrecompiledFunction(generation_layer, dynamic_dims=_prompt_length_dims,
+                                                        key_extra=attention_setting, aot_allowed=_no_weight_hooks)
         self._compiled_layer = self._compiled_fn if enable else None
 
     def use_cuda_graphs(self, enable: bool = True) -> None:
@@ -280,11 +287,24 @@ class Cosmos3Transformer(nn.Module):
         return StepOutput(vision, sound, action)
 
 
-def _any_prompt_length(compiled, layer, x, cos, sin, text_keys, text_values, *rest):
-    """Call the compiled ``generation_layer`` with each text K/V's length dimension (``[KV, L, hd]``) dynamic."""
-    for t in (*text_keys, *text_values):
-        torch._dynamo.maybe_mark_dynamic(t, 1)
-    return compiled(layer, x, cos, sin, text_keys, text_values, *rest)
+def _prompt_length_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
+    """The dynamic sizes of a ``generation_layer`` call: each text K/V's length dimension (``[KV, L, hd]``)."""
+    return [(t, 1) for t in (*args[4], *args[5])]
+
+
+def _no_weight_hooks(args: tuple) -> bool:
+    """Whether a ``generation_layer`` call's layer computes with its parameters as they are: no host per-call cast
+    or weight function (``comfy.ops`` weight streaming, on-the-fly LoRA), which only plain ``torch.compile``'s
+    in-process guards can follow."""
+    return not any(getattr(m, "comfy_cast_weights", False) or getattr(m, "weight_function", None)
+                   or getattr(m, "bias_function", None) for m in args[0].modules())
+
+
+def _any_prompt_length(compiled, *args):
+    """Call a ``torch.compile``d ``generation_layer`` with the prompt lengths dynamic."""
+    for t, d in _prompt_length_dims(args):
+        torch._dynamo.maybe_mark_dynamic(t, d)
+    return compiled(*args)
 
 
 def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None):

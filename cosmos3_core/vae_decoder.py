@@ -32,7 +32,8 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
   parameters in between (a reload, another decoder).
 * Optional ``torch.compile`` (``dynamic=False``) of the steady-state frame (every frame but the first, which has its
   own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
-  so that a graph's buffers are freed between stages.
+  so that a graph's buffers are freed between stages. Each stage graph is kept on disk whole
+  (``precompiled.PrecompiledFunction``): a restarted process loads it instead of tracing the stage again.
 
 Results equal diffusers' decode up to float rounding (tests/test_vae_decoder.py, fp32). Only the Wan2.2 layout
 (``is_residual=True``: ``WanResidualUpBlock``) is supported; anything else is refused with a clear message.
@@ -44,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from .caches import prepare_compile
+from .precompiled import PrecompiledFunction
 
 HISTORY = 2  # frames of context a temporal-kernel-3 causal conv needs (diffusers' CACHE_T)
 
@@ -68,6 +70,7 @@ class WanFrameDecoder:
         self.channels_last = channels_last
         self.compile, self.compile_backend = compile, compile_backend
         self._compiled: dict = {}
+        self.precompiled: dict = {}  # stage function -> its PrecompiledFunction (compile=True)
 
     def __call__(self, x: torch.Tensor, state: list, first: bool) -> torch.Tensor:
         if x.shape[2] != 1:
@@ -92,8 +95,8 @@ class WanFrameDecoder:
         """The stage eager (first frame, or compile off) or through its torch.compile'd version."""
         if not self.compile:
             return fn
-        if fn not in self._compiled:  # one static graph per stage function, module and shape
-            compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
+        if fn not in self._compiled:  # one static graph per stage function, module and shape, kept on disk
+            compiled = self.precompiled[fn] = PrecompiledFunction(fn, backend=self.compile_backend)
             self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
         return self._compiled[fn]
 

@@ -343,3 +343,19 @@ def test_vae_decode_to_host_matches_diffusers(checkpoint):
             dec(x[:, :, i:i + 1], state, i == 0)
     hists = [h for stage in state for h in stage]
     assert hists and all(h.untyped_storage().nbytes() == h.numel() * h.element_size() for h in hists)
+
+
+def test_restarted_process_loads_the_compiled_vae_stages(tmp_path):
+    """Inductor on the GPU: the first process compiles and saves each decoder stage, a restarted one loads them all
+    and traces nothing; both decode diffusers' frames (tests/test_precompiled.py's worker, tiny VAE, fp32)."""
+    from cosmos3_core import precompiled
+
+    if not precompiled.aot_supported():
+        pytest.skip("this torch has no AOT compile")
+    import test_precompiled as tp
+
+    first = tp.run_worker(tmp_path / "cache", "inductor", "cuda")
+    second = tp.run_worker(tmp_path / "cache", "inductor", "cuda")
+    assert first["compiled"] >= 3 and first["loaded"] == 0 and "bytecode_tracing" in first["traced"]
+    assert second["loaded"] == first["compiled"] and second["compiled"] == 0 and second["traced"] == []
+    assert first["err"] <= 1e-4 and second["err"] <= 1e-4

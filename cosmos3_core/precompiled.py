@@ -1,0 +1,222 @@
+"""Compiled functions kept on disk whole — Dynamo's output with them — so that a restarted process loads them instead
+of tracing them again.
+
+``torch.compile``'s own on-disk caches (``caches.py``) hold the kernels, but every new process still runs Dynamo
+over the function to rebuild the graph and its guards before it can look them up: 1.4–1.5 s for the VAE decoder's
+six stage graphs at 256p on an H200 (BENCHMARKS.md, run 15), more than the kernels' cache load. torch's AOT compile
+(``torch.compile(fn, fullgraph=True).aot_compile(example)``, ``save_compiled_function``,
+``torch.compiler.load_compiled_function``; experimental, present from torch 2.11) serializes the traced bytecode,
+its guards and the compiled graph with its kernels. Loading one takes about 0.1 s.
+
+``PrecompiledFunction(fn)`` is called like ``fn`` (positional arguments: tensors, lists of tensors, modules whose
+parameters are the graph's inputs, Python scalars that select the graph). Per *call signature* — every tensor's
+shape, strides, dtype and device, every module's class and parameter metadata, every scalar — it keeps one compiled
+function:
+
+* in memory after the first call with that signature;
+* on disk as ``<cache root>/aot/<function>-<digest>.bin``; the digest covers the signature, the grad / inference
+  mode, the caller's ``key_extra()`` (process settings the graph bakes in, such as the attention route), this
+  package's source files, the backend, the versions of torch, Triton and diffusers, and the GPU.
+
+``dynamic_dims(args)`` names ``(tensor, dim)`` pairs compiled as dynamic sizes (a prompt's length): they are left
+out of the signature, so one graph serves every size there. ``aot_allowed(args)`` (checked on every call) sends a
+call to plain ``torch.compile`` instead, whose in-process guards cover what a saved artifact's cannot: a host's
+per-call weight hooks (ComfyUI's LoRA-on-the-fly and weight streaming), which are Python functions. A new signature compiles (the same static full graph
+  ``torch.compile(fn, dynamic=False, fullgraph=True)`` builds) and saves it; an existing file is loaded.
+
+Every call checks the artifact's guards (tensor metadata, parameter metadata, the scalars); a call that fails
+those of every graph held for it loads or compiles another instead of running a graph made for other inputs. A file that does not load (written by another torch, cut
+short) is replaced. Where torch has no AOT compile, or it fails for a function, that function runs through plain
+``torch.compile`` and the reason is logged once: same results, only the restart is slower.
+
+The files are pickles that this package writes into its own cache folder, read back by the same user: the trust
+model of torch's own compile caches there (which pickle too). Nothing downloaded is ever loaded this way.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch._dynamo.config
+import torch.fx.experimental._config
+
+from .caches import cache_root, prepare_compile
+
+_log = logging.getLogger(__name__)
+
+
+def aot_supported() -> bool:
+    """Whether this torch can save and load Dynamo's output (``torch._dynamo.config.enable_aot_compile``)."""
+    return hasattr(torch._dynamo.config, "enable_aot_compile") and hasattr(torch.compiler, "load_compiled_function")
+
+
+@functools.lru_cache(maxsize=None)
+def code_digest() -> str:
+    """What the traced code is: every source file of this package (a graph inlines code from several of them) and
+    the versions of torch, Triton and diffusers (whose VAE modules the decoder stages read)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        h.update(path.name.encode() + path.read_bytes())
+    for dist in ("torch", "triton", "diffusers"):
+        try:
+            h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(f"{dist}=-".encode())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _class_source(cls: type) -> str:
+    """A module class by name and the digest of its source file (a host's own layer classes, diffusers' VAE
+    blocks: code outside this package that a trace inlines)."""
+    try:
+        digest = hashlib.sha256(Path(inspect.getsourcefile(cls) or "").read_bytes()).hexdigest()[:16]
+    except (OSError, TypeError):
+        digest = "?"
+    return f"{cls.__module__}.{cls.__qualname__}:{digest}"
+
+
+def _describe(value: Any, dynamic: frozenset = frozenset()) -> Any:
+    """A hashable description of one argument: what a static full graph of it depends on (an inference tensor is
+    another kind of input to Dynamo). A tensor with dimensions in ``dynamic`` (``(id(tensor), dim)``) is described
+    without those sizes and by its contiguity instead of its strides (which follow the sizes)."""
+    if isinstance(value, torch.Tensor):
+        dims = {d for i, d in dynamic if i == id(value)}
+        if dims:
+            shape = tuple(None if d in dims else n for d, n in enumerate(value.shape))
+            return ("T", shape, value.is_contiguous(), str(value.dtype), str(value.device), value.requires_grad,
+                    value.is_inference())
+        return ("T", tuple(value.shape), tuple(value.stride()), str(value.dtype), str(value.device),
+                value.requires_grad, value.is_inference())
+    if isinstance(value, torch.nn.Module):
+        params = tuple((n, tuple(p.shape), tuple(p.stride()), str(p.dtype), str(p.device))
+                       for n, p in value.named_parameters())
+        classes = sorted({_class_source(type(m)) for m in value.modules()})  # the forwards a trace may inline
+        return ("M", type(value).__qualname__, params, tuple(classes))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_describe(v, dynamic) for v in value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return ("S", repr(value))
+    raise TypeError(f"PrecompiledFunction: unsupported argument type {type(value).__name__}.")
+
+
+def _fast_key(args: tuple, dynamic: frozenset) -> tuple:
+    """The in-memory key: like ``_describe`` but a module counts by its class only (its parameters' metadata is
+    checked by the compiled function's guards on every call), so one graph serves every layer of a stack."""
+    out = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
+    for a in args:
+        if isinstance(a, torch.nn.Module):
+            out.append(("M", type(a).__qualname__))
+        else:
+            out.append(_describe(a, dynamic))
+    return tuple(out)
+
+
+def _guard_failure(fn, args: tuple) -> str:
+    """Why ``fn``'s guards reject ``args`` (best effort: the reason's text is torch-internal)."""
+    try:
+        return str(fn._artifacts.guard_manager.check_verbose(fn.prepare_f_locals(*args)))[:500]
+    except Exception as e:  # noqa: BLE001
+        return f"reason unavailable: {type(e).__name__}"
+
+
+class PrecompiledFunction:
+    """``fn`` as one static full graph per call signature, loaded from ``cache_root()/aot`` when a process before
+    this one compiled it (see the module docstring). ``backend``: the ``torch.compile`` backend."""
+
+    def __init__(self, fn: Callable, *, backend: str = "inductor",
+                 dynamic_dims: Callable[[tuple], list[tuple[torch.Tensor, int]]] | None = None,
+                 key_extra: Callable[[], Any] | None = None, aot_allowed: Callable[[tuple], bool] | None = None):
+        self.fn, self.backend = fn, backend
+        self.dynamic_dims, self.key_extra, self.aot_allowed = dynamic_dims, key_extra, aot_allowed
+        self.name = f"{fn.__module__}.{fn.__qualname__}"
+        self._by_key: dict[tuple, list[Callable]] = {}
+        self._plain: Callable | None = None  # torch.compile(fn), where AOT compile is unavailable or failed
+        self.loaded = self.compiled = 0  # artifacts loaded from / written to disk by this object (for tests, benches)
+
+    def __call__(self, *args):
+        if self.aot_allowed is not None and not self.aot_allowed(args):
+            return self._plain_call(*args)
+        dynamic = frozenset((id(t), d) for t, d in self._dims(args))
+        try:
+            key = (_fast_key(args, dynamic), self.key_extra() if self.key_extra else None)
+        except TypeError:  # an argument this cache cannot describe (a parallel group, say): plain torch.compile
+            return self._plain_call(*args)
+        fns = self._by_key.setdefault(key, [])
+        for f in fns:  # the graphs this object holds for such calls: the first whose guards pass runs
+            if not hasattr(f, "guard_check") or f.guard_check(*args):
+                return f(*args)
+        f = self._get(args, dynamic)
+        fns.append(f)
+        return f(*args)
+
+    # ------------------------------------------------------------------ internals
+    def _dims(self, args: tuple) -> list[tuple[torch.Tensor, int]]:
+        return self.dynamic_dims(args) if self.dynamic_dims is not None else []
+
+    def _mark(self, args: tuple) -> None:
+        """Mark the dynamic sizes for a compile. Only then: a loaded artifact's guards (torch 2.14) take a tensor
+        that carries Dynamo's dimension marks for one that the compile did not see marked, and fail."""
+        for t, d in self._dims(args):
+            torch._dynamo.maybe_mark_dynamic(t, d)
+
+    def _plain_call(self, *args):
+        if self._plain is None:
+            self._plain = torch.compile(self.fn, dynamic=False, fullgraph=True, backend=self.backend)
+        self._mark(args)
+        return self._plain(*args)
+
+    def path(self, args: tuple, dynamic: frozenset = frozenset()) -> Path:
+        """The artifact file for a call with ``args``."""
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        text = repr((self.name, code_digest(), self.backend, device, torch.is_grad_enabled(),
+                     torch.is_inference_mode_enabled(), self.key_extra() if self.key_extra else None,
+                     _describe(args, dynamic)))
+        digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+        return cache_root() / "aot" / f"{self.name}-{digest}.bin"
+
+    def _get(self, args: tuple, dynamic: frozenset) -> Callable:
+        prepare_compile()
+        if self._plain is not None or not aot_supported():
+            return self._plain_call
+        path = self.path(args, dynamic)
+        if path.exists():
+            try:
+                with open(path, "rb") as f:
+                    loaded = torch.compiler.load_compiled_function(f)
+                loaded.disable_guard_check()  # checked in __call__ before every call instead (no double check)
+                if loaded.guard_check(*args):
+                    self.loaded += 1
+                    return loaded
+                _log.warning("%s: %s does not fit this call's inputs (%s); compiling it again.", self.name, path,
+                             _guard_failure(loaded, args))
+            except Exception as e:  # noqa: BLE001 — another torch's file, or one cut short: rebuilt below
+                _log.warning("%s: could not load %s (%s: %s); compiling it again.", self.name, path,
+                             type(e).__name__, e)
+        try:
+            # ``dynamic=False`` would specialize the marked sizes too; unmarked ones stay static either way (an
+            # artifact is compiled once, so Dynamo's automatic dynamic shapes never kick in). No duck sizing: two
+            # dynamic sizes equal in this call (two prompts of one length) stay two sizes, not one.
+            with torch._dynamo.config.patch(enable_aot_compile=True), \
+                    torch.fx.experimental._config.patch(use_duck_shape=False):
+                compiled = torch.compile(self.fn, dynamic=None if dynamic else False, fullgraph=True,
+                                         backend=self.backend)
+                self._mark(args)
+                aot = compiled.aot_compile((args, {}))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            aot.save_compiled_function(os.fspath(path))
+            aot.disable_guard_check()
+            self.compiled += 1
+            return aot
+        except Exception as e:  # noqa: BLE001 — same graph through plain torch.compile, only the restart is slower
+            _log.warning("%s: AOT compile unavailable (%s: %s); using torch.compile, which re-traces the function in "
+                         "every new process.", self.name, type(e).__name__, str(e)[:300])
+            return self._plain_call
