@@ -6,7 +6,7 @@ pair, 35 compiled guided steps, compiled VAE decode, audio decode — twice. "fi
 second; both towers stay resident (no text-tower move). For sampling (``sample``: what ``generate(decode=False)`` runs)
 and the VAE decode (``decode``) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache
 hits / misses and where the compile time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s);
-``step_s`` holds each step's seconds, the GPU waited for at every step (the first entry from the run's start: prefill,
+``precompiled`` the graphs saved and loaded whole so far (``cosmos3_core.precompiled``); ``step_s`` holds each step's seconds, the GPU waited for at every step (the first entry from the run's start: prefill,
 plan and step 1), and ``first_step_new_modules`` the modules first imported up to the end of step 1. Processes run
 one after another on one new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a
 restart (e.g. of ComfyUI).
@@ -106,6 +106,13 @@ class _StepClock:
         self._last = time.perf_counter()
 
 
+def _precompiled_counts(pipe) -> dict:
+    """Graphs this process saved (compiled) and loaded from disk so far (``cosmos3_core.precompiled``)."""
+    fns = [f for f in [pipe.transformer._compiled_fn, *pipe.vae.frame_decoder(compile=True).precompiled.values()]
+           if hasattr(f, "loaded")]
+    return dict(compiled=sum(f.compiled for f in fns), loaded=sum(f.loaded for f in fns))
+
+
 def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, preload: bool = False) -> None:
     from cosmos3_core.audio import Cosmos3SoundDecoder
     from cosmos3_core.caches import preload_compiler
@@ -149,7 +156,8 @@ def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, 
                              **{k: round(v, 2) for k, v in sampled.timings.items()}, sample=sample, decode=decode,
                              step_s=steps.seconds, first_step_new_modules=steps.new_modules))
         res["shapes"][name] = dict(first=runs[0], second=runs[1],
-                                   first_run_overhead_s=round(runs[0]["wall_s"] - runs[1]["wall_s"], 2))
+                                   first_run_overhead_s=round(runs[0]["wall_s"] - runs[1]["wall_s"], 2),
+                                   precompiled=_precompiled_counts(pipe))
         print("first run", name, res["shapes"][name], flush=True)
     Path(out).write_text(json.dumps(res, indent=1))
 
