@@ -59,6 +59,7 @@ def worker(backend: str, device: str) -> dict:
     """One fresh process: a compiled decode; what Dynamo traced; the error against diffusers."""
     from torch._dynamo.utils import compilation_time_metrics
 
+    torch.backends.cudnn.allow_tf32 = False  # CUDA: fp32 convolutions in fp32 on both sides (cuDNN's default: TF32)
     vae = _vae(backend, device)
     z = _latents(3, seed=5)
     out = _decode(vae, z)
