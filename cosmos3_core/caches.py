@@ -3,11 +3,13 @@
 ``<root>`` is ``$COSMOS3_CACHE_DIR`` or ``~/.cache/cosmos3``. ``enable_persistent_caches()`` (called before the
 first compile — through ``prepare_compile`` — or FlashAttention-4 import) points the caches there:
 
-* ``torch.compile`` of the generation layer (``Cosmos3Transformer.compile_generation_layers``): inductor's FX-graph
-  cache, the AOT-autograd cache and the Triton kernels they bundle live in ``<root>/inductor``
-  (``TORCHINDUCTOR_CACHE_DIR``). A fresh process that compiles the same graph loads it from there instead of
-  lowering and building it again; Dynamo still traces the layer and builds its guards (about a second per graph:
-  neither cache covers that step). Hits need the same graph in every process, so the compiled layer is
+* Our compiled functions (the generation layer, the VAE decoder's stages) are saved whole, Dynamo's output
+  included, in ``<root>/aot`` (``precompiled.py``): a fresh process loads them and traces nothing.
+* Plain ``torch.compile`` (where torch has no AOT compile, a layer with host weight hooks, the reasoner's decode
+  layer): inductor's FX-graph cache, the AOT-autograd cache and the Triton kernels they bundle live in
+  ``<root>/inductor`` (``TORCHINDUCTOR_CACHE_DIR``). A fresh process that compiles the same graph loads it from there
+  instead of lowering and building it again; Dynamo still traces the function and builds its guards (about a second
+  per graph: neither cache covers that step). Hits need the same graph in every process, so the compiled layer is
   static-shaped except for the prompt lengths (see ``compile_generation_layers``): one graph per output shape,
   whatever the prompt, and no shape-history-dependent switch to a dynamic graph.
   Not used: ``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts`` (a portable bundle of these same
