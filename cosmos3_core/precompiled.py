@@ -87,11 +87,12 @@ def _class_source(cls: type) -> str:
 def _describe(value: Any, dynamic: frozenset = frozenset()) -> Any:
     """A hashable description of one argument: what a static full graph of it depends on (an inference tensor is
     another kind of input to Dynamo). A tensor with dimensions in ``dynamic`` (``(id(tensor), dim)``) is described
-    without those sizes and by its contiguity instead of its strides (which follow the sizes)."""
+    without those sizes (but for 0 and 1, which Dynamo specializes) and by its contiguity instead of its strides
+    (which follow the sizes)."""
     if isinstance(value, torch.Tensor):
         dims = {d for i, d in dynamic if i == id(value)}
         if dims:
-            shape = tuple(None if d in dims else n for d, n in enumerate(value.shape))
+            shape = tuple(None if d in dims and n >= 2 else n for d, n in enumerate(value.shape))  # 0/1: specialized
             return ("T", shape, value.is_contiguous(), str(value.dtype), str(value.device), value.requires_grad,
                     value.is_inference())
         return ("T", tuple(value.shape), tuple(value.stride()), str(value.dtype), str(value.device),
@@ -191,7 +192,7 @@ class PrecompiledFunction:
         if path.exists():
             try:
                 with open(path, "rb") as f:
-                    loaded = torch.compiler.load_compiled_function(f)
+                    loaded = torch.compiler.load_compiled_function(f, f_globals=self.fn.__globals__)
                 loaded.disable_guard_check()  # checked in __call__ before every call instead (no double check)
                 if loaded.guard_check(*args):
                     self.loaded += 1
@@ -202,10 +203,10 @@ class PrecompiledFunction:
                 _log.warning("%s: could not load %s (%s: %s); compiling it again.", self.name, path,
                              type(e).__name__, e)
         try:
-            # ``dynamic=False`` would specialize the marked sizes too; unmarked ones stay static either way (an
-            # artifact is compiled once, so Dynamo's automatic dynamic shapes never kick in). No duck sizing: two
-            # dynamic sizes equal in this call (two prompts of one length) stay two sizes, not one.
-            with torch._dynamo.config.patch(enable_aot_compile=True), \
+            # ``dynamic=False`` would specialize the marked sizes too. Exactly the marked sizes are dynamic: no
+            # automatic dynamic shapes (which would follow what this process compiled before), and no duck sizing
+            # (two dynamic sizes equal in this call, two prompts of one length, stay two sizes).
+            with torch._dynamo.config.patch(enable_aot_compile=True, automatic_dynamic_shapes=False), \
                     torch.fx.experimental._config.patch(use_duck_shape=False):
                 compiled = torch.compile(self.fn, dynamic=None if dynamic else False, fullgraph=True,
                                          backend=self.backend)

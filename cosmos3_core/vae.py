@@ -81,11 +81,15 @@ class Cosmos3VAE(torch.nn.Module):
 
         On CUDA it keeps activations and convolution weights channels-last (vae_decoder.py): on the H200 at 720p/189f
         (bf16) that decodes in 5.61 s at an 8.4 GiB peak compiled against 6.42 s at 9.3 GiB with the default layout,
-        and in 7.17 s at 7.5 GiB eager (BENCHMARKS.md)."""
+        and in 7.17 s at 7.5 GiB eager (BENCHMARKS.md).
+
+        Compiled on CUDA, the stages' height and width are dynamic: one compile serves every size and every tile
+        (H200, BENCHMARKS.md run 16: 480p then 720p compiled once in 65 s against 36 + 32 s static, decoding in
+        the same 1.21 / 5.60 s). On the CPU they stay static (inductor's CPU kernels lose speed with dynamic sizes)."""
         key = (compile, self.device.type == "cuda")
         if key not in self._frame_decoders:
             self._frame_decoders[key] = WanFrameDecoder(self.vae.decoder, compile=key[0], channels_last=key[1],
-                                                        compile_backend=self.compile_backend)
+                                                        compile_backend=self.compile_backend, dynamic_size=key[1])
         return self._frame_decoders[key]
 
     # ------------------------------------------------------------------ properties / stats

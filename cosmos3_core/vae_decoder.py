@@ -33,7 +33,8 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
 * Optional ``torch.compile`` (``dynamic=False``) of the steady-state frame (every frame but the first, which has its
   own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
   so that a graph's buffers are freed between stages. Each stage graph is kept on disk whole
-  (``precompiled.PrecompiledFunction``): a restarted process loads it instead of tracing the stage again.
+  (``precompiled.PrecompiledFunction``): a restarted process loads it instead of tracing the stage again. With
+  ``dynamic_size=True`` a stage's graph has the frame's height and width dynamic: one graph for every size and tile.
 
 Results equal diffusers' decode up to float rounding (tests/test_vae_decoder.py, fp32). Only the Wan2.2 layout
 (``is_residual=True``: ``WanResidualUpBlock``) is supported; anything else is refused with a clear message.
@@ -60,7 +61,7 @@ class WanFrameDecoder:
     """
 
     def __init__(self, decoder: torch.nn.Module, *, compile: bool = False, channels_last: bool = False,
-                 compile_backend: str = "inductor"):
+                 compile_backend: str = "inductor", dynamic_size: bool = False):
         from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
 
         if not all(isinstance(b, WanResidualUpBlock) for b in decoder.up_blocks):
@@ -69,6 +70,7 @@ class WanFrameDecoder:
         self.dec = decoder
         self.channels_last = channels_last
         self.compile, self.compile_backend = compile, compile_backend
+        self.dynamic_size = dynamic_size  # compiled stages with the frame's height and width dynamic
         self._compiled: dict = {}
         self.precompiled: dict = {}  # stage function -> its PrecompiledFunction (compile=True)
 
@@ -96,9 +98,16 @@ class WanFrameDecoder:
         if not self.compile:
             return fn
         if fn not in self._compiled:  # one static graph per stage function, module and shape, kept on disk
-            compiled = self.precompiled[fn] = PrecompiledFunction(fn, backend=self.compile_backend)
+            compiled = self.precompiled[fn] = PrecompiledFunction(
+                fn, backend=self.compile_backend, dynamic_dims=_spatial_dims if self.dynamic_size else None)
             self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
         return self._compiled[fn]
+
+
+def _spatial_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
+    """A stage call's height and width dimensions (of the frame and of every history)."""
+    _, x, hist, _, _ = args
+    return [(t, d) for t in (x, *(hist or ())) for d in (3, 4)]
 
 
 def conv_weights_to_layout(module: torch.nn.Module, channels_last: bool) -> int:

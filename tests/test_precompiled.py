@@ -111,6 +111,36 @@ def test_each_size_and_mode_gets_its_own_artifact(cache):
     assert len(set((cache / "aot").iterdir())) > len(files)
 
 
+def test_dynamic_size_stages_serve_every_size_and_tile_with_one_graph_each(cache):
+    """``dynamic_size`` (what a CUDA decode uses): two sizes and a tiled decode whose tiles differ in size run on one
+    graph per stage (and sizes of 1), and every frame equals diffusers' decode (its tiled decode for the tiled one)."""
+    from cosmos3_core.vae_decoder import WanFrameDecoder
+
+    vae = _vae()
+    vae._frame_decoders[(True, False)] = WanFrameDecoder(vae.vae.decoder, compile=True,
+                                                         compile_backend="aot_eager", dynamic_size=True)
+    stages = 2 + len(vae.vae.decoder.up_blocks)
+    for i, (h, w) in enumerate(((2, 3), (3, 5))):
+        z = _latents(2, h, w, seed=20 + i)
+        assert (_decode(vae, z) - _diffusers_frames(vae.vae, z)).abs().max().item() <= TOL
+    assert _counts(vae) == dict(compiled=stages, loaded=0)
+    z = _latents(2, 5, 7, seed=30)  # 80x112 pixels in 64-pixel tiles every 48: tiles 4, 2 and 1 latents across
+    with torch.no_grad():
+        tiled = vae.decode(vae.normalize(z), chunk_latent_frames=1, compile=True, tile=True, tile_sample_size=64,
+                           tile_sample_stride=48)
+        wan = vae.vae
+        wan.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=48,
+                          tile_sample_stride_width=48)
+        try:
+            ref = _diffusers_frames(wan, z)
+        finally:
+            wan.disable_tiling()
+    assert (tiled - ref).abs().max().item() <= TOL
+    # one tile is one latent column wide: Dynamo specializes sizes of 1, so the two stages that see a width of 1
+    # get one graph more each; every other tile ran on the graphs of the first size
+    assert _counts(vae) == dict(compiled=stages + 2, loaded=0)
+
+
 def test_an_unloadable_artifact_is_rebuilt(cache, caplog):
     z = _latents(2, seed=2)
     vae = _vae()
