@@ -28,7 +28,8 @@ class Cosmos3VAEDecode(io.ComfyNode):
                 io.Boolean.Input("tiled", default=False, tooltip="Also tile spatially (for small GPUs at 720p)."),
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the decoder's per-frame step (GPU: faster after a one-off "
-                                         "warm-up per resolution; bf16 rounding differs slightly from eager)."),
+                                         "compile, about a minute, that serves every resolution and is kept on "
+                                         "disk; bf16 rounding differs slightly from eager)."),
             ],
             outputs=[io.Image.Output(display_name="images", tooltip="Decoded frames (one image for text-to-image); "
                                                                "feed Create Video or Save Image.")],
