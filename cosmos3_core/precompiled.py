@@ -1,4 +1,4 @@
-"""Compiled functions kept on disk whole — Dynamo's output with them — so that a restarted process loads them instead
+"""Compiled functions kept on disk whole, Dynamo's output with them, so that a restarted process loads them instead
 of tracing them again.
 
 ``torch.compile``'s own on-disk caches (``caches.py``) hold the kernels, but every new process still runs Dynamo
@@ -9,25 +9,27 @@ six stage graphs at 256p on an H200 (BENCHMARKS.md, run 15), more than the kerne
 its guards and the compiled graph with its kernels. Loading one takes about 0.1 s.
 
 ``PrecompiledFunction(fn)`` is called like ``fn`` (positional arguments: tensors, lists of tensors, modules whose
-parameters are the graph's inputs, Python scalars that select the graph). Per *call signature* — every tensor's
-shape, strides, dtype and device, every module's class and parameter metadata, every scalar — it keeps one compiled
-function:
+parameters are the graph's inputs, Python scalars that select the graph). Per *call signature* (every tensor's
+shape, strides, dtype and device, every module's class, parameter metadata and the source of its classes, every
+scalar) it keeps one full graph, static but for ``dynamic_dims``:
 
 * in memory after the first call with that signature;
 * on disk as ``<cache root>/aot/<function>-<digest>.bin``; the digest covers the signature, the grad / inference
   mode, the caller's ``key_extra()`` (process settings the graph bakes in, such as the attention route), this
-  package's source files, the backend, the versions of torch, Triton and diffusers, and the GPU.
+  package's source files, the backend, the versions of torch, Triton and diffusers, and the GPU. A new signature
+  compiles and saves its file; an existing file is loaded.
 
-``dynamic_dims(args)`` names ``(tensor, dim)`` pairs compiled as dynamic sizes (a prompt's length): they are left
-out of the signature, so one graph serves every size there. ``aot_allowed(args)`` (checked on every call) sends a
-call to plain ``torch.compile`` instead, whose in-process guards cover what a saved artifact's cannot: a host's
-per-call weight hooks (ComfyUI's LoRA-on-the-fly and weight streaming), which are Python functions. A new signature compiles (the same static full graph
-  ``torch.compile(fn, dynamic=False, fullgraph=True)`` builds) and saves it; an existing file is loaded.
+``dynamic_dims(args)`` names ``(tensor, dim)`` pairs compiled as dynamic sizes (a prompt's length, a frame's height
+and width): they are left out of the signature (but for sizes 0 and 1, which Dynamo specializes), so one graph
+serves every size there. ``aot_allowed(args)`` (checked on every call) sends a call to plain ``torch.compile``
+instead, whose in-process guards cover what a saved artifact's cannot: a host's per-call weight hooks (ComfyUI's
+LoRA-on-the-fly and weight streaming), which are Python functions.
 
 Every call checks the artifact's guards (tensor metadata, parameter metadata, the scalars); a call that fails
-those of every graph held for it loads or compiles another instead of running a graph made for other inputs. A file that does not load (written by another torch, cut
-short) is replaced. Where torch has no AOT compile, or it fails for a function, that function runs through plain
-``torch.compile`` and the reason is logged once: same results, only the restart is slower.
+those of every graph held for it loads or compiles another instead of running a graph made for other inputs. A
+file that does not load (written by another torch, cut short) is replaced. Where torch has no AOT compile, or it
+fails for a function, that function runs through plain ``torch.compile`` and the reason is logged: same results,
+only the restart is slower.
 
 The files are pickles that this package writes into its own cache folder, read back by the same user: the trust
 model of torch's own compile caches there (which pickle too). Nothing downloaded is ever loaded this way.
@@ -45,8 +47,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch._dynamo.config
-import torch.fx.experimental._config
 
 from .caches import cache_root, prepare_compile
 
@@ -55,6 +55,8 @@ _log = logging.getLogger(__name__)
 
 def aot_supported() -> bool:
     """Whether this torch can save and load Dynamo's output (``torch._dynamo.config.enable_aot_compile``)."""
+    import torch._dynamo.config  # here, not at import: the compiler's modules load on first use (caches.py)
+
     return hasattr(torch._dynamo.config, "enable_aot_compile") and hasattr(torch.compiler, "load_compiled_function")
 
 
@@ -87,14 +89,16 @@ def _class_source(cls: type) -> str:
 def _describe(value: Any, dynamic: frozenset = frozenset()) -> Any:
     """A hashable description of one argument: what a static full graph of it depends on (an inference tensor is
     another kind of input to Dynamo). A tensor with dimensions in ``dynamic`` (``(id(tensor), dim)``) is described
-    without those sizes (but for 0 and 1, which Dynamo specializes) and by its contiguity instead of its strides
-    (which follow the sizes)."""
+    without those sizes (but for 0 and 1, which Dynamo specializes) and by its layout (contiguous, channels-last)
+    instead of its strides (which follow the sizes)."""
     if isinstance(value, torch.Tensor):
         dims = {d for i, d in dynamic if i == id(value)}
         if dims:
-            shape = tuple(None if d in dims and n >= 2 else n for d, n in enumerate(value.shape))  # 0/1: specialized
-            return ("T", shape, value.is_contiguous(), str(value.dtype), str(value.device), value.requires_grad,
-                    value.is_inference())
+            shape = tuple(None if d in dims and n >= 2 else n for d, n in enumerate(value.shape))
+            layout = (value.is_contiguous(),
+                      value.ndim == 5 and value.is_contiguous(memory_format=torch.channels_last_3d),
+                      value.ndim == 4 and value.is_contiguous(memory_format=torch.channels_last))
+            return ("T", shape, layout, str(value.dtype), str(value.device), value.requires_grad, value.is_inference())
         return ("T", tuple(value.shape), tuple(value.stride()), str(value.dtype), str(value.device),
                 value.requires_grad, value.is_inference())
     if isinstance(value, torch.nn.Module):
@@ -206,6 +210,8 @@ class PrecompiledFunction:
             # ``dynamic=False`` would specialize the marked sizes too. Exactly the marked sizes are dynamic: no
             # automatic dynamic shapes (which would follow what this process compiled before), and no duck sizing
             # (two dynamic sizes equal in this call, two prompts of one length, stay two sizes).
+            import torch.fx.experimental._config
+
             with torch._dynamo.config.patch(enable_aot_compile=True, automatic_dynamic_shapes=False), \
                     torch.fx.experimental._config.patch(use_duck_shape=False):
                 compiled = torch.compile(self.fn, dynamic=None if dynamic else False, fullgraph=True,

@@ -73,7 +73,8 @@ def run_worker(cache: Path, backend: str = "aot_eager", device: str = "cpu") -> 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE"))}
     env.update(COSMOS3_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
                                                                              os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, __file__, backend, device], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, __file__, backend, device], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
