@@ -210,10 +210,10 @@ class PrecompiledFunction:
             # ``dynamic=False`` would specialize the marked sizes too. Exactly the marked sizes are dynamic: no
             # automatic dynamic shapes (which would follow what this process compiled before), and no duck sizing
             # (two dynamic sizes equal in this call, two prompts of one length, stay two sizes).
-            import torch.fx.experimental._config
+            from torch.fx.experimental import _config as fx_config  # (an ``import torch.…`` here would shadow torch)
 
             with torch._dynamo.config.patch(enable_aot_compile=True, automatic_dynamic_shapes=False), \
-                    torch.fx.experimental._config.patch(use_duck_shape=False):
+                    fx_config.patch(use_duck_shape=False):
                 compiled = torch.compile(self.fn, dynamic=None if dynamic else False, fullgraph=True,
                                          backend=self.backend)
                 self._mark(args)
