@@ -137,14 +137,15 @@ class PrecompiledFunction:
     """``fn`` as one static full graph per call signature, loaded from ``cache_root()/aot`` when a process before
     this one compiled it (see the module docstring). ``backend``: the ``torch.compile`` backend."""
 
-    def __init__(self, fn: Callable, *, backend: str = "inductor",
+    def __init__(self, fn: Callable, *, backend: str = "inductor", fullgraph: bool = True,
                  dynamic_dims: Callable[[tuple], list[tuple[torch.Tensor, int]]] | None = None,
                  key_extra: Callable[[], Any] | None = None, aot_allowed: Callable[[tuple], bool] | None = None):
-        self.fn, self.backend = fn, backend
+        self.fn, self.backend, self.fullgraph = fn, backend, fullgraph  # fullgraph: of the plain path (AOT needs it)
         self.dynamic_dims, self.key_extra, self.aot_allowed = dynamic_dims, key_extra, aot_allowed
         self.name = f"{fn.__module__}.{fn.__qualname__}"
         self._by_key: dict[tuple, list[Callable]] = {}
-        self._plain: Callable | None = None  # torch.compile(fn), where AOT compile is unavailable or failed
+        self._plain: Callable | None = None  # torch.compile(fn): calls AOT compile cannot or may not serve
+        self._aot_failed = False  # AOT compile raised for this function once: plain torch.compile from then on
         self.loaded = self.compiled = 0  # artifacts loaded from / written to disk by this object (for tests, benches)
 
     def __call__(self, *args):
@@ -175,7 +176,7 @@ class PrecompiledFunction:
 
     def _plain_call(self, *args):
         if self._plain is None:
-            self._plain = torch.compile(self.fn, dynamic=False, fullgraph=True, backend=self.backend)
+            self._plain = torch.compile(self.fn, dynamic=False, fullgraph=self.fullgraph, backend=self.backend)
         self._mark(args)
         return self._plain(*args)
 
@@ -190,7 +191,7 @@ class PrecompiledFunction:
 
     def _get(self, args: tuple, dynamic: frozenset) -> Callable:
         prepare_compile()
-        if self._plain is not None or not aot_supported():
+        if self._aot_failed or not aot_supported():
             return self._plain_call
         path = self.path(args, dynamic)
         if path.exists():
@@ -226,4 +227,5 @@ class PrecompiledFunction:
         except Exception as e:  # noqa: BLE001 — same graph through plain torch.compile, only the restart is slower
             _log.warning("%s: AOT compile unavailable (%s: %s); using torch.compile, which re-traces the function in "
                          "every new process.", self.name, type(e).__name__, str(e)[:300])
+            self._aot_failed = True
             return self._plain_call

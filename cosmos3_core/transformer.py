@@ -257,8 +257,9 @@ class Cosmos3Transformer(nn.Module):
                 compiled = torch.compile(generation_layer, **{"dynamic": False, **compile_kwargs})
                 self._compiled_fn = functools.partial(_any_prompt_length, compiled)
             else:
-                self._compiled_fn = PrecompiledFunction(generation_layer, dynamic_dims=_prompt_length_dims,
-                                                        key_extra=attention_setting, aot_allowed=_no_weight_hooks)
+                self._compiled_fn = PrecompiledFunction(generation_layer, fullgraph=False,  # plain path: may break
+                                                        dynamic_dims=_prompt_length_dims, key_extra=attention_setting,
+                                                        aot_allowed=_no_weight_hooks)
         self._compiled_layer = self._compiled_fn if enable else None
 
     def use_cuda_graphs(self, enable: bool = True) -> None:

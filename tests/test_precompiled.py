@@ -211,7 +211,11 @@ def test_a_call_with_weight_hooks_goes_through_plain_torch_compile(cache):
         assert fn.compiled == 1 and len(list((cache / "aot").iterdir())) == 1
         lin.weight_function = [lambda w: -w]
         assert torch.allclose(fn(lin, x), torch.nn.functional.linear(x, -lin.weight, lin.bias) * 2)
-    assert fn.compiled == 1 and fn.loaded == 0 and len(list((cache / "aot").iterdir())) == 1
+        assert fn.compiled == 1 and fn.loaded == 0 and len(list((cache / "aot").iterdir())) == 1
+        lin.weight_function = []  # the hook removed (a host loaded the weights whole): saved graphs again
+        y = torch.randn(3, 4)
+        assert torch.allclose(fn(lin, y), lin(y) * 2)
+    assert fn.compiled == 2 and len(list((cache / "aot").iterdir())) == 2
 
 
 if __name__ == "__main__":
