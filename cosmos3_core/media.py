@@ -217,7 +217,8 @@ class VideoWriter:
 
 class BackgroundVideoWriter:
     """A ``VideoWriter`` fed by a worker thread, so that encoding overlaps what the caller does next (the CLI:
-    decoding the next chunk of frames on the GPU). Same file as ``write_video`` of the same frames.
+    decoding the next chunk of frames on the GPU). Same encoding as ``write_video`` of the same frames: the same
+    bytes wherever x264 repeats itself (one thread always does, see ``VideoWriter``).
 
     ``append(frames)`` queues a block of frames and returns at once; the caller leaves the block unchanged until
     ``close()``. ``audio`` ``[C, N]`` (the whole track) is given up front and muxed along with the frames. ``close()``
