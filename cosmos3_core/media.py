@@ -143,9 +143,9 @@ class VideoWriter:
     at once, so memory does not grow with the video's length; ``close`` (also on an exception, via ``with``)
     flushes the encoders and writes the index, so whatever was appended before a cancel is a playable file.
     ``audio=True`` declares the AAC track up front (an mp4 cannot add a stream once packets are written); its
-    samples then come with each ``append``. ``threads``: x264's threads (0 = its automatic choice). With several,
-    x264's frame threads do not always repeat the bytes for the same frames on a busy machine (measured here);
-    ``threads=1`` does, at a fraction of the speed.
+    samples then come with each ``append``. ``threads``: x264's threads (0 = its automatic choice). x264 does not
+    always repeat its bytes for identical frames on a busy machine, with one thread or several (measured here), so
+    two files of the same frames are compared by their decoded content, never by bytes.
     """
 
     def __init__(self, path, fps, width: int, height: int, *, audio: bool = False, sample_rate: int = AUDIO_RATE,
@@ -217,8 +217,8 @@ class VideoWriter:
 
 class BackgroundVideoWriter:
     """A ``VideoWriter`` fed by a worker thread, so that encoding overlaps what the caller does next (the CLI:
-    decoding the next chunk of frames on the GPU). Same encoding as ``write_video`` of the same frames: the same
-    bytes wherever x264 repeats itself (one thread always does, see ``VideoWriter``).
+    decoding the next chunk of frames on the GPU). Same encoding as ``write_video`` of the same frames (the same
+    calls into the same encoders, in the same order).
 
     ``append(frames)`` queues a block of frames and returns at once; the caller leaves the block unchanged until
     ``close()``. ``audio`` ``[C, N]`` (the whole track) is given up front and muxed along with the frames. ``close()``
