@@ -20,7 +20,6 @@ Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetens
 
 from __future__ import annotations
 
-import functools
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -238,28 +237,25 @@ class Cosmos3Transformer(nn.Module):
         x = self.norm_moe_gen(x)
         return self._heads(x, layout)
 
-    def compile_generation_layers(self, enable: bool = True, **compile_kwargs) -> None:
+    def compile_generation_layers(self, enable: bool = True, *, fullgraph: bool = False) -> None:
         """Opt-in: ``torch.compile`` the generation layer (one graph shared by every layer: the layer's weights are
         graph inputs). Fuses the norms, RoPE and activations — measured 1.29–1.37× per step at 480p/256p on an H200
         (BENCHMARKS.md). Same math, but fused kernels round intermediates differently, so outputs differ from eager
         at bf16 rounding level. The compiled function is kept, so switching back on does not recompile.
 
-        Shapes are static (``dynamic=False``) except the prompt lengths (the text K/V's length dimension is marked
-        dynamic): one graph per generation shape (resolution × frames, branches, batch, streams), the same graph in
-        every process whatever the prompts and whatever shapes ran before. Each graph is kept on disk whole
+        Shapes are static except the prompt lengths (the text K/V's length dimension is dynamic): one graph per
+        generation shape (resolution × frames, branches, batch, streams), the same graph in every process whatever
+        the prompts and whatever shapes ran before. Each graph is kept on disk whole
         (``precompiled.PrecompiledFunction``, keyed also by the attention setting it baked in): a restarted process
-        loads it instead of tracing the layer again. ``compile_kwargs`` (a caller's own ``torch.compile`` settings)
-        compile through plain ``torch.compile`` instead, whose kernels the on-disk caches (``caches.py``) keep."""
+        loads it instead of tracing the layer again. Saved graphs are whole graphs; a call that cannot be saved
+        (host weight hooks, or a torch without AOT compile) goes through plain ``torch.compile``, where
+        ``fullgraph=True`` makes a graph break an error instead of a split graph."""
         if enable:
             prepare_compile()  # on-disk caches and the recompile limit, in this run's context (caches.py)
-        if enable and self._compiled_fn is None:
-            if compile_kwargs:  # a caller's own torch.compile settings: traced in every process
-                compiled = torch.compile(generation_layer, **{"dynamic": False, **compile_kwargs})
-                self._compiled_fn = functools.partial(_any_prompt_length, compiled)
-            else:
-                self._compiled_fn = PrecompiledFunction(generation_layer, fullgraph=False,  # plain path: may break
-                                                        dynamic_dims=_prompt_length_dims, key_extra=attention_setting,
-                                                        aot_allowed=_no_weight_hooks)
+        if enable and (self._compiled_fn is None or self._compiled_fn.fullgraph != fullgraph):
+            self._compiled_fn = PrecompiledFunction(generation_layer, fullgraph=fullgraph,
+                                                    dynamic_dims=_prompt_length_dims, key_extra=attention_setting,
+                                                    aot_allowed=_no_weight_hooks)
         self._compiled_layer = self._compiled_fn if enable else None
 
     def use_cuda_graphs(self, enable: bool = True) -> None:
@@ -299,13 +295,6 @@ def _no_weight_hooks(args: tuple) -> bool:
     in-process guards can follow."""
     return not any(getattr(m, "comfy_cast_weights", False) or getattr(m, "weight_function", None)
                    or getattr(m, "bias_function", None) for m in args[0].modules())
-
-
-def _any_prompt_length(compiled, *args):
-    """Call a ``torch.compile``d ``generation_layer`` with the prompt lengths dynamic."""
-    for t, d in _prompt_length_dims(args):
-        torch._dynamo.maybe_mark_dynamic(t, d)
-    return compiled(*args)
 
 
 def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None):
