@@ -30,7 +30,7 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
   weights it transposes the weights on every call instead. Each decoder puts the weights in its own layout when a
   clip (or tile) starts, so a compiled graph always sees the layout it was traced with, whatever a host did to the
   parameters in between (a reload, another decoder).
-* Optional ``torch.compile`` (``dynamic=False``) of the steady-state frame (every frame but the first, which has its
+* Optional ``torch.compile`` (static sizes unless ``dynamic_size``) of the steady-state frame (every frame but the first, which has its
   own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
   so that a graph's buffers are freed between stages. Each stage graph is kept on disk whole
   (``precompiled.PrecompiledFunction``): a restarted process loads it instead of tracing the stage again. With
@@ -71,7 +71,6 @@ class WanFrameDecoder:
         self.channels_last = channels_last
         self.compile, self.compile_backend = compile, compile_backend
         self.dynamic_size = dynamic_size  # compiled stages with the frame's height and width dynamic
-        self._compiled: dict = {}
         self.precompiled: dict = {}  # stage function -> its PrecompiledFunction (compile=True)
 
     def __call__(self, x: torch.Tensor, state: list, first: bool) -> torch.Tensor:
@@ -90,18 +89,17 @@ class WanFrameDecoder:
         if first:
             state[:] = [None] * len(stages)
         for k, (fn, module) in enumerate(stages):
-            x, state[k] = self._run(fn)(module, x, state[k], first, self.channels_last)
+            x, state[k] = self._run(fn, first)(module, x, state[k], first, self.channels_last)
         return x
 
-    def _run(self, fn):
-        """The stage eager (first frame, or compile off) or through its torch.compile'd version."""
-        if not self.compile:
+    def _run(self, fn, first: bool):
+        """The stage eager (first frame, or compile off) or through its compiled version, kept on disk."""
+        if not self.compile or first:
             return fn
-        if fn not in self._compiled:  # one static graph per stage function, module and shape, kept on disk
-            compiled = self.precompiled[fn] = PrecompiledFunction(
+        if fn not in self.precompiled:
+            self.precompiled[fn] = PrecompiledFunction(
                 fn, backend=self.compile_backend, dynamic_dims=_spatial_dims if self.dynamic_size else None)
-            self._compiled[fn] = lambda m, x, h, first, cl: (fn if first else compiled)(m, x, h, first, cl)
-        return self._compiled[fn]
+        return self.precompiled[fn]
 
 
 def _spatial_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
