@@ -128,8 +128,8 @@ def _video_frames(path) -> int:
 def test_mp4_is_encoded_while_the_video_decodes(nano, tmp_path, monkeypatch):
     """Each decoded chunk goes to the encoder as it lands (1 frame, then 4 per latent frame): the blocks are the
     final frames (``--frames-out``) in order, bit for bit, and the mp4 holds all of them. (Not compared byte for byte
-    with ``write_video`` of the clip: x264's frame threads do not always give identical bytes for identical frames
-    when the process is busy; ``tests/test_media.py`` checks the writer itself.)"""
+    with ``write_video`` of the clip: x264 does not always give identical bytes for identical frames when the machine
+    is busy, with one thread or several; ``tests/test_media.py`` checks the writer itself.)"""
     from cosmos3_core.generate import main
 
     blocks = _encoded_blocks(monkeypatch)
