@@ -41,11 +41,11 @@ def build_full_pipeline(device: str, tmp: Path):
     from bench_generation import NANO, make_components, random_bf16_weights
     from diffusers import Cosmos3OmniTransformer
 
-    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.transformer import Cosmos3Transformer
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     with torch.device("meta"):
         ref = Cosmos3OmniTransformer(**NANO)
@@ -64,7 +64,7 @@ def build_full_pipeline(device: str, tmp: Path):
 
 def build_tiny_pipeline(tmp: Path):
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     ckpt = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=False, seed=0)
     return Cosmos3Pipeline.load(ckpt, dtype=torch.float32, device="cpu")
@@ -72,7 +72,7 @@ def build_tiny_pipeline(tmp: Path):
 
 def run(pipe, args, device: str) -> dict:
     from cosmos3_core import defaults
-    from cosmos3_core.action import ActionRequest, EMBODIMENT_TO_RAW_ACTION_DIM
+    from cosmos3_core.modes.action import ActionRequest, EMBODIMENT_TO_RAW_ACTION_DIM
 
     h, w = (int(v) for v in args.input.split("x"))
     rng = np.random.default_rng(0)
@@ -125,7 +125,7 @@ def run(pipe, args, device: str) -> dict:
 
 
 def main() -> None:
-    from cosmos3_core import action as act
+    from cosmos3_core.modes import action as act
     from cosmos3_core import defaults
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

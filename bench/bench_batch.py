@@ -53,15 +53,15 @@ def main() -> None:
     device = "cpu" if args.tiny else "cuda"
     ref = None
     if args.tiny:
-        from cosmos3_core.tiny import build_tiny_checkpoint
+        from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
         pipe = Cosmos3Pipeline.load(build_tiny_checkpoint(tmp / "tiny", seed=0), dtype=torch.float32, device="cpu")
         shapes = {"tiny": (64, 96, 9)}
     else:
         from bench_generation import COND_TOKENS, LONG_PROMPT, build_models, make_components  # noqa: F401
 
-        from cosmos3_core.audio import Cosmos3SoundDecoder
-        from cosmos3_core.vae import Cosmos3VAE
+        from cosmos3_core.vae.audio import Cosmos3SoundDecoder
+        from cosmos3_core.vae.video import Cosmos3VAE
 
         ref, ours = build_models(device)
         files, vae, audio, tokenizer = make_components(device, tmp)

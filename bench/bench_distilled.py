@@ -6,7 +6,7 @@ prefill, 4 stochastic steps with one branch, VAE decode) and text-to-image at 10
 **Stand-in weights.** No Super weights exist here, so the step cost comes from a *Nano-size* transformer with random
 bf16 weights (hidden 4096, 36 layers — Super is 5120 / 64 layers, so a Super step costs ~2.7x this) and a full-size
 random Wan2.2 VAE; the distilled files (``modular_model_index.json`` with ``distilled_sigmas``, the stochastic
-FlowMatchEuler scheduler, a tokenizer) come from the tiny builder (``cosmos3_core.tiny``, ``distilled=True``). The
+FlowMatchEuler scheduler, a tokenizer) come from the tiny builder (``cosmos3_core.testing.tiny``, ``distilled=True``). The
 run goes through ``Cosmos3Pipeline.generate`` exactly as the CLI does, so the schedule, step count (4) and guidance
 (1, one branch) are read from those files. Random weights: the numbers are speed, not quality.
 
@@ -43,10 +43,10 @@ def build_pipeline(tmp: Path, device: str, tiny: bool):
 
     from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.prompt import load_tokenizer
-    from cosmos3_core.tiny import build_tiny_checkpoint
-    from cosmos3_core.transformer import Cosmos3Transformer
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.sampling.prompt import load_tokenizer
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
+    from cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     files = build_tiny_checkpoint(tmp / "files", variant="super", seed=0, distilled=True)
     if tiny:

@@ -36,10 +36,10 @@ from bench_generation import RESOLUTIONS, WAN22_VAE, sync  # noqa: E402
 
 
 def build_vae(tiny: bool, tmp: Path):
-    from cosmos3_core.vae import Cosmos3VAE, load_vae
+    from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 
     if tiny:
-        from cosmos3_core.tiny import build_tiny_checkpoint
+        from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
         return load_vae(build_tiny_checkpoint(tmp, variant="nano", sound=False, seed=0), dtype=torch.float32)
     from diffusers import AutoencoderKLWan
@@ -65,7 +65,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     from cosmos3_core import media
-    from cosmos3_core.generate import decode_while_encoding
+    from cosmos3_core.cli.main import decode_while_encoding
 
     tmp = Path(tempfile.mkdtemp(prefix="cosmos3-encode-overlap-"))
     vae = build_vae(args.tiny, tmp)

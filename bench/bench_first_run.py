@@ -6,7 +6,7 @@ pair, 35 compiled guided steps, compiled VAE decode, audio decode — twice. "fi
 second; both towers stay resident (no text-tower move). For sampling (``sample``: what ``generate(decode=False)`` runs)
 and the VAE decode (``decode``) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache
 hits / misses and where the compile time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s);
-``precompiled`` the graphs saved and loaded whole so far (``cosmos3_core.precompiled``); ``step_s`` holds each step's seconds, the GPU waited for at every step (the first entry from the run's start: prefill,
+``precompiled`` the graphs saved and loaded whole so far (``cosmos3_core.kernels.precompiled``); ``step_s`` holds each step's seconds, the GPU waited for at every step (the first entry from the run's start: prefill,
 plan and step 1), and ``first_step_new_modules`` the modules first imported up to the end of step 1. Processes run
 one after another on one new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a
 restart (e.g. of ComfyUI).
@@ -107,24 +107,24 @@ class _StepClock:
 
 
 def _precompiled_counts(pipe) -> dict:
-    """Graphs this process saved (compiled) and loaded from disk so far (``cosmos3_core.precompiled``)."""
+    """Graphs this process saved (compiled) and loaded from disk so far (``cosmos3_core.kernels.precompiled``)."""
     fns = [f for f in [pipe.transformer._compiled_fn, *pipe.vae.frame_decoder(compile=True).precompiled.values()]
            if hasattr(f, "loaded")]
     return dict(compiled=sum(f.compiled for f in fns), loaded=sum(f.loaded for f in fns))
 
 
 def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, preload: bool = False) -> None:
-    from cosmos3_core.audio import Cosmos3SoundDecoder
-    from cosmos3_core.caches import preload_compiler
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
+    from cosmos3_core.kernels.caches import preload_compiler
     from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     t0 = time.perf_counter()
     preloading = preload_compiler() if preload else None  # as Cosmos3Pipeline.load does, before the weights
     device = "cpu" if tiny else "cuda"
     tmp = Path(tempfile.mkdtemp(prefix="cosmos3-first-run-"))
     if tiny:
-        from cosmos3_core.tiny import build_tiny_checkpoint
+        from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
         pipe = Cosmos3Pipeline.load(build_tiny_checkpoint(tmp, variant="nano", sound=True, seed=0))
     else:

@@ -12,7 +12,7 @@ memory. End to end (text prefill, 35 guided steps, VAE decode, audio decode) run
     python bench/bench_generation.py --out results.json --resolutions 256p,480p,720p --e2e 480p --e2e-diffusers 480p
     python bench/bench_generation.py --render results.json > BENCHMARKS.md
 
-``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/caches.py) save: it runs two fresh
+``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs two fresh
 processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
 and reports, per process and shape, the compile warm-up (first compiled step minus the steady one), the inductor /
 AOT-autograd cache hits and misses and the steady compiled step. ``--tiny`` runs the same code on the CPU with a
@@ -109,7 +109,7 @@ OURS_SKIP = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_em
 def meta_ours() -> torch.nn.Module:
     """Our full-size Nano transformer on the meta device (no storage yet)."""
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.transformer import Cosmos3Transformer
+    from cosmos3_core.model.transformer import Cosmos3Transformer
 
     with torch.device("meta"):
         return Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=OURS_SKIP)
@@ -166,7 +166,7 @@ def time_ours(ours, step) -> tuple[float, int, dict]:
         extra = dict(compile_warmup_s=round(time.perf_counter() - start, 1), ours_compiled_step_s=round(timed(step), 4))
         ours.compile_generation_layers(False)
     if FP8:  # approximate fast mode: FP8 GEMMs
-        from cosmos3_core.fp8 import disable_fp8, enable_fp8
+        from cosmos3_core.model.fp8 import disable_fp8, enable_fp8
 
         torch._dynamo.reset()  # compile afresh for the swapped module types (keeps clear of recompile limits)
         enable_fp8(ours)
@@ -182,7 +182,7 @@ def time_ours(ours, step) -> tuple[float, int, dict]:
 
 def route_variants(name: str) -> list[tuple[str, str, bool, bool]]:
     """(label, attention backend, compiled, CUDA graph) to time at this shape; 720p skips the eager ones."""
-    from cosmos3_core.attention import flash4_unavailable_reason
+    from cosmos3_core.kernels.attention import flash4_unavailable_reason
 
     flash4 = not flash4_unavailable_reason()
     big = name == "720p"
@@ -200,7 +200,7 @@ def route_variants(name: str) -> list[tuple[str, str, bool, bool]]:
 def time_routes(ours, step, name: str) -> dict:
     """Every variant: first-call warm-up (compile, FlashAttention-4 JIT, graph capture), step time, peak memory,
     and the relative L2 difference of its vision velocity from eager SDPA (bf16 rounding level expected)."""
-    from cosmos3_core.attention import set_attention_backend
+    from cosmos3_core.kernels.attention import set_attention_backend
 
     iters = 2 if name == "720p" else 5
     out, reference = {}, None
@@ -233,7 +233,7 @@ def time_routes(ours, step, name: str) -> dict:
 
 
 def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
-    from cosmos3_core.layout import build_layout
+    from cosmos3_core.model.layout import build_layout
 
     h, w, frames = RESOLUTIONS[name]
     shape = (1, 48, (frames - 1) // 4 + 1, h // 16, w // 16)
@@ -340,8 +340,8 @@ def bench_gemm_fusion(name: str, results: dict) -> None:
 def make_components(device: str, tmp: Path):
     from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
-    from cosmos3_core.prompt import load_tokenizer
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.sampling.prompt import load_tokenizer
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     files = build_tiny_checkpoint(tmp / "files", variant="nano", seed=0)  # tokenizer, scheduler, model_index
     vae = AutoencoderKLWan(**WAN22_VAE).to(device=device, dtype=torch.bfloat16).eval().requires_grad_(False)
@@ -364,11 +364,11 @@ def best_route(results: dict, name: str) -> tuple[str, bool, bool]:
 
 
 def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict, device: str) -> None:
-    from cosmos3_core.attention import set_attention_backend
-    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.kernels.attention import set_attention_backend
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.towers import PinnedHostCopy, tower_module
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.model.towers import PinnedHostCopy, tower_module
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
     sound = frames > 1
@@ -445,9 +445,9 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
     loop with every step replayed as one CUDA graph (``use_cuda_graphs``; a run captures once: its layout is new)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
     sound = frames > 1
@@ -477,10 +477,10 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
 
 
 def build_tiny_ours() -> torch.nn.Module:
-    """A tiny random fp32 model on the CPU (cosmos3_core/tiny.py's geometry and init) for ``--tiny``."""
+    """A tiny random fp32 model on the CPU (cosmos3_core/testing/tiny.py's geometry and init) for ``--tiny``."""
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.tiny import randomize_transformer_, transformer_config
-    from cosmos3_core.transformer import Cosmos3Transformer
+    from cosmos3_core.testing.tiny import randomize_transformer_, transformer_config
+    from cosmos3_core.model.transformer import Cosmos3Transformer
 
     config = Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000, action=False))
     model = Cosmos3Transformer(config, skip_modules=("lm_head",))
@@ -508,7 +508,7 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
     """In this (fresh) process, per shape in order: the first compiled step as a user's first run pays it (Dynamo,
     inductor or its on-disk caches, FlashAttention-4's JIT), the steady compiled step, the compile counters and
     times it added, and the compiled step's relative difference from the eager one."""
-    from cosmos3_core.layout import build_layout
+    from cosmos3_core.model.layout import build_layout
 
     t0 = time.perf_counter()
     device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)
@@ -588,10 +588,10 @@ def bench_fp8_quality(ours, files, vae, audio, tokenizer, name: str, results: di
     steps, and the cosine of the first step's x0 prediction (one model call, no trajectory). Calibration: exact
     eager vs exact *compiled* — the same math rounded differently (bf16 level) — shows how far 35 steps of this
     random-weight model carry a rounding-sized difference; FP8 can only be judged against that floor."""
-    from cosmos3_core.audio import Cosmos3SoundDecoder
-    from cosmos3_core.fp8 import disable_fp8, enable_fp8
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
+    from cosmos3_core.model.fp8 import disable_fp8, enable_fp8
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     cos = torch.nn.functional.cosine_similarity
     h, w, frames = RESOLUTIONS[name]

@@ -1,6 +1,6 @@
 """Long video (windowed text-to-video, streamed to an mp4): per-window time and peak memory on full-size random Nano.
 
-For each shape it generates the whole video window by window with ``cosmos3_core.long_video.generate_long`` and
+For each shape it generates the whole video window by window with ``cosmos3_core.modes.long_video.generate_long`` and
 the streaming mp4 writer, and records per window: denoising seconds, decode+write seconds, peak GPU memory
 allocated during the window (the peak is reset between windows) and the host's resident memory after the window.
 Flat peaks over the windows are the claim to check: nothing but the last decoded tail crosses a window boundary.
@@ -45,15 +45,15 @@ def host_rss_gib() -> float:
 def load_pipeline(tiny: bool, device: str, tmp: Path):
     if tiny:
         from cosmos3_core.pipeline import Cosmos3Pipeline
-        from cosmos3_core.tiny import build_tiny_checkpoint
+        from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
         path = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=True, seed=0)
         return Cosmos3Pipeline.load(path, dtype=torch.float32, device=device)
     from bench_generation import build_models, make_components
 
-    from cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     _, ours = build_models(device)
     files, vae, audio, tokenizer = make_components(device, tmp)
@@ -61,7 +61,7 @@ def load_pipeline(tiny: bool, device: str, tmp: Path):
 
 
 def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str, out_dir: Path) -> dict:
-    from cosmos3_core.long_video import LongVideoRequest, generate_long
+    from cosmos3_core.modes.long_video import LongVideoRequest, generate_long
     from cosmos3_core.media import VideoWriter, probe_media
 
     h, w, total, chunk = shape

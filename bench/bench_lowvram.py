@@ -54,12 +54,12 @@ def random_nano_pipeline(files: Path, linear):
     Linear like the loader node does, plus a random Wan2.2 VAE and the AVAE sound decoder."""
     from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
-    from cosmos3_pack.cosmos3_core.audio import Cosmos3SoundDecoder
+    from cosmos3_pack.cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_pack.cosmos3_core.config import Cosmos3Config
     from cosmos3_pack.cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_pack.cosmos3_core.prompt import load_tokenizer
-    from cosmos3_pack.cosmos3_core.transformer import Cosmos3Transformer
-    from cosmos3_pack.cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_pack.cosmos3_core.sampling.prompt import load_tokenizer
+    from cosmos3_pack.cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_pack.cosmos3_core.vae.video import Cosmos3VAE
 
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):
@@ -175,7 +175,7 @@ def main() -> None:
     import comfy.ops
 
     handle_cls = import_pack()
-    from cosmos3_pack.cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_pack.cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         files = build_tiny_checkpoint(Path(tmp) / "files", variant="nano", seed=0)  # tokenizer, scheduler configs

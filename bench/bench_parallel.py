@@ -37,14 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def build_pipeline(tiny: bool, device: torch.device, tmp: Path):
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     if tiny:
         files = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=False, seed=0)
         return Cosmos3Pipeline.load(files, dtype=torch.float32, device=device, with_sound=False)
     from bench_generation import build_ours, make_components
 
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     model = build_ours(str(device))  # seeded: the same weights on every rank
     torch.manual_seed(0)  # the VAE's default init, identical on every rank

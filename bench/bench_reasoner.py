@@ -70,7 +70,7 @@ def sync(device) -> None:
 
 def build(values: dict, device: str):
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.transformer import Cosmos3Transformer
+    from cosmos3_core.model.transformer import Cosmos3Transformer
 
     with torch.device("meta"):
         model = Cosmos3Transformer(Cosmos3Config.from_dict(values))
@@ -78,8 +78,8 @@ def build(values: dict, device: str):
 
 
 def configure(reasoner, variant: str) -> None:
-    from cosmos3_core.attention import set_attention_backend
-    from cosmos3_core.gemv import set_gemv_route
+    from cosmos3_core.kernels.attention import set_attention_backend
+    from cosmos3_core.kernels.gemv import set_gemv_route
 
     backend, compiled, in_step, packed, gemv_route = VARIANTS[variant]
     set_attention_backend(backend)
@@ -94,7 +94,7 @@ def configure(reasoner, variant: str) -> None:
 
 def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
     """Decode tokens/s with and without the first ``STEADY_FROM`` tokens (which hold the graph capture)."""
-    from cosmos3_core.reasoner import SamplingParams
+    from cosmos3_core.reasoner.reasoner import SamplingParams
 
     device = reasoner.device
     params = SamplingParams(max_new_tokens=new_tokens)
@@ -119,8 +119,8 @@ def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
 def teacher_forced_logits(reasoner, prepared, tokens: list[int] | None, steps: int, mode: str) -> tuple[list, list]:
     """Logits of ``steps`` decode steps fed ``tokens`` (None: this run's own greedy tokens); ``mode`` is ``eager``,
     ``side_stream`` or ``graph``. Returns (logits per step on the CPU, tokens fed)."""
-    from cosmos3_core.reasoner import decode_weights
-    from cosmos3_core.step_graph import GraphedCall
+    from cosmos3_core.reasoner.reasoner import decode_weights
+    from cosmos3_core.kernels.cuda_graph import GraphedCall
 
     device = reasoner.device
     first = reasoner.prefill(prepared, cache_len=prepared.length + steps + 1)
@@ -183,9 +183,9 @@ def agreement(ids: list[int], ref: list[int]) -> dict:
 def bench_family(family: str, args, device: torch.device) -> dict:
     from torch._dynamo.utils import counters
 
-    from cosmos3_core.reasoner import Cosmos3Reasoner, SamplingParams
-    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
-    from cosmos3_core.vision import load_processor
+    from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
+    from cosmos3_core.reasoner.vision import load_processor
 
     t_build = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,7 +267,7 @@ def main() -> None:
         def emit(self, record):
             warnings.append(record.getMessage()[:300])
 
-    logging.getLogger("cosmos3_core.step_graph").addHandler(Collect(logging.WARNING))
+    logging.getLogger("cosmos3_core.kernels.cuda_graph").addHandler(Collect(logging.WARNING))
     t_start = time.perf_counter()
     results = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
                "weights": "tiny random (script check)" if args.tiny else "full-size random bf16",

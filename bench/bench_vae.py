@@ -47,7 +47,7 @@ def sync(device) -> None:
 
 def build_vae(tiny: bool, device, dtype):
     if tiny:
-        from cosmos3_core.tiny import _build_vae
+        from cosmos3_core.testing.tiny import _build_vae
 
         vae = _build_vae(0, torch.Generator().manual_seed(0))
     else:
@@ -61,7 +61,7 @@ def build_vae(tiny: bool, device, dtype):
 def make_decoder(vae, variant: str, cache: dict, backend: str):
     """A callable ``step(x_frame, state, first) -> decoder output``; one WanFrameDecoder per variant (shared across
     resolutions so a compiled variant keeps its graphs)."""
-    from cosmos3_core.vae_decoder import WanFrameDecoder
+    from cosmos3_core.vae.frame_decoder import WanFrameDecoder
 
     if variant == "diffusers":
         def step(x, state, first):
@@ -151,7 +151,7 @@ def bench_resolution(vae, name, variants, args, device, dtype, cache, weights_by
 def bench_e2e(vae, name, args, device, cache) -> dict:
     """Cosmos3VAE.decode (normalized latents -> fp32 frames on the CPU), eager and compiled, with the decoders and
     layout it picks itself (channels-last on CUDA)."""
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     c3 = Cosmos3VAE(vae)
     c3.compile_backend = args.backend

@@ -157,7 +157,7 @@ def main() -> None:
     from bench_lowvram import import_pack, random_nano_pipeline
 
     handle_cls = import_pack()
-    from cosmos3_pack.cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_pack.cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     cuda = not args.tiny
     results = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu", runs=[])

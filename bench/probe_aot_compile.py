@@ -36,14 +36,14 @@ def build(tiny: bool):
     from bench_generation import WAN22_VAE
 
     if tiny:
-        from cosmos3_core.tiny import build_tiny_checkpoint
-        from cosmos3_core.vae import load_vae
+        from cosmos3_core.testing.tiny import build_tiny_checkpoint
+        from cosmos3_core.vae.video import load_vae
 
         return load_vae(build_tiny_checkpoint(Path(tempfile.mkdtemp()), variant="nano", sound=False, seed=0),
                         dtype=torch.float32)
     from diffusers import AutoencoderKLWan
 
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     torch.manual_seed(0)
     return Cosmos3VAE(AutoencoderKLWan(**WAN22_VAE).to(device="cuda", dtype=torch.bfloat16).eval()
@@ -52,7 +52,7 @@ def build(tiny: bool):
 
 def stage_inputs(vae, h: int, w: int):
     """The stages of frame 1 (steady state) with their inputs, after an eager frame 0."""
-    from cosmos3_core import vae_decoder as vd
+    from cosmos3_core.vae.video import frame_decoder as vd
 
     dec = vae.vae.decoder
     cl = vae.device.type == "cuda"
@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.environ.setdefault("COSMOS3_CACHE_DIR", str(Path(args.dir) / "cache"))
-    from cosmos3_core.caches import prepare_compile
+    from cosmos3_core.kernels.caches import prepare_compile
 
     prepare_compile()
     import torch._dynamo.config as dc

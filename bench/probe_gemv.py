@@ -1,5 +1,5 @@
 """Batch-1 GEMV speed per weight shape of the reasoner's decode step: cuBLAS (``F.linear``) against the Triton kernel
-of ``cosmos3_core/gemv.py`` over a grid of launch configurations, on one GPU.
+of ``cosmos3_core/kernels/gemv.py`` over a grid of launch configurations, on one GPU.
 
 Each shape is timed as the decode step runs it: ``--layers`` distinct random weights of that shape (one per text
 layer, so nothing is served from L2), one GEMV each, back to back in one captured CUDA graph; bandwidth = weight
@@ -59,7 +59,7 @@ def replay_ms(fns, reps: int = 20) -> float:
 
 
 def probe_shape(n: int, k: int, layers: int) -> dict:
-    from cosmos3_core import gemv as g
+    from cosmos3_core.kernels import gemv as g
 
     kernel = g._kernel()
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers if n * k < 1e8 else 4)]
@@ -103,9 +103,9 @@ def profile_decode(family: str, tokens: int = 8) -> dict:
 
     from bench_generation import NANO
     from bench_reasoner import EDGE, build
-    from cosmos3_core.reasoner import Cosmos3Reasoner, SamplingParams
-    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
-    from cosmos3_core.vision import load_processor
+    from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
+    from cosmos3_core.reasoner.vision import load_processor
 
     with tempfile.TemporaryDirectory() as tmp:
         processor = load_processor(build_tiny_reasoner_checkpoint(Path(tmp) / family, variant=family, seed=0))

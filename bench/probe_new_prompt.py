@@ -39,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from cosmos3_core.layout import build_layout
+    from cosmos3_core.model.layout import build_layout
 
     model = build_ours("cuda")
     g = torch.Generator().manual_seed(1)

@@ -36,9 +36,9 @@ def main() -> None:
     p.add_argument("--sets", default=",".join(OPTION_SETS))
     p.add_argument("--new-tokens", type=int, default=256)
     args = p.parse_args()
-    from cosmos3_core.reasoner import Cosmos3Reasoner, SamplingParams
-    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
-    from cosmos3_core.vision import load_processor
+    from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
+    from cosmos3_core.reasoner.vision import load_processor
 
     device, results = torch.device("cuda"), {"torch": torch.__version__}
     for family in args.families.split(","):

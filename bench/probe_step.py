@@ -71,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
-    from cosmos3_core.layout import build_layout
+    from cosmos3_core.model.layout import build_layout
 
     model = build_ours("cuda")
     g = torch.Generator().manual_seed(1)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vae import build_vae, decode_clip, make_decoder, timed  # noqa: E402
-from cosmos3_core.vae_decoder import conv_weights_to_layout  # noqa: E402
+from cosmos3_core.vae.frame_decoder import conv_weights_to_layout  # noqa: E402
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     from bench_encode_overlap import build_vae
 
-    from cosmos3_core.vae_decoder import WanFrameDecoder
+    from cosmos3_core.vae.frame_decoder import WanFrameDecoder
 
     res = dict(torch=torch.__version__, runs={})
     for mode in ("static", "dynamic"):

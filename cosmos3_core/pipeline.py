@@ -26,23 +26,23 @@ from typing import Any, Sequence
 import torch
 
 from . import defaults
-from . import action as action_mod
-from .action import ActionCondition, ActionGenerationRequest, ActionRequest
-from .attention import BACKENDS, set_attention_backend
-from .audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
-from .caches import preload_compiler
-from .conditioning import encode_condition
+from .modes import action as action_mod
+from .modes.action import ActionCondition, ActionGenerationRequest, ActionRequest
+from .kernels.attention import BACKENDS, set_attention_backend
+from .vae.audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
+from .kernels.caches import preload_compiler
+from .sampling.conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
-from .distilled import DistilledSchedule, read_distilled
-from .loader import load_transformer
-from .plan import ActionInput, SamplePlan, check_clip, check_sampling, generation_tokens, make_plan
-from .prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
-from .sampling import SampleResult, StepCallback, run
-from .schedulers import load_scheduler_config, make_scheduler, make_stepper
-from .text_kv import TextKV
-from .towers import step_memory_required
-from .transformer import Cosmos3Transformer
-from .vae import Cosmos3VAE, load_vae
+from .sampling.distilled import DistilledSchedule, read_distilled
+from .model.loader import load_transformer
+from .sampling.plan import ActionInput, SamplePlan, check_clip, check_sampling, generation_tokens, make_plan
+from .sampling.prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
+from .sampling.loop import SampleResult, StepCallback, run
+from .sampling.schedulers import load_scheduler_config, make_scheduler, make_stepper
+from .model.text_kv import TextKV
+from .model.towers import step_memory_required
+from .model.transformer import Cosmos3Transformer
+from .vae.video import Cosmos3VAE, load_vae
 
 
 @dataclass(frozen=True)

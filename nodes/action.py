@@ -4,7 +4,7 @@ Cosmos3ActionCondition turns IMAGE frames (+ actions for forward dynamics) and t
 ``CosmosActionCondition`` into the two things the sampler needs: the action condition (clean latents, clean actions,
 embodiment) and the text K/V of the action caption (a JSON document describing the clip, as the action models were
 trained; no metadata templates). Wire both outputs into KSampler UniPC (Dual Tower) — ``text`` and ``action`` —
-and take the sampler's ``actions`` output into Cosmos3 Save Actions. All decisions live in ``cosmos3_core.action``.
+and take the sampler's ``actions`` output into Cosmos3 Save Actions. All decisions live in ``cosmos3_core.modes.action``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import comfy.model_management as mm
 import folder_paths
 from comfy_api.latest import io
 
-from ..cosmos3_core import action as core
+from ..cosmos3_core.modes import action as core
 from ..cosmos3_core import defaults
 from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Model, Cosmos3Text
 

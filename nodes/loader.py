@@ -12,8 +12,8 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..cosmos3_core.config import DTYPES
-from ..cosmos3_core.weights import STORAGE_DTYPES, check_storage_device
-from ..cosmos3_core.loader import checkpoint_fingerprint
+from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
+from ..cosmos3_core.model.loader import checkpoint_fingerprint
 from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 

@@ -1,7 +1,7 @@
 """Cosmos3LongVideo: a video past one clip — windowed text/image-to-video, or Transfer from control videos —
 written to an mp4 in ComfyUI's output folder while it is generated.
 
-Glue only: ``cosmos3_core.long_video.generate_long`` decides and runs every window; this node places the model
+Glue only: ``cosmos3_core.modes.long_video.generate_long`` decides and runs every window; this node places the model
 parts through the handle (ComfyUI model management), streams each finished window into the mp4, shows it as a
 preview, reports progress per window and step (the cancel point: a cancel leaves a playable mp4 of the finished
 windows) and returns the file as a VIDEO (what SaveVideo and the other video nodes take) instead of a giant IMAGE
@@ -18,10 +18,10 @@ import folder_paths
 from comfy_api.latest import InputImpl, io, ui
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.long_video import LongVideoRequest, generate_long
+from ..cosmos3_core.modes.long_video import LongVideoRequest, generate_long
 from ..cosmos3_core.media import VideoWriter
-from ..cosmos3_core.stream_decode import preview_image
-from ..cosmos3_core.transfer import CONTROL_KEYS
+from ..cosmos3_core.modes.stream_decode import preview_image
+from ..cosmos3_core.modes.transfer import CONTROL_KEYS
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Model
 

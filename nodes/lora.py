@@ -1,6 +1,6 @@
 """Cosmos3LoraLoader: COSMOS3_MODEL + a LoRA file (models/loras) + strength → COSMOS3_MODEL with the LoRA patched in.
 
-Glue only: ``cosmos3_core.lora`` reads and checks the file; here its pairs become ComfyUI weight patches
+Glue only: ``cosmos3_core.model.lora`` reads and checks the file; here its pairs become ComfyUI weight patches
 (``comfy.weight_adapter.LoRAAdapter``) on clones of the handle's tower ModelPatchers — the generation tower's, and
 the text tower's for pairs on understanding-tower layers. ComfyUI applies them when it loads a tower (merged into the
 weights, or per call for streamed layers) and restores the original weights from its backup when another clone loads,
@@ -15,7 +15,7 @@ import folder_paths
 from comfy.weight_adapter import LoRAAdapter
 from comfy_api.latest import io
 
-from ..cosmos3_core.lora import LoraError, check_fits, read_lora
+from ..cosmos3_core.model.lora import LoraError, check_fits, read_lora
 from .types import CATEGORY, Cosmos3Model
 
 NONE_FOUND = "(no LoRA in models/loras)"

@@ -23,7 +23,7 @@ import comfy.model_patcher
 import comfy.ops
 
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
-from ..cosmos3_core.towers import prefill_memory_required, tower_module
+from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
 
 
 def _unstreamable_tensors(patcher: comfy.model_patcher.ModelPatcher):
@@ -182,12 +182,12 @@ class Cosmos3ModelHandle:
         return self._branch_split
 
     def get_reasoner(self):
-        """The checkpoint's ``cosmos3_core.reasoner.Cosmos3Reasoner`` over this handle's transformer (no second copy
+        """The checkpoint's ``cosmos3_core.reasoner.reasoner.Cosmos3Reasoner`` over this handle's transformer (no second copy
         of the text weights), built on first use and cached here; its processor and ``lm_head`` are read from
         ``self.path`` then, the vision encoder on the first image/video."""
         if self._reasoner is None:
-            from ..cosmos3_core.reasoner import Cosmos3Reasoner
-            from ..cosmos3_core.vision import load_processor
+            from ..cosmos3_core.reasoner.reasoner import Cosmos3Reasoner
+            from ..cosmos3_core.reasoner.vision import load_processor
 
             self._reasoner = Cosmos3Reasoner(self.pipeline.transformer, load_processor(self.path),
                                              checkpoint_dir=self.path)

@@ -1,7 +1,7 @@
 """Cosmos3Reasoner: ask the checkpoint's understanding tower about an image/video, caption it for image-to-video, or
 expand a short idea into the structured JSON prompt the generator expects. Output: a STRING for Cosmos3TextEncode.
 
-Glue only over ``cosmos3_core.reasoner.Cosmos3Reasoner`` (which mirrors transformers'
+Glue only over ``cosmos3_core.reasoner.reasoner.Cosmos3Reasoner`` (which mirrors transformers'
 ``Cosmos3OmniForConditionalGeneration`` / ``Cosmos3EdgeForConditionalGeneration`` ``generate``). The reasoner
 shares the loaded transformer's text weights (``handle.get_reasoner()``, cached on the model handle); the vision
 encoder and ``lm_head`` are read from the checkpoint folder on first use and sent back to the offload device after
@@ -15,7 +15,7 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
-from ..cosmos3_core.reasoner import TASKS, SamplingParams, postprocess
+from ..cosmos3_core.reasoner.reasoner import TASKS, SamplingParams, postprocess
 from .types import CATEGORY, Cosmos3Model
 
 MAX_NEW_TOKENS = 8192

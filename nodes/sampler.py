@@ -15,8 +15,8 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.attention import flash4_unavailable_reason
-from ..cosmos3_core.action import unpadded_actions
+from ..cosmos3_core.kernels.attention import flash4_unavailable_reason
+from ..cosmos3_core.modes.action import unpadded_actions
 from .action import ActionVectors
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text

@@ -11,7 +11,7 @@ import comfy.model_management as mm
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.plan import check_clip
+from ..cosmos3_core.sampling.plan import check_clip
 from .types import CATEGORY, Cosmos3Model, Cosmos3Text
 
 

@@ -8,7 +8,7 @@ Cosmos3Model = io.Custom("COSMOS3_MODEL")  # nodes.model_handle.Cosmos3ModelHand
 Cosmos3Text = io.Custom("COSMOS3_TEXT")  # cosmos3_core.pipeline.TextConditioning (both branches' text K/V)
 Cosmos3Condition = io.Custom("COSMOS3_CONDITION")  # nodes.condition.ConditionLatents
 Cosmos3Sound = io.Custom("COSMOS3_SOUND")  # nodes.sampler.SoundLatent
-Cosmos3Action = io.Custom("COSMOS3_ACTION")  # cosmos3_core.action.ActionCondition (action modes)
+Cosmos3Action = io.Custom("COSMOS3_ACTION")  # cosmos3_core.modes.action.ActionCondition (action modes)
 Cosmos3Actions = io.Custom("COSMOS3_ACTIONS")  # nodes.action.ActionVectors (action vectors [T, width])
 
 CATEGORY = "Cosmos3"

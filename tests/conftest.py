@@ -15,7 +15,7 @@ if _TESTS_DIR not in sys.path:  # ``import comfy_host`` in any import mode
 if _REPO_ROOT not in sys.path:  # ``import cosmos3_core`` also under a plain ``pytest`` call;
     sys.path.append(_REPO_ROOT)  # appended last so it never shadows ComfyUI's nodes/utils/server
 
-# Compile artifacts (inductor caches, ``cosmos3_core.precompiled``'s AOT files) go to a folder of this test session,
+# Compile artifacts (inductor caches, ``cosmos3_core.kernels.precompiled``'s AOT files) go to a folder of this test session,
 # never into the user's ``~/.cache/cosmos3``, unless the caller chose one.
 if not os.environ.get("COSMOS3_CACHE_DIR"):
     import tempfile

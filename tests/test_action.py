@@ -27,10 +27,10 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     CosmosActionCondition,
 )
 
-from cosmos3_core import action as act
-from cosmos3_core.action import ActionRequest, action_prompt_ids, encode_action_condition
+from cosmos3_core.modes import action as act
+from cosmos3_core.modes.action import ActionRequest, action_prompt_ids, encode_action_condition
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 PROMPT = "robot arm picks up the red cup"
 NEGATIVE = "blurry static"

@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 from safetensors.torch import load_file
 
-from cosmos3_core import generate
+from cosmos3_core.cli import main as generate
 from cosmos3_core.media import probe_media, write_video
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 BASE = ["--prompt", "robot arm picks up the cup", "--steps", "2", "--device", "cpu", "--dtype", "fp32",
         "--chunk-size", "4", "--resolution-tier", "256", "--domain-name", "bridge_orig_lerobot"]

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from cosmos3_core import attention as attn
+from cosmos3_core.kernels import attention as attn
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Tests for cosmos3_core.audio against diffusers 0.42.1 (tiny random AVAE decoder with the real strides, CPU).
+"""Tests for cosmos3_core.vae.audio against diffusers 0.42.1 (tiny random AVAE decoder with the real strides, CPU).
 
 Run: /root/.cache/cosmos3/venv/bin/python -m pytest -q tests/test_audio.py
 """
@@ -9,14 +9,8 @@ import pytest
 import torch
 from diffusers import Cosmos3OmniPipeline
 
-from cosmos3_core.audio import (
-    hop_from_config,
-    load_sound_decoder,
-    num_audio_samples,
-    read_sound_config,
-    sound_latent_length,
-)
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.vae.audio import hop_from_config, load_sound_decoder, num_audio_samples, read_sound_config, sound_latent_length
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 TOL = 1e-5
 

@@ -21,8 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosmos3_core import generate, reason
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.cli import main as generate, reason
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--prompt", "a red car", "--height", "32", "--width", "32", "--num-frames", "5", "--steps", "1",
@@ -102,7 +102,7 @@ def test_pickle_weights_are_refused(nano, tmp_path, capsys):
 
 def test_pickle_beside_safetensors_is_never_read(nano, tmp_path, monkeypatch):
     """With both files present the safetensors one loads and torch.load (pickle) is never called."""
-    from cosmos3_core.vae import load_vae
+    from cosmos3_core.vae.video import load_vae
 
     ckpt = copy_of(nano, tmp_path)
     _to_pickle(ckpt / "vae", keep_safetensors=True)
@@ -176,7 +176,7 @@ def test_non_utf8_prompt_on_the_command_line(nano, tmp_path):
 
 
 def test_lone_surrogate_prompt_in_the_core(nano):
-    from cosmos3_core.prompt import encode_prompts, load_tokenizer
+    from cosmos3_core.sampling.prompt import encode_prompts, load_tokenizer
 
     tok = load_tokenizer(nano)
     shape = dict(num_frames=5, height=32, width=32, fps=24, use_system_prompt=True)
@@ -205,7 +205,7 @@ ORDINARY = ["a red car. The video is 7.9 seconds long and is of 24 FPS.", "\n\n 
 
 @pytest.mark.parametrize("text", ORDINARY)
 def test_text_as_text_path_equals_the_reference_for_ordinary_prompts(qwen_tokenizer, text):
-    from cosmos3_core.prompt import SYSTEM_PROMPT_VIDEO, chat_ids_user_text_as_text
+    from cosmos3_core.sampling.prompt import SYSTEM_PROMPT_VIDEO, chat_ids_user_text_as_text
 
     for system in (None, SYSTEM_PROMPT_VIDEO):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
@@ -215,7 +215,7 @@ def test_text_as_text_path_equals_the_reference_for_ordinary_prompts(qwen_tokeni
 
 
 def test_control_tokens_in_a_prompt_stay_text(qwen_tokenizer):
-    from cosmos3_core.prompt import SYSTEM_PROMPT_VIDEO, _chat_ids, _render
+    from cosmos3_core.sampling.prompt import SYSTEM_PROMPT_VIDEO, _chat_ids, _render
 
     text = "a car <|im_end|>\n<|im_start|>assistant <|vision_start|><|image_pad|> drives"
     ids = _chat_ids(qwen_tokenizer, text, SYSTEM_PROMPT_VIDEO)
@@ -233,7 +233,7 @@ def test_control_tokens_in_a_prompt_stay_text(qwen_tokenizer):
 
 
 def test_control_tokens_through_encode_prompts(nano):
-    from cosmos3_core.prompt import encode_prompts, load_tokenizer
+    from cosmos3_core.sampling.prompt import encode_prompts, load_tokenizer
 
     tok = load_tokenizer(nano)
     ids = encode_prompts(tok, "a car <|vision_start|> <|im_end|>", "<|im_start|>", num_frames=5, height=32, width=32,
@@ -289,7 +289,7 @@ def test_latents_out_into_a_new_folder_is_written(nano, tmp_path, capsys):
 # -- 15: what the node cache keys on -------------------------------------------------------------------------------
 
 def test_checkpoint_fingerprint_changes_when_the_folder_is_replaced(nano, edge, tmp_path):
-    from cosmos3_core.loader import checkpoint_fingerprint
+    from cosmos3_core.model.loader import checkpoint_fingerprint
 
     ckpt = copy_of(nano, tmp_path)
     first = checkpoint_fingerprint(ckpt)

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from cosmos3_core.media import probe_media
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_mp4_is_encoded_while_the_video_decodes(nano, tmp_path, monkeypatch):
     final frames (``--frames-out``) in order, bit for bit, and the mp4 holds all of them. (Not compared byte for byte
     with ``write_video`` of the clip: x264 does not always give identical bytes for identical frames when the machine
     is busy, with one thread or several; ``tests/test_media.py`` checks the writer itself.)"""
-    from cosmos3_core.generate import main
+    from cosmos3_core.cli.main import main
 
     blocks = _encoded_blocks(monkeypatch)
     out, frames = tmp_path / "clip.mp4", tmp_path / "frames.safetensors"
@@ -147,9 +147,9 @@ def test_decode_that_restarts_tiled_still_writes_the_whole_clip(nano, tmp_path, 
     import torch
 
     from cosmos3_core import media
-    from cosmos3_core.generate import main
+    from cosmos3_core.cli.main import main
     from cosmos3_core.media import write_video
-    from cosmos3_core.vae import Cosmos3VAE
+    from cosmos3_core.vae.video import Cosmos3VAE
 
     blocks = _encoded_blocks(monkeypatch)
     real = Cosmos3VAE._decode_chunks

@@ -91,7 +91,7 @@ def _error(messages) -> str:
 def test_fp8_weight_dtype_runs_a_workflow_with_half_the_memory(host):
     import torch
 
-    from cosmos3_core.weights import FP8_DTYPES
+    from cosmos3_core.model.weights import FP8_DTYPES
 
     cls = host.node_class_mappings["Cosmos3Loader"]
     bf16 = cls.execute(checkpoint="cosmos3-tiny-nano", dtype="fp32", device="cpu", weight_dtype="bf16").result[0]

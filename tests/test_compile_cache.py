@@ -3,7 +3,7 @@
 Two fresh processes, one after the other, with ``COSMOS3_CACHE_DIR`` on the same empty folder, each run the
 sampler's path (``Cosmos3Pipeline.sample(compile=True)``, CPU inductor) on a tiny checkpoint: eager, then compiled,
 then compiled with a prompt of another length. The first must compile exactly one graph (one for both prompt
-lengths) and save it to ``<COSMOS3_CACHE_DIR>/aot`` (``cosmos3_core.precompiled``); the second must load it from
+lengths) and save it to ``<COSMOS3_CACHE_DIR>/aot`` (``cosmos3_core.kernels.precompiled``); the second must load it from
 there without Dynamo tracing anything. Compiled latents must equal eager ones at fp32 rounding level. No timing is
 asserted.
 Needs a C++ compiler (CPU inductor); about a minute on 2 cores.
@@ -58,7 +58,7 @@ def run_worker(checkpoint: Path, cache: Path) -> dict:
 @pytest.mark.compile
 @needs_cpu_inductor
 def test_second_process_loads_the_compiled_layer_from_disk(tmp_path):
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     checkpoint = build_tiny_checkpoint(tmp_path / "nano", variant="nano", sound=False, seed=7)
     cache = tmp_path / "cache"
@@ -79,7 +79,7 @@ def test_cache_dir_replaces_torch_default_but_keeps_the_users(monkeypatch, tmp_p
     """Importing torch._dynamo writes torch's /tmp default into TORCHINDUCTOR_CACHE_DIR: that value counts as unset."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from cosmos3_core.caches import enable_persistent_caches
+    from cosmos3_core.kernels.caches import enable_persistent_caches
 
     monkeypatch.setenv("COSMOS3_CACHE_DIR", str(tmp_path / "root"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
@@ -103,10 +103,10 @@ def test_every_compiled_run_sets_the_compile_settings_in_its_own_context():
 
     import torch._dynamo.config
 
-    from cosmos3_core.caches import RECOMPILE_LIMIT
+    from cosmos3_core.kernels.caches import RECOMPILE_LIMIT
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.tiny import transformer_config
-    from cosmos3_core.transformer import Cosmos3Transformer
+    from cosmos3_core.testing.tiny import transformer_config
+    from cosmos3_core.model.transformer import Cosmos3Transformer
 
     model = Cosmos3Transformer(Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000)))
 

@@ -24,7 +24,7 @@ FRESH_PROCESS = r"""
 import json, os, sys
 import torch
 import torch.nn.functional as F
-from cosmos3_core.caches import COMPILER_MODULES, preload_compiler
+from cosmos3_core.kernels.caches import COMPILER_MODULES, preload_compiler
 
 imported_before = [m for m in COMPILER_MODULES if m in sys.modules]
 thread = preload_compiler()
@@ -57,14 +57,14 @@ def test_preload_imports_the_compiler_while_the_main_thread_compiles(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", sound=False, seed=2)
 
 
 def test_load_starts_the_preload_only_where_cuda_is(monkeypatch, tiny_checkpoint):
     import cosmos3_core.pipeline as pipeline_mod
-    from cosmos3_core.caches import preload_compiler
+    from cosmos3_core.kernels.caches import preload_compiler
 
     started = []
 

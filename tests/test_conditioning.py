@@ -1,4 +1,4 @@
-"""Tests for cosmos3_core.conditioning against diffusers 0.42.1 Cosmos3OmniPipeline (tiny random VAE, CPU, fp32).
+"""Tests for cosmos3_core.sampling.conditioning against diffusers 0.42.1 Cosmos3OmniPipeline (tiny random VAE, CPU, fp32).
 
 The reference side runs the pipeline's own ``prepare_latents`` / ``_encode_video`` / ``_preprocess_conditioning_image``
 and ``VideoProcessor`` on an object carrying just the attributes those methods read (no transformer needed).
@@ -14,9 +14,9 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditi
 from diffusers.video_processor import VideoProcessor
 from PIL import Image
 
-from cosmos3_core.conditioning import encode_condition, preprocess_image, preprocess_video
-from cosmos3_core.tiny import build_tiny_checkpoint
-from cosmos3_core.vae import load_vae
+from cosmos3_core.sampling.conditioning import encode_condition, preprocess_image, preprocess_video
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from cosmos3_core.vae.video import load_vae
 
 TOL = 1e-5
 H, W = 32, 48  # 2x3 latent

@@ -15,8 +15,8 @@ COMFY_MODULES = ("comfy", "comfy_api", "comfy_extras", "comfy_execution", "folde
 def test_core_modules_import_without_comfyui():
     import cosmos3_core
 
-    names = sorted(m.name for m in pkgutil.iter_modules(cosmos3_core.__path__))
-    assert {"transformer", "pipeline", "sampling", "vae", "reasoner"} <= set(names)
+    names = sorted(m.name.removeprefix("cosmos3_core.") for m in pkgutil.walk_packages(cosmos3_core.__path__, "cosmos3_core."))
+    assert {"model.transformer", "pipeline", "sampling.loop", "vae.video", "reasoner.reasoner"} <= set(names)
     code = (
         "import sys, importlib\n"
         f"sys.path = [p for p in sys.path if 'ComfyUI' not in p]; sys.path.insert(0, {str(ROOT)!r})\n"

@@ -19,8 +19,8 @@ from PIL import Image
 from diffusers import ModularPipeline
 
 from cosmos3_core.config import CheckpointError
-from cosmos3_core.distilled import read_distilled
-from cosmos3_core.tiny import DISTILLED_SIGMAS, build_tiny_checkpoint
+from cosmos3_core.sampling.distilled import read_distilled
+from cosmos3_core.testing.tiny import DISTILLED_SIGMAS, build_tiny_checkpoint
 
 H, W, SEED = 64, 96, 1234
 PROMPT = "a red robot walking on the street at night"

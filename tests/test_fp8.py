@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cosmos3_core.fp8 import E4M3_MAX, enable_fp8, quantize_rows
-from cosmos3_core.loader import load_transformer
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.model.fp8 import E4M3_MAX, enable_fp8, quantize_rows
+from cosmos3_core.model.loader import load_transformer
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 
 def test_row_quantizer_round_trips_within_e4m3_precision():

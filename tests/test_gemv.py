@@ -1,4 +1,4 @@
-"""The batch-1 GEMV entry point (cosmos3_core.gemv): its Triton kernel's arithmetic against float64, run here through
+"""The batch-1 GEMV entry point (cosmos3_core.kernels.gemv): its Triton kernel's arithmetic against float64, run here through
 Triton's CPU interpreter (``TRITON_INTERPRET=1``, in a subprocess: the switch is read when the kernel is defined),
 and the route rules on a machine without CUDA. The CUDA kernel itself is checked in tests/test_gpu.py."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cosmos3_core import gemv as g
+from cosmos3_core.kernels import gemv as g
 
 ROOT = Path(__file__).resolve().parents[1]
 

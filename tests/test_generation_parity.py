@@ -13,9 +13,9 @@ from PIL import Image
 
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
-from cosmos3_core.layout import select_branch
+from cosmos3_core.model.layout import select_branch
 from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 H, W, F, STEPS, SEED = 64, 96, 9, 4, 1234
 PROMPT = "a red robot walking on the street at night"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cosmos3_core import attention as attn
+from cosmos3_core.kernels import attention as attn
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROUTES = ["sdpa", pytest.param("flash4", marks=pytest.mark.skipif(
@@ -24,7 +24,7 @@ def route(request):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", sound=True, seed=7)
 
@@ -106,7 +106,7 @@ def test_causal_text_attention_builds_no_per_length_cudnn_plan(dtype):
 
 
 def test_cuda_attention_route_matches_cpu_gqa():
-    from cosmos3_core.attention import attention
+    from cosmos3_core.kernels.attention import attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 8, 300, 128, generator=g)
@@ -120,8 +120,8 @@ def test_cuda_attention_route_matches_cpu_gqa():
 @pytest.fixture()
 def bf16_step(checkpoint):
     """A bf16 CUDA model and one guided step's inputs: ``step()`` runs ``denoise_step`` → vision velocity."""
-    from cosmos3_core.layout import build_layout
-    from cosmos3_core.loader import load_transformer
+    from cosmos3_core.model.layout import build_layout
+    from cosmos3_core.model.loader import load_transformer
 
     model = load_transformer(checkpoint, dtype=torch.bfloat16, device="cuda")
     kvs = [model.prefill(list(range(1, 40))), model.prefill(list(range(2, 9)))]
@@ -145,7 +145,7 @@ def test_compiled_generation_layer_matches_eager(bf16_step):
 
 def test_fp8_fast_mode_stays_close_to_exact(bf16_step):
     """Approximate mode: FP8 GEMMs in the generation tower keep the velocity close to bf16 exact mode."""
-    from cosmos3_core.fp8 import disable_fp8, enable_fp8
+    from cosmos3_core.model.fp8 import disable_fp8, enable_fp8
 
     model, step = bf16_step
     exact = step()
@@ -190,8 +190,8 @@ def test_cuda_graph_step_matches_plain_step(bf16_step, route):
 
 
 def test_reasoner_cuda_graph_decode_matches_eager(tmp_path):
-    from cosmos3_core.reasoner import Cosmos3Reasoner, SamplingParams
-    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
+    from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     root = build_tiny_reasoner_checkpoint(tmp_path / "nano", variant="nano", seed=0)
     reasoner = Cosmos3Reasoner.load(root, dtype=torch.float32, device="cuda")
@@ -220,7 +220,7 @@ def test_reasoner_cuda_graph_decode_matches_eager(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288), (1000, 1000), (131072, 2048)])
 def test_triton_gemv_matches_float64(n, k, dtype):
-    from cosmos3_core import gemv
+    from cosmos3_core.kernels import gemv
 
     if gemv.triton_unavailable_reason():
         pytest.skip(gemv.triton_unavailable_reason())
@@ -237,9 +237,9 @@ def test_triton_gemv_matches_float64(n, k, dtype):
 def test_reasoner_bf16_decode_through_the_triton_gemv(tmp_path):
     """The decode step's projections through the Triton GEMV (forced: a fallback would raise) against cuBLAS, eager
     and compiled inside the CUDA graph (the custom op traces: ``fullgraph=True``)."""
-    from cosmos3_core import gemv
-    from cosmos3_core.reasoner import Cosmos3Reasoner, SamplingParams, decode_weights
-    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
+    from cosmos3_core.kernels import gemv
+    from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, decode_weights
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     if gemv.triton_unavailable_reason():
         pytest.skip(gemv.triton_unavailable_reason())
@@ -286,7 +286,7 @@ def test_distilled_i2v_matches_diffusers_on_cuda(tmp_path):
     from PIL import Image
 
     from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -310,7 +310,7 @@ def test_vae_decode_to_host_matches_diffusers(checkpoint):
     ``on_chunk`` still reports every chunk once, in order."""
     from diffusers import AutoencoderKLWan
 
-    from cosmos3_core.vae import load_vae
+    from cosmos3_core.vae.video import load_vae
 
     torch.backends.cudnn.allow_tf32 = False
     vae = load_vae(checkpoint, dtype=torch.float32, device="cuda")
@@ -348,7 +348,7 @@ def test_vae_decode_to_host_matches_diffusers(checkpoint):
 def test_restarted_process_loads_the_compiled_vae_stages(tmp_path):
     """Inductor on the GPU: the first process compiles and saves each decoder stage, a restarted one loads them all
     and traces nothing; both decode diffusers' frames (tests/test_precompiled.py's worker, tiny VAE, fp32)."""
-    from cosmos3_core import precompiled
+    from cosmos3_core.kernels import precompiled
 
     if not precompiled.aot_supported():
         pytest.skip("this torch has no AOT compile")

@@ -11,9 +11,9 @@ import torch
 from diffusers import Cosmos3OmniTransformer
 
 from cosmos3_core.config import CheckpointError, Cosmos3Config
-from cosmos3_core.loader import INDEX_FILE, load_transformer
-from cosmos3_core.tiny import build_tiny_checkpoint
-from cosmos3_core.transformer import Cosmos3Transformer
+from cosmos3_core.model.loader import INDEX_FILE, load_transformer
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from cosmos3_core.model.transformer import Cosmos3Transformer
 
 SUPER = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
              num_key_value_heads=8, vocab_size=151936, sound_gen=True, sound_dim=64, action_gen=True, action_dim=64,
@@ -114,7 +114,7 @@ def test_dtype_and_skip_list(nano_dir):
 
 def test_bf16_model_runs_a_step(nano_dir):
     """Smoke check of the mixed-precision path (bf16 weights, fp32 time embedder) — numbers are checked in fp32."""
-    from cosmos3_core.layout import build_layout
+    from cosmos3_core.model.layout import build_layout
 
     model = load_transformer(nano_dir, dtype=torch.bfloat16)
     kv = model.prefill([1, 2, 3, 4, 5])

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from cosmos3_core import media
-from cosmos3_core.long_video import LongVideoRequest, generate_long
+from cosmos3_core.modes.long_video import LongVideoRequest, generate_long
 from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
-from cosmos3_core.stream_decode import FrameCollector
-from cosmos3_core.tiny import build_tiny_checkpoint
-from cosmos3_core.windows import window_geometry
+from cosmos3_core.modes.stream_decode import FrameCollector
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from cosmos3_core.modes.windows import window_geometry
 
 H, W, CHUNK, SEED = 32, 48, 9, 21
 PROMPT = "a red robot walking on the street at night"

@@ -1,4 +1,4 @@
-"""Cosmos3 LoRA: the core reader (cosmos3_core.lora) and the Cosmos3LoraLoader node in the real ComfyUI 0.3.75 host.
+"""Cosmos3 LoRA: the core reader (cosmos3_core.model.lora) and the Cosmos3LoraLoader node in the real ComfyUI 0.3.75 host.
 
 Parity: a tiny PEFT LoRA file (lora_A/lora_B on layers of both towers, lora_alpha ≠ r in its
 ``lora_adapter_metadata``) applied by our node through ComfyUI's ModelPatcher gives the output of diffusers 0.42.1's
@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from cosmos3_core.lora import LoraError, check_fits, read_lora
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.model.lora import LoraError, check_fits, read_lora
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from test_transformer_parity import reference_step, ours_step, rel_err
 from test_workflows import load_api, prepared_executor, shrink_api
 
@@ -49,7 +49,7 @@ def write_lora(path, shapes, targets=TARGETS, rank=4, alpha=8.0, seed=0, extra=N
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
-    from cosmos3_core.loader import load_transformer
+    from cosmos3_core.model.loader import load_transformer
 
     path = build_tiny_checkpoint(tmp_path_factory.mktemp("lora_shapes") / "nano", variant="nano", seed=0)
     return linear_shapes(load_transformer(path, dtype=torch.float32))

@@ -206,7 +206,7 @@ def test_compiled_vae_decode_at_many_sizes_across_prompts(host, monkeypatch):
     import torch._dynamo.config
 
     for name, module in list(sys.modules.items()):  # the pack's copy of the core, and the tests' own
-        if name.endswith("cosmos3_core.vae") and hasattr(module, "Cosmos3VAE"):
+        if name.endswith("cosmos3_core.vae.video") and hasattr(module, "Cosmos3VAE"):
             original = module.Cosmos3VAE.frame_decoder
 
             def frame_decoder(self, compile=False, original=original):
@@ -471,8 +471,8 @@ def test_partial_load_brings_unstreamable_modules_along(host):
     import comfy.model_patcher
     import comfy.ops
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.towers import tower_module
-    from cosmos3_core.transformer import Cosmos3Transformer
+    from cosmos3_core.model.towers import tower_module
+    from cosmos3_core.model.transformer import Cosmos3Transformer
 
     handle_module = sys.modules[type(host.node_class_mappings["Cosmos3Loader"].execute(
         checkpoint=TINY_NANO, dtype="fp32", device="default").args[0]).__module__]

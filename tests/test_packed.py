@@ -1,4 +1,4 @@
-"""Packed projections (cosmos3_core.packed): the packed matrix is the layers' own weights, read as one GEMV.
+"""Packed projections (cosmos3_core.kernels.packed): the packed matrix is the layers' own weights, read as one GEMV.
 
 The expected values are torch's own per-layer ``F.linear`` and the weights as they were before packing; the
 reasoner's packed decode is checked against its layer-by-layer decode and (in test_reasoner.py, whose greedy and
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosmos3_core.packed import packed_weight
+from cosmos3_core.kernels.packed import packed_weight
 
 
 def _linears(widths=(8, 4, 4), d=16, dtype=torch.float32, seed=0):
@@ -121,10 +121,10 @@ def test_layers_that_cannot_be_packed_are_left_alone(case):
 @pytest.fixture(scope="module", params=["nano", "edge"])
 def reasoner(request, tmp_path_factory):
     pytest.importorskip("transformers")
-    from cosmos3_core.loader import load_transformer
-    from cosmos3_core.reasoner import Cosmos3Reasoner
-    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
-    from cosmos3_core.vision import load_processor
+    from cosmos3_core.model.loader import load_transformer
+    from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
+    from cosmos3_core.reasoner.vision import load_processor
 
     root = build_tiny_reasoner_checkpoint(tmp_path_factory.mktemp(request.param), variant=request.param, seed=0)
     return Cosmos3Reasoner(load_transformer(root, dtype=torch.float32, device="cpu"), load_processor(root),
@@ -132,7 +132,7 @@ def reasoner(request, tmp_path_factory):
 
 
 def test_packed_decode_step_equals_layer_by_layer(reasoner):
-    from cosmos3_core.reasoner import decode_weights
+    from cosmos3_core.reasoner.reasoner import decode_weights
 
     p = reasoner.prepare("the robot arm picks up a red cup")
     state = {k: v.clone() for k, v in reasoner.transformer.state_dict().items()}

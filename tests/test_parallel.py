@@ -31,7 +31,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 H, W, F, STEPS, SEED, SHIFT = 64, 96, 9, 2, 11, 3.0
 PROMPT = "a red robot walking on the street at night"
@@ -301,7 +301,7 @@ def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkp
     of two real GPUs is not exercised here."""
     from cosmos3_core.parallel.devices import BranchDevices
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.towers import tower_module
+    from cosmos3_core.model.towers import tower_module
 
     ours, _, diffusers_latents, _ = single
     threads = torch.get_num_threads()

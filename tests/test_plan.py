@@ -16,8 +16,8 @@ import torch
 
 from cosmos3_core import defaults
 from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
-from cosmos3_core.plan import check_clip, check_sampling
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.sampling.plan import check_clip, check_sampling
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 CORE = Path(__file__).resolve().parent.parent / "cosmos3_core"
 
@@ -113,8 +113,8 @@ def test_plan_refuses_a_step_larger_than_the_machine(pipe):
 
 
 def test_loop_imports_no_model_or_layout():
-    """sampling.py iterates a plan: it must not build layouts, noise or schedulers itself."""
-    tree = ast.parse((CORE / "sampling.py").read_text())
+    """sampling/loop.py iterates a plan: it must not build layouts, noise or schedulers itself."""
+    tree = ast.parse((CORE / "sampling" / "loop.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "dataclasses", "typing", "plan"}, imported
 

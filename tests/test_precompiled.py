@@ -1,4 +1,4 @@
-"""The compiled VAE decoder stages kept on disk whole (``cosmos3_core.precompiled``): a restarted process loads them
+"""The compiled VAE decoder stages kept on disk whole (``cosmos3_core.kernels.precompiled``): a restarted process loads them
 and traces nothing.
 
 Reference: diffusers 0.42.1 ``AutoencoderKLWan.decode`` of the tiny random Wan2.2 VAE (CPU, fp32); every decode
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos3_core import precompiled
-from cosmos3_core.tiny import _build_vae
-from cosmos3_core.vae import Cosmos3VAE
+from cosmos3_core.kernels import precompiled
+from cosmos3_core.testing.tiny import _build_vae
+from cosmos3_core.vae.video import Cosmos3VAE
 
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-5
@@ -115,7 +115,7 @@ def test_each_size_and_mode_gets_its_own_artifact(cache):
 def test_dynamic_size_stages_serve_every_size_and_tile_with_one_graph_each(cache):
     """``dynamic_size`` (what a CUDA decode uses): two sizes and a tiled decode whose tiles differ in size run on one
     graph per stage (and sizes of 1), and every frame equals diffusers' decode (its tiled decode for the tiled one)."""
-    from cosmos3_core.vae_decoder import WanFrameDecoder
+    from cosmos3_core.vae.frame_decoder import WanFrameDecoder
 
     vae = _vae()
     vae._frame_decoders[(True, False)] = WanFrameDecoder(vae.vae.decoder, compile=True,
@@ -164,7 +164,7 @@ def test_a_weight_layout_change_is_a_new_signature(cache):
     compiles the graphs for the new layout instead of running the old ones, and the frames stay right."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
-    from cosmos3_core.vae_decoder import WanFrameDecoder, conv_weights_to_layout
+    from cosmos3_core.vae.frame_decoder import WanFrameDecoder, conv_weights_to_layout
 
     wan = _vae().vae
     z = _latents(2, seed=4)

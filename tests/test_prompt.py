@@ -1,6 +1,6 @@
-"""cosmos3_core.prompt vs diffusers 0.42.1 ``Cosmos3OmniPipeline.tokenize_prompt`` (token for token).
+"""cosmos3_core.sampling.prompt vs diffusers 0.42.1 ``Cosmos3OmniPipeline.tokenize_prompt`` (token for token).
 
-The reference pipeline is loaded from tiny checkpoints (``cosmos3_core.tiny``), so it uses the same offline
+The reference pipeline is loaded from tiny checkpoints (``cosmos3_core.testing.tiny``), so it uses the same offline
 WordLevel tokenizer and Qwen-style chat template as our code. Run:
 ``/root/.cache/cosmos3/venv/bin/python -m pytest -q tests/test_prompt.py``
 """
@@ -12,10 +12,8 @@ from fractions import Fraction
 
 import pytest
 
-from cosmos3_core.prompt import (
-    PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer,
-)
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.sampling.prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 diffusers = pytest.importorskip("diffusers")
 

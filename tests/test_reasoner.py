@@ -1,6 +1,6 @@
-"""Reasoner (cosmos3_core.reasoner / vision / reason CLI) vs transformers' Cosmos3 reasoner classes, CPU fp32.
+"""Reasoner (cosmos3_core.reasoner.reasoner / vision / reason CLI) vs transformers' Cosmos3 reasoner classes, CPU fp32.
 
-The tiny Hub-layout checkpoint (cosmos3_core.tiny + tiny_reasoner) is loaded both by
+The tiny Hub-layout checkpoint (cosmos3_core.testing.tiny + tiny_reasoner) is loaded both by
 ``Cosmos3OmniForConditionalGeneration`` / ``Cosmos3EdgeForConditionalGeneration`` (``from_pretrained`` on the repo
 root: key renaming, generation keys dropped) and by our code sharing one ``Cosmos3Transformer``.
 
@@ -18,12 +18,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from cosmos3_core.loader import load_transformer  # noqa: E402
-from cosmos3_core.reasoner import (  # noqa: E402
-    Cosmos3Reasoner, SamplingParams, build_messages, postprocess, process_logits, sample_token)
-from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint  # noqa: E402
-from cosmos3_core.towers import tower_module  # noqa: E402
-from cosmos3_core.vision import load_processor, load_vision_encoder, mrope_position_ids  # noqa: E402
+from cosmos3_core.model.loader import load_transformer  # noqa: E402
+from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, build_messages, postprocess, process_logits, sample_token
+from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint  # noqa: E402
+from cosmos3_core.model.towers import tower_module  # noqa: E402
+from cosmos3_core.reasoner.vision import load_processor, load_vision_encoder, mrope_position_ids  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -380,7 +379,7 @@ def test_report_max_relative_errors():
 
 def test_text_only_checkpoint_without_reasoner_parts(tmp_path):
     """A generation-only folder (no root processor, no vision_encoder/): text questions work, media is refused."""
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     root = build_tiny_checkpoint(tmp_path / "plain", variant="edge", seed=0)
     tr = load_transformer(root, dtype=torch.float32, skip_modules=("lm_head",))

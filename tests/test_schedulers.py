@@ -10,8 +10,8 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-from cosmos3_core.schedulers import LinearStepper, SchedulerStepper, make_scheduler, make_stepper
-from cosmos3_core.tiny import SCHEDULER_CONFIG
+from cosmos3_core.sampling.schedulers import LinearStepper, SchedulerStepper, make_scheduler, make_stepper
+from cosmos3_core.testing.tiny import SCHEDULER_CONFIG
 
 
 def reference_scheduler(steps: int, schedule: str, shift: float, native: bool) -> UniPCMultistepScheduler:

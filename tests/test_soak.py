@@ -127,7 +127,7 @@ def swap_folder(models: Path, to: str) -> None:
 
 
 def test_soak(tmp_path_factory):
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("soak")
     base = comfy_host.comfy_home(tmp)

@@ -1,4 +1,4 @@
-"""Tiny random-weight checkpoint builder (cosmos3_core.tiny) loads through diffusers/transformers and runs.
+"""Tiny random-weight checkpoint builder (cosmos3_core.testing.tiny) loads through diffusers/transformers and runs.
 
 Run: /root/.cache/cosmos3/venv/bin/python -m pytest -q tests/test_tiny_checkpoint.py
 """
@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosmos3_core.tiny import SCHEDULER_CONFIG, build_tiny_checkpoint, main
+from cosmos3_core.testing.tiny import SCHEDULER_CONFIG, build_tiny_checkpoint, main
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from cosmos3_core.loader import load_transformer
-from cosmos3_core.tiny import build_tiny_checkpoint
-from cosmos3_core.towers import step_memory_required, tower_module
+from cosmos3_core.model.loader import load_transformer
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from cosmos3_core.model.towers import step_memory_required, tower_module
 
 
 def test_towers_partition_parameters_and_share_storage(tmp_path):

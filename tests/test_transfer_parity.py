@@ -16,9 +16,9 @@ from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos import Cosmos3OmniBlocks
 from diffusers.modular_pipelines.cosmos import decoders as ref_decoders
 
-from cosmos3_core.layout import build_layout
+from cosmos3_core.model.layout import build_layout
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 H, W, SEED, SHIFT = 32, 48, 11, 3.0
 PROMPT = "a robot arm picks up a red cup on the table"
@@ -142,8 +142,8 @@ def test_transfer_over_four_chunks_matches_modular_pipeline(ours, reference, mon
     """Every chunk's final latents and the stitched frames == the modular Transfer pipeline: two controls, a seed
     video for chunk 0, two conditional frames, a last chunk whose controls are reflect-padded, nested guidance with
     the text guidance gated off for the last step."""
-    from cosmos3_core.long_video import LongVideoRequest, generate_long
-    from cosmos3_core.stream_decode import FrameCollector
+    from cosmos3_core.modes.long_video import LongVideoRequest, generate_long
+    from cosmos3_core.modes.stream_decode import FrameCollector
 
     controls = {"depth": control_clip(4, 12), "edge": control_clip(5, 12)}  # given out of canonical order
     seed_video = control_clip(6, 3)

@@ -16,10 +16,10 @@ from diffusers.models.transformers import transformer_cosmos3 as dtc
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from cosmos3_core.config import Cosmos3Config
-from cosmos3_core.layout import build_layout
-from cosmos3_core.loader import load_transformer
-from cosmos3_core.rope import rope_tables, vision_position_ids, sound_position_ids, action_position_ids
-from cosmos3_core.tiny import build_tiny_checkpoint
+from cosmos3_core.model.layout import build_layout
+from cosmos3_core.model.loader import load_transformer
+from cosmos3_core.model.rope import rope_tables, vision_position_ids, sound_position_ids, action_position_ids
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 RTOL = 1e-5
 

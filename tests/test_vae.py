@@ -1,4 +1,4 @@
-"""Tests for cosmos3_core.vae against diffusers 0.42.1 (tiny random Wan2.2-geometry VAE, CPU, fp32).
+"""Tests for cosmos3_core.vae.video against diffusers 0.42.1 (tiny random Wan2.2-geometry VAE, CPU, fp32).
 
 Run: /root/.cache/cosmos3/venv/bin/python -m pytest -q tests/test_vae.py
 """
@@ -11,8 +11,8 @@ import torch
 from diffusers import Cosmos3OmniPipeline
 from diffusers.video_processor import VideoProcessor
 
-from cosmos3_core.tiny import build_tiny_checkpoint
-from cosmos3_core.vae import Cosmos3VAE, load_vae
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 from cosmos3_core.config import CheckpointError
 
 TOL = 1e-5
@@ -148,8 +148,8 @@ def test_memory_required(vae):
 
 def test_normalize_inverts_denormalize_and_matches_pipeline_decode_input(tmp_path):
     """denormalize = the pipeline's ``latents / inv_std + mean``; normalize is its inverse."""
-    from cosmos3_core.tiny import build_tiny_checkpoint
-    from cosmos3_core.vae import load_vae
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
+    from cosmos3_core.vae.video import load_vae
 
     vae = load_vae(build_tiny_checkpoint(tmp_path / "c", variant="edge", seed=4))
     z = torch.randn(1, 48, 2, 3, 4, generator=torch.Generator().manual_seed(0))
@@ -175,7 +175,7 @@ def test_untiled_decode_out_of_memory_retries_tiled(vae, monkeypatch, caplog):
         return real(self, out, z, grid, chunk, on_chunk, **kw)
 
     monkeypatch.setattr(Cosmos3VAE, "_decode_chunks", out_of_memory_untiled)
-    with caplog.at_level("WARNING", logger="cosmos3_core.vae"):
+    with caplog.at_level("WARNING", logger="cosmos3_core.vae.video"):
         got = vae.decode(lat, tile_sample_size=64, tile_sample_stride=48)
     assert calls == [False, True]
     assert torch.equal(got, want)

@@ -1,4 +1,4 @@
-"""Tests for cosmos3_core.vae_decoder against diffusers 0.42.1 ``AutoencoderKLWan.decode`` (tiny random Wan2.2 VAE,
+"""Tests for cosmos3_core.vae.frame_decoder against diffusers 0.42.1 ``AutoencoderKLWan.decode`` (tiny random Wan2.2 VAE,
 CPU, fp32): the whole-clip decode, frame by frame through our forward, eager, channels-last and compiled.
 
 The compiled check uses the ``aot_eager`` backend (dynamo tracing with fullgraph + functionalization, seconds);
@@ -9,9 +9,9 @@ import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
-from cosmos3_core.tiny import _build_vae
-from cosmos3_core.vae import Cosmos3VAE
-from cosmos3_core.vae_decoder import WanFrameDecoder
+from cosmos3_core.testing.tiny import _build_vae
+from cosmos3_core.vae.video import Cosmos3VAE
+from cosmos3_core.vae.frame_decoder import WanFrameDecoder
 
 TOL = 1e-5
 

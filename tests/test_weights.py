@@ -20,10 +20,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cosmos3_core.config import CheckpointError
-from cosmos3_core.layers import KEEP_FP32
-from cosmos3_core.loader import load_transformer
-from cosmos3_core.tiny import build_tiny_checkpoint
-from cosmos3_core.weights import CastLinear, STORAGE_DTYPES, check_storage_device
+from cosmos3_core.model.layers import KEEP_FP32
+from cosmos3_core.model.loader import load_transformer
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from cosmos3_core.model.weights import CastLinear, STORAGE_DTYPES, check_storage_device
 from test_transformer_parity import ours_step
 
 FILE = "diffusion_pytorch_model.safetensors"

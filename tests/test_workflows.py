@@ -126,8 +126,8 @@ def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
     import shutil
     import uuid
 
-    from cosmos3_core.tiny import build_tiny_checkpoint
-    from cosmos3_core.tiny_reasoner import build_tiny_reasoner_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     out = {}
     for name, variant, distilled in ((TINY_NANO, "nano", False), (TINY_EDGE, "edge", False),

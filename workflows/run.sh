@@ -7,7 +7,7 @@
 #
 # 1. Sets up the Python 3.11 venv and ComfyUI 0.3.75 exactly as the tests do (tests/run.sh, setup only).
 # 2. Makes a throwaway ComfyUI home with this pack in custom_nodes/ and either builds the tiny checkpoint
-#    (cosmos3_core.tiny) into models/cosmos3/ or symlinks --checkpoint DIR there.
+#    (cosmos3_core.testing.tiny) into models/cosmos3/ or symlinks --checkpoint DIR there.
 # 3. Starts `main.py` on 127.0.0.1, queues workflows/api/cosmos3_t2av.json (shrunk to 96x64, 9 frames, 3 steps
 #    on the tiny checkpoint; as shipped with a real one unless --width/--height/--frames/--steps are given),
 #    waits for /history, prints the absolute path of the mp4 (stdout, last line) and stops the server.
@@ -74,7 +74,7 @@ base = comfy_host.comfy_home(home_parent)
 models = base / "models" / "cosmos3"
 models.mkdir(parents=True, exist_ok=True)
 if tiny:
-    from cosmos3_core.tiny import build_tiny_checkpoint
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     name = "cosmos3-tiny-nano"
     ckpt = build_tiny_checkpoint(models / name, variant="nano", sound=True, seed=0)

@@ -25,9 +25,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..layout import GenLayout, select_branch
-from ..text_kv import TextKV
-from ..transformer import Cosmos3Transformer, StepOutput
+from ..model.layout import GenLayout, select_branch
+from ..model.text_kv import TextKV
+from ..model.transformer import Cosmos3Transformer, StepOutput
 from .mesh import ParallelMesh, guarded
 from .ulysses import SequenceParallel
 

@@ -19,10 +19,10 @@ from typing import Sequence
 
 import torch
 
-from ..layout import GenLayout, select_branch
-from ..text_kv import TextKV
-from ..towers import tower_module
-from ..transformer import Cosmos3Transformer, StepOutput
+from ..model.layout import GenLayout, select_branch
+from ..model.text_kv import TextKV
+from ..model.towers import tower_module
+from ..model.transformer import Cosmos3Transformer, StepOutput
 from .mesh import check_same_devices, device_description
 
 

@@ -20,7 +20,7 @@ import time
 import torch
 
 from ..pipeline import Cosmos3Pipeline, GenerationOutput, GenerationRequest, TextConditioning
-from ..sampling import StepCallback
+from ..sampling.loop import StepCallback
 from .denoiser import ParallelDenoiser
 from .mesh import ParallelMesh
 from .vae import decode_parallel

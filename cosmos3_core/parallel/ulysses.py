@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..text_kv import TextKV
+from ..model.text_kv import TextKV
 from .mesh import guarded
 
 

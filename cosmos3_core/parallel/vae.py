@@ -20,7 +20,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..vae import Cosmos3VAE, OnChunk
+from ..vae.video import Cosmos3VAE, OnChunk
 from .mesh import guarded
 
 

@@ -1,0 +1,178 @@
+"""The generation stream's static layout: token order, clean/noisy frames and rotary tables per branch.
+
+Mirrors the packing of diffusers 0.42.1 ``Cosmos3OmniPipeline._prepare_{vision,sound,action}_segment`` and
+``Cosmos3OmniTransformer._patchify_and_pack_latents`` / ``_unpatchify_and_unpack_latents``. Everything here is
+fixed for a whole generation (it depends on the prompt lengths and the latent shape, never on the step), so it is
+built once, before the first step, and the step itself does no host-side work.
+
+Generation stream of one branch: ``[prefix n·T·ph·pw | vision T·ph·pw | sound Ts | action Ta]``. The optional
+prefix holds clean vision items packed before the target at the target's own positions (the same mRoPE offset),
+as diffusers' modular ``Cosmos3TransferPackSequenceStep`` packs the control latents ``[ctrl_1 … ctrl_n, target]``;
+prefix tokens get no timestep embedding and no velocity is read from them. Vision tokens are 2×2 latent
+patches in raster (t, h, w) order with features ordered (dy, dx, c), channel fastest; an odd latent height or
+width is zero-padded to the patch size (the padded patches still get ``proj_in``'s bias and the timestep
+embedding, as in the reference, and are cropped from the output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..config import Cosmos3Config
+from .rope import action_position_ids, generation_offset, rope_tables, sound_position_ids, vision_position_ids
+
+
+@dataclass(frozen=True)
+class GenLayout:
+    """Static description of one generation's token stream for its guidance branches (cond first)."""
+
+    latent_shape: tuple[int, int, int]  # (T, h, w) of the video latent
+    grid: tuple[int, int, int]  # (T, ph, pw) patch grid
+    noisy_frames: torch.Tensor  # [T] bool: latent frames that are denoised (the rest are clean conditioning)
+    sound_len: int
+    action_len: int
+    noisy_actions: torch.Tensor | None  # [Ta] bool
+    domain_id: torch.Tensor | None  # [1] long: embodiment of the action head
+    cos: torch.Tensor  # [B, N_gen, head_dim] rotary tables, one row per branch
+    sin: torch.Tensor
+    text_lengths: tuple[int, ...]
+    prefix: torch.Tensor | None = None  # [n, C, T, h, w] clean vision items packed before the target
+    prefix_hidden: tuple[bool, ...] = ()  # per branch: True = this branch does not attend to the prefix
+
+    def key_starts(self) -> list[int]:
+        """Per branch, the first own generation token its attention reads (past the prefix when it is hidden)."""
+        hidden = self.prefix_hidden or (False,) * self.num_branches
+        return [self.num_prefix_tokens if h else 0 for h in hidden]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 0 if self.prefix is None else self.prefix.shape[0] * self.num_vision_tokens
+
+    @property
+    def num_branches(self) -> int:
+        return len(self.text_lengths)
+
+    @property
+    def num_vision_tokens(self) -> int:
+        t, ph, pw = self.grid
+        return t * ph * pw
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.num_vision_tokens + self.sound_len + self.action_len
+
+
+def patch_grid(latent_shape: Sequence[int], patch: int) -> tuple[int, int, int]:
+    t, h, w = latent_shape
+    return t, -(-h // patch), -(-w // patch)
+
+
+def build_layout(
+    config: Cosmos3Config,
+    text_lengths: Sequence[int],
+    latent_shape: Sequence[int],
+    fps: float,
+    *,
+    clean_frames: Sequence[int] = (),
+    sound_len: int = 0,
+    action_len: int = 0,
+    clean_actions: Sequence[int] = (),
+    domain_id: int | None = None,
+    prefix: torch.Tensor | None = None,
+    prefix_hidden: Sequence[bool] = (),
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> GenLayout:
+    """Build the layout for branches whose prompts have ``text_lengths`` tokens (cond first, then uncond).
+
+    ``prefix`` ``[n, C, T, h, w]``: clean vision items (Transfer's control latents) of the target's latent shape,
+    packed before it at the same positions. ``prefix_hidden[j]`` hides the prefix from branch ``j``'s attention:
+    its target tokens then see only the text and the target, exactly a pass without the prefix (Transfer's
+    no-control branch) while all branches still run as one batch (the prefix tokens' own outputs are unused)."""
+    if len(text_lengths) < 1:
+        raise ValueError("build_layout: at least one guidance branch is needed.")
+    if sound_len and not config.sound_gen:
+        raise ValueError("build_layout: this checkpoint has no sound head (sound_gen is false); generate without sound.")
+    if action_len and not config.action_gen:
+        raise ValueError("build_layout: this checkpoint has no action head (action_gen is false).")
+    t = int(latent_shape[0])
+    grid = patch_grid(latent_shape, config.latent_patch_size)
+    noisy = torch.ones(t, dtype=torch.bool)
+    for idx in clean_frames:
+        if not 0 <= idx < t:
+            raise ValueError(f"build_layout: clean frame index {idx} is outside the latent's {t} frames.")
+        noisy[idx] = False
+    if prefix is not None:
+        if prefix.ndim != 5 or tuple(prefix.shape[2:]) != tuple(int(s) for s in latent_shape):
+            raise ValueError(f"build_layout: prefix items {tuple(prefix.shape)} must be [n, C, "
+                             f"{', '.join(str(int(s)) for s in latent_shape)}] (the target's latent shape).")
+        prefix = prefix.to(device)
+    if prefix_hidden and (prefix is None or len(prefix_hidden) != len(text_lengths)):
+        raise ValueError(f"build_layout: prefix_hidden {tuple(prefix_hidden)} needs a prefix and one flag per branch.")
+    items = 1 + (0 if prefix is None else prefix.shape[0])
+    positions = []
+    for length in text_lengths:
+        offset = generation_offset(int(length), config)
+        parts = [vision_position_ids(grid, offset, fps, config)] * items
+        if sound_len:
+            parts.append(sound_position_ids(sound_len, offset, config))
+        if action_len:
+            parts.append(action_position_ids(action_len, offset, fps, config))
+        positions.append(torch.cat(parts, dim=1))
+    cos, sin = rope_tables(torch.stack(positions), config, dtype, device)
+    noisy_actions = None
+    if action_len:
+        noisy_actions = torch.ones(action_len, dtype=torch.bool)
+        noisy_actions[list(clean_actions)] = False
+        noisy_actions = noisy_actions.to(device)
+    return GenLayout(
+        latent_shape=tuple(int(s) for s in latent_shape),
+        grid=grid,
+        noisy_frames=noisy.to(device),
+        sound_len=int(sound_len),
+        action_len=int(action_len),
+        noisy_actions=noisy_actions,
+        domain_id=None if domain_id is None else torch.tensor([domain_id], dtype=torch.long, device=device),
+        cos=cos,
+        sin=sin,
+        text_lengths=tuple(int(n) for n in text_lengths),
+        prefix=prefix,
+        prefix_hidden=tuple(bool(h) for h in prefix_hidden),
+    )
+
+
+def patchify(latents: torch.Tensor, patch: int) -> torch.Tensor:
+    """``[C, T, h, w]`` → ``[T·ph·pw, p·p·C]`` (zero-padding h, w up to the patch size)."""
+    c, t, h, w = latents.shape
+    pad_h, pad_w = (-h) % patch, (-w) % patch
+    if pad_h or pad_w:
+        latents = F.pad(latents, (0, pad_w, 0, pad_h))
+    ph, pw = (h + pad_h) // patch, (w + pad_w) // patch
+    x = latents.reshape(c, t, ph, patch, pw, patch)
+    return x.permute(1, 2, 4, 3, 5, 0).reshape(t * ph * pw, patch * patch * c)  # (t,h,w) rows, (dy,dx,c) cols
+
+
+def unpatchify(tokens: torch.Tensor, layout: GenLayout, channels: int, patch: int) -> torch.Tensor:
+    """``[B, T·ph·pw, p·p·C]`` → ``[B, C, T, h, w]`` (padding cropped)."""
+    b = tokens.shape[0]
+    t, ph, pw = layout.grid
+    _, h, w = layout.latent_shape
+    x = tokens.reshape(b, t, ph, pw, patch, patch, channels)
+    x = x.permute(0, 6, 1, 2, 4, 3, 5).reshape(b, channels, t, ph * patch, pw * patch)
+    return x[:, :, :, :h, :w]
+
+
+def select_branch(layout: GenLayout, index: int) -> GenLayout:
+    """The one-branch layout of branch ``index`` (e.g. the cond branch alone, or for sequential guidance)."""
+    return dataclasses.replace(
+        layout,
+        cos=layout.cos[index : index + 1],
+        sin=layout.sin[index : index + 1],
+        text_lengths=(layout.text_lengths[index],),
+        prefix_hidden=layout.prefix_hidden[index : index + 1],
+    )

@@ -1,0 +1,232 @@
+"""Load ``transformer/`` of a Hub-layout Cosmos3 checkpoint into ``Cosmos3Transformer`` by parameter name.
+
+Mirrors how diffusers 0.42.1 ``ModelMixin.from_pretrained`` reads ``Cosmos3OmniTransformer`` (sharded
+``diffusion_pytorch_model-*.safetensors`` + ``diffusion_pytorch_model.safetensors.index.json``, or one
+``diffusion_pytorch_model.safetensors``), without its machinery: the module tree is built on the ``meta`` device,
+each tensor is read memory-mapped from safetensors (never pickle), cast to the requested dtype (``time_embedder``
+stays fp32) and assigned in place — so the peak host memory is one tensor, not a second copy of the model.
+
+Every key must be accounted for: a key the model lacks, a key the checkpoint lacks, or a shape that disagrees
+with ``config.json`` is one error naming the first few offenders. Weights deliberately left out
+(``skip_modules``: ``lm_head`` for generation-only use, the action heads) are listed explicitly.
+
+``load_diffusers_folder`` is the one guarded entry for the diffusers modules of a checkpoint (``vae/``,
+``sound_tokenizer/``): it checks ``config.json`` and every weight file itself first — safetensors only, never a
+pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — and calls ``from_pretrained`` with
+``use_safetensors=True`` so diffusers can never fall back to unsafe serialization. ``checkpoint_fingerprint`` is
+what a cache of loaded checkpoints keys on: it changes when a folder is replaced under the same name.
+
+Linear weights may be stored narrower than the compute dtype (``storage_dtype``, e.g. FP8), and NVIDIA's FP8
+(ModelOpt) checkpoints load as published (FP8 weight + tensorwise scale); see ``weights.py`` for both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..config import CheckpointError, Cosmos3Config, _transformer_dir
+from .layers import KEEP_FP32
+from .transformer import Cosmos3Transformer
+from .weights import FP8_DTYPES, WEIGHT_SCALE_SUFFIXES, CastLinear, is_dropped, is_modelopt_fp8, missing_scale_error, read_scale, scale_key, stored_linear_weight
+
+INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SINGLE_FILE = "diffusion_pytorch_model.safetensors"
+
+
+def weight_files(checkpoint_dir: str | Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file that holds it (validating that the files exist)."""
+    folder = _transformer_dir(checkpoint_dir)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({exc}).") from exc
+        files = {name: folder / shard for name, shard in weight_map.items()}
+        missing = sorted({p.name for p in files.values() if not p.is_file()})
+        if missing:
+            raise CheckpointError(
+                f"{folder}: shard file(s) {missing} listed in {INDEX_FILE} are missing; "
+                "the download is incomplete — fetch the missing files into that folder."
+            )
+        return files
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        with _open(single) as f:
+            return {name: single for name in f.keys()}
+    raise CheckpointError(
+        f"{folder}: no {INDEX_FILE} or {SINGLE_FILE}; this is not a Cosmos3 transformer folder."
+    )
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is damaged or truncated ({exc}); download it again.") from exc
+
+
+def _skipped(name: str, skip_modules: Sequence[str]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in skip_modules)
+
+
+def load_transformer(
+    checkpoint_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    skip_modules: Sequence[str] = (),
+    config: Cosmos3Config | None = None,
+    linear: type[torch.nn.Linear] = torch.nn.Linear,
+    storage_dtype: torch.dtype | None = None,
+    scaled_linear: type[torch.nn.Linear] = CastLinear,
+) -> Cosmos3Transformer:
+    """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
+
+    ``linear`` is the class of every linear layer: a host may pass a subclass of ``nn.Linear`` with the same
+    parameters (e.g. ComfyUI's ``comfy.ops.disable_weight_init.Linear``, which can stream its weights from the
+    offload device when VRAM is short). ``storage_dtype`` (None: the compute dtype, or FP8 as an FP8 checkpoint
+    stores it) is the dtype of the linear weights; a ``linear`` that cannot compute in another dtype than its
+    weight's is then replaced by ``CastLinear``. FP8 weights kept with their ModelOpt scale are built with
+    ``scaled_linear`` (a linear layer with an fp32 ``scale_weight`` parameter, e.g. ``CastLinear`` or ComfyUI's
+    ``comfy.ops.scaled_fp8_ops().Linear``)."""
+    config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
+    files = weight_files(checkpoint_dir)
+    folder = _transformer_dir(checkpoint_dir)
+    modelopt = is_modelopt_fp8(_config_values(folder), set(files))
+    keep_fp8 = modelopt and storage_dtype in (None, torch.float8_e4m3fn)
+    if keep_fp8:
+        linear = scaled_linear
+    elif linear is torch.nn.Linear and storage_dtype not in (None, dtype):
+        linear = CastLinear
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config, skip_modules=skip_modules, linear=linear)
+    expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
+    linear_weights = {f"{name}.weight" for name, m in model.named_modules()
+                      if isinstance(m, torch.nn.Linear) and name.split(".")[0] not in KEEP_FP32}
+    scales = {name for name in expected if name.endswith(".scale_weight")}
+    wanted = {name: path for name, path in files.items()  # scales are read with their weight, below
+              if not _skipped(name, skip_modules) and not is_dropped(name) and not name.endswith(WEIGHT_SCALE_SUFFIXES)}
+
+    missing = sorted(set(expected) - set(wanted) - scales)
+    unexpected = sorted(set(wanted) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{folder}: weights do not match config.json — "
+            f"{len(missing)} missing (e.g. {missing[:4]}), {len(unexpected)} unexpected (e.g. {unexpected[:4]}). "
+            "The config and the weights belong to different models, or the download is incomplete."
+        )
+
+    state: dict[str, torch.Tensor] = {name: torch.ones((), dtype=torch.float32, device=device) for name in scales}
+    by_file: dict[Path, list[str]] = {}
+    for name, path in wanted.items():
+        by_file.setdefault(path, []).append(name)
+    for path, names in by_file.items():
+        with _open(path) as f:
+            for name in names:
+                tensor = _read(f, path, name)
+                if tuple(tensor.shape) != tuple(expected[name]):
+                    raise CheckpointError(
+                        f"{path}: {name!r} has shape {tuple(tensor.shape)} but config.json implies "
+                        f"{tuple(expected[name])}; the config and the weights belong to different models."
+                    )
+                if name in linear_weights:
+                    scale = _scale_of(name, files, folder) if modelopt else None
+                    if tensor.dtype in FP8_DTYPES and scale is None and modelopt:
+                        raise missing_scale_error(name, tensor.dtype, str(folder))
+                    tensor, scale = stored_linear_weight(tensor, scale, dtype, storage_dtype)
+                    state[name] = tensor.to(device=device)
+                    scale_name = name[: -len(".weight")] + ".scale_weight"
+                    if scale_name in scales:
+                        state[scale_name] = scale.to(device)
+                    elif float(scale) != 1.0:  # a host class without scale_weight: never drop the scale
+                        state[name] = (tensor.float() * scale).to(device=device, dtype=dtype)
+                    continue
+                target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
+                state[name] = tensor.to(device=device, dtype=target)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def _config_values(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _read(f, path: Path, name: str) -> torch.Tensor:
+    try:
+        return f.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: tensor {name!r} is unreadable ({exc}); download it again.") from exc
+
+
+def _scale_of(weight_name: str, files: dict[str, Path], folder: Path) -> torch.Tensor | None:
+    key = scale_key(weight_name, files)
+    if key is None:
+        return None
+    with _open(files[key]) as f:
+        return read_scale(key, _read(f, files[key], key), str(folder))
+
+
+def load_diffusers_folder(module_cls, folder: Path, what: str, dtype: torch.dtype) -> torch.nn.Module:
+    """``module_cls.from_pretrained(folder)`` from local safetensors only; any problem is one ``CheckpointError``
+    naming the file and the fix (never diffusers' traceback, never a pickle load)."""
+    folder = Path(folder)
+    redownload = f"download the checkpoint's {folder.name}/ folder again"
+    config = folder / "config.json"
+    if not config.is_file():
+        raise CheckpointError(f"{config} not found: the {what} folder {folder.name}/ must hold config.json and "
+                              f"diffusion_pytorch_model*.safetensors; {redownload}.")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{config} is not readable JSON ({exc}); {redownload}.") from exc
+    weights = sorted(folder.glob("*.safetensors"))
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if not weights:
+        found = f"only pickle weights {pickles}, which are never loaded (unsafe)" if pickles else "no weights"
+        raise CheckpointError(f"{folder}: the {what} has {found}; it needs diffusion_pytorch_model*.safetensors — "
+                              f"{redownload} (or convert the weights to safetensors).")
+    for path in weights:
+        with _open(path):
+            pass
+    try:
+        return module_cls.from_pretrained(folder, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{folder}: the {what} cannot be loaded ({reason}); {redownload}.") from exc
+
+
+def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
+    """A digest of what a loaded checkpoint depends on: the resolved folder, ``transformer/config.json``'s bytes
+    and (name, size, mtime, ctime, inode) of every file up to two levels deep. Replacing the folder (another model,
+    a re-download, a copy with preserved mtimes: a new ctime, which no copy can preserve) changes it; reading the
+    same folder again does not.
+    Unreadable entries count as such, so the fingerprint itself never raises."""
+    root = Path(checkpoint_dir)
+    digest = hashlib.sha256(str(root.resolve()).encode())
+    try:
+        digest.update((_transformer_dir(root) / "config.json").read_bytes())
+    except OSError as exc:
+        digest.update(f"config unreadable: {exc.errno}".encode())
+    for dirpath, dirnames, filenames in os.walk(root):
+        depth = len(Path(dirpath).relative_to(root).parts)
+        dirnames[:] = sorted(dirnames) if depth < 1 else []
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            try:
+                st = path.stat()
+                entry = f"{path.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+            except OSError as exc:
+                entry = f"{path.relative_to(root)}|unreadable {exc.errno}"
+            digest.update(entry.encode())
+    return digest.hexdigest()

@@ -1,0 +1,370 @@
+"""The Cosmos3 Mixture-of-Transformers, run as two entry points: ``prefill`` (text tower, once per prompt) and
+``denoise_step`` (generation tower, once per step, for all guidance branches in one batch).
+
+Mirrors diffusers 0.42.1 ``Cosmos3OmniTransformer.forward`` (models/transformers/transformer_cosmos3.py). That
+forward packs ``[text | vision | sound | action]`` into one sequence and runs both towers every step; here the
+two towers are split along the line the architecture already draws:
+
+* **Text is independent of generation.** Text tokens get no timestep embedding, sit at positions ``0..L-1`` and
+  attend causally to text only; no text query reads a generation key. So each layer's text K/V depends only on the
+  prompt (see ``text_kv.py``). ``prefill`` runs the understanding tower once over a prompt and returns a
+  ``TextKV``; the result is exact for every step, every fps, resolution and sound setting.
+* **The generation tower reads [cached text K/V | its own K/V].** ``denoise_step`` runs only the ``*_moe_gen`` /
+  ``add_*`` weights over the vision (+ sound, + action) tokens. Clean (conditioning) latent frames get no timestep
+  embedding and zero velocity. With two branches (cond, uncond) every linear layer runs once over the stacked
+  batch ``[2, N, D]``; each branch keeps its own rotary offset (``L_b + 15000``) and attends only to its own text
+  K/V, even when the two prompts have different lengths. The step does no ``.item()`` or other host sync.
+
+Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetensors`` loads by name (loader.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from torch import nn
+
+from ..kernels.attention import attention, attention_backend, attention_setting
+from ..kernels.caches import prepare_compile
+from ..config import Cosmos3Config
+from ..kernels.gemv import gemv
+from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
+from .layout import GenLayout, patchify, unpatchify
+from ..kernels.packed import LayerWeights
+from ..kernels.precompiled import PrecompiledFunction
+from .rope import apply_rope, rope_tables, text_position_ids
+from ..kernels.cuda_graph import StepGraphs
+from .text_kv import TextKV
+
+if TYPE_CHECKING:
+    from ..parallel.ulysses import SequenceParallel
+
+# Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
+SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Velocities ``v = ε − x0`` per branch; exact zeros at clean frames/actions."""
+
+    vision: torch.Tensor  # [B, C, T, h, w]
+    sound: torch.Tensor | None  # [B, sound_dim, Ts]
+    action: torch.Tensor | None  # [B, Ta, action_dim]
+
+
+class Cosmos3Transformer(nn.Module):
+    def __init__(
+        self, config: Cosmos3Config, skip_modules: Sequence[str] = (), linear: type[nn.Linear] = nn.Linear
+    ):
+        super().__init__()
+        unknown = set(skip_modules) - set(SKIPPABLE_MODULES)
+        if unknown:
+            raise ValueError(f"skip_modules {sorted(unknown)} not skippable; choose from {SKIPPABLE_MODULES}.")
+        self.config = config
+        self.skip_modules = tuple(skip_modules)
+        self._compiled_layer = None
+        self._compiled_fn = None
+        self._graphs: StepGraphs | None = None
+        self.execution_device: torch.device | None = None
+        d, kind, eps = config.hidden_size, config.norm_kind, config.rms_norm_eps
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.layers = nn.ModuleList(DecoderLayer(config, linear) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(d, eps, kind)
+        self.norm_moe_gen = RMSNorm(d, eps, kind)
+        self.lm_head = None if "lm_head" in skip_modules else linear(d, config.vocab_size, bias=False)
+        self.proj_in = linear(config.patch_latent_dim, d, bias=True)
+        self.proj_out = linear(d, config.patch_latent_dim, bias=True)
+        self.time_embedder = TimestepEmbedder(d, linear)
+        if config.sound_gen:
+            self.audio_proj_in = linear(config.sound_dim, d, bias=True)
+            self.audio_proj_out = linear(d, config.sound_dim, bias=True)
+            self.audio_modality_embed = nn.Parameter(torch.zeros(d))
+        self.has_action = config.action_gen and not set(skip_modules) & set(SKIPPABLE_MODULES[1:])
+        if config.action_gen and self.has_action:
+            n = config.num_embodiment_domains
+            self.action_proj_in = DomainAwareLinear(config.action_dim, d, n)
+            self.action_proj_out = DomainAwareLinear(d, config.action_dim, n)
+            self.action_modality_embed = nn.Parameter(torch.zeros(d))
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype (a norm's: linear weights may be stored narrower, see ``weights.py``)."""
+        return self.norm_moe_gen.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the generation tower runs (the text tower may live elsewhere, see ``towers.py``): the
+        ``execution_device`` a model manager set (its layers may then stream weights from elsewhere), else where
+        ``proj_in`` lives."""
+        return self.execution_device or self.proj_in.weight.device
+
+    def keep_fp32(self) -> "Cosmos3Transformer":
+        """Re-assert the fp32 modules after a ``.to(dtype)`` (a bf16 time embedder degrades video)."""
+        for name in KEEP_FP32:
+            getattr(self, name).float()
+        return self
+
+    # ------------------------------------------------------------------ text tower
+    def prefill(self, token_ids: torch.Tensor | Sequence[int]) -> TextKV:
+        """Run the understanding tower over one prompt; return every layer's K/V as the generation tower reads it."""
+        return self.prefill_many([token_ids])[0]
+
+    @torch.no_grad()
+    def prefill_many(self, prompts: Sequence[torch.Tensor | Sequence[int]]) -> list[TextKV]:
+        """``prefill`` of several prompts (a guidance pair) in one pass of the understanding tower: their tokens
+        are stacked as rows of every projection and MLP (the tower's weights are read, and each kernel launched,
+        once for all of them), and each prompt attends causally to itself only, at its own positions ``0..L-1``.
+        Every row's arithmetic is that of a prompt run alone; the batched pass only saves launches and weight
+        reads (an eager prefill is launch-bound: about as long for 60 tokens as for 1,500 on an H200)."""
+        ids = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
+        if not ids or any(t.numel() == 0 for t in ids):
+            raise ValueError("prefill: the prompt has no tokens.")
+        cfg = self.config
+        all_ids = torch.cat(ids)
+        if int(all_ids.max()) >= cfg.vocab_size or int(all_ids.min()) < 0:
+            raise ValueError(
+                f"prefill: token id {int(all_ids.max())} is outside the vocabulary ({cfg.vocab_size}); "
+                "the tokenizer does not belong to this checkpoint."
+            )
+        lengths = [t.numel() for t in ids]
+        bounds = list(zip(itertools.accumulate([0] + lengths[:-1]), itertools.accumulate(lengths)))
+        n = all_ids.numel()
+        device, dtype = self.embed_tokens.weight.device, self.embed_tokens.weight.dtype  # the text tower's
+        cos, sin = rope_tables(text_position_ids(max(lengths), cfg), cfg, dtype, device)
+        if len(ids) > 1:  # every prompt at positions 0..L-1
+            cos, sin = (torch.cat([t[:m] for m in lengths]) for t in (cos, sin))
+        h = self.embed_tokens(all_ids.to(device))  # [ΣL, D]
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads)
+        keys = [torch.empty(*shape, m, cfg.head_dim, dtype=dtype, device=device) for m in lengths]
+        values = [torch.empty_like(k) for k in keys]
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = text_qkv(layer, h)
+            gen_norm = attn.k_norm_und_for_gen  # Edge: the generation tower reads separately normed text keys
+            k_for_gen = apply_rope(k if gen_norm is None else gen_norm(k), cos, sin)
+            for (a, b), kj, vj in zip(bounds, keys, values):
+                kj[i] = k_for_gen[a:b].transpose(0, 1)
+                vj[i] = v[a:b].transpose(0, 1)
+            if i == last:
+                break  # the last layer's text output feeds nothing the generation tower reads
+            q, k = apply_rope(q, cos, sin), (k_for_gen if gen_norm is None else apply_rope(k, cos, sin))
+            outs = [attention(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
+                              v[a:b].transpose(0, 1)[None], causal=True)[0].transpose(0, 1) for a, b in bounds]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs)
+            h = text_layer_output(layer, h, out.reshape(n, -1))
+        return [TextKV(kj, vj, t.cpu()) for kj, vj, t in zip(keys, values, ids)]
+
+    # ------------------------------------------------------------------ generation tower
+    def _embed_generation_tokens(
+        self, latents: torch.Tensor, timestep: torch.Tensor, layout: GenLayout,
+        sound: torch.Tensor | None, action: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Input embeddings of the generation stream ``[N, tokens, D]``, one row per batch item (shared by every
+        guidance branch)."""
+        cfg, dtype = self.config, self.dtype
+        scaled_t = timestep.reshape(1) * cfg.timestep_scale  # int64 step index → fp32, as the reference
+        t_emb = self.time_embedder(scaled_t).to(dtype)  # [1, D]
+        items = latents.reshape(-1, *latents.shape[-4:]).to(dtype)  # [N, C, T, h, w]
+        vision = self.proj_in(torch.stack([patchify(item, cfg.latent_patch_size) for item in items]))
+        n = vision.shape[0]
+        t, ph, pw = layout.grid
+        vision = vision.view(n, t, ph * pw, -1)
+        vision = torch.where(layout.noisy_frames.view(1, t, 1, 1), vision + t_emb, vision).view(n, t * ph * pw, -1)
+        parts = [vision]
+        if layout.prefix is not None:  # clean items at the target's positions: no timestep embedding
+            prefix = [self.proj_in(patchify(item.to(dtype), cfg.latent_patch_size)) for item in layout.prefix]
+            parts.insert(0, torch.cat(prefix).unsqueeze(0).expand(n, -1, -1))
+        if layout.sound_len:
+            if sound is None:
+                raise ValueError("denoise_step: the layout has a sound stream but no sound latent was given.")
+            s = sound.reshape(n, cfg.sound_dim, -1).transpose(1, 2).to(dtype)  # [N, Ts, Cs]
+            parts.append(self.audio_proj_in(s) + self.audio_modality_embed + t_emb)  # every sound token is noisy
+        if layout.action_len:
+            if action is None or not self.has_action:
+                raise ValueError("denoise_step: the layout has an action stream but no action latent/head.")
+            a = self.action_proj_in(action.reshape(n, layout.action_len, -1).to(dtype), layout.domain_id)
+            a = a + self.action_modality_embed
+            parts.append(torch.where(layout.noisy_actions.view(1, -1, 1), a + t_emb, a))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else vision
+
+    @torch.no_grad()
+    def denoise_step(
+        self,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        text: Sequence[TextKV],
+        layout: GenLayout,
+        sound: torch.Tensor | None = None,
+        action: torch.Tensor | None = None,
+        sequence_parallel: "SequenceParallel | None" = None,
+    ) -> StepOutput:
+        """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch.
+
+        ``latents`` ``[N, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
+        0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[N, sound_dim, Ts]``; ``action``
+        ``[N, Ta, action_dim]``. Output rows are branch-major: ``[cond × N | uncond × N]``.
+        ``sequence_parallel`` (``parallel/ulysses.py``): the layers run over this rank's share of the tokens and
+        ``text`` holds this rank's share of the K/V heads; the stream is gathered back before the heads.
+        """
+        if len(text) != layout.num_branches:
+            raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
+        if self._graphs is not None and latents.is_cuda and sequence_parallel is None:
+            weights = (self.proj_in.weight.data_ptr(), self.layers[0].self_attn.add_q_proj.weight.data_ptr())
+            mode = (self._compiled_layer is not None, attention_backend(), weights)
+            return self._graphs(latents, timestep, text, layout, sound, action, extra=mode)
+        return self._denoise(latents, timestep, text, layout, sound, action, sequence_parallel)
+
+    def _denoise(self, latents, timestep, text, layout, sound=None, action=None,
+                 sequence_parallel: "SequenceParallel | None" = None) -> StepOutput:
+        b = len(text)
+        x = self._embed_generation_tokens(latents, timestep, layout, sound, action)  # [N, tokens, D]
+        # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
+        x = x.repeat(b, 1, 1)  # a real copy: every layer then gets the same strides (one compiled graph)
+        cos, sin, sp = layout.cos, layout.sin, sequence_parallel
+        if sp is not None:
+            x, cos, sin = sp.shard_tokens(x), sp.shard_tokens(cos), sp.shard_tokens(sin)
+        layer_fn = self._compiled_layer or generation_layer
+        starts = layout.key_starts()
+        for i, layer in enumerate(self.layers):
+            x = layer_fn(layer, x, cos, sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text], sp, starts)
+        if sp is not None:
+            x = sp.gather_tokens(x, layout.num_tokens)
+        x = self.norm_moe_gen(x)
+        return self._heads(x, layout)
+
+    def compile_generation_layers(self, enable: bool = True, *, fullgraph: bool = False) -> None:
+        """Opt-in: ``torch.compile`` the generation layer (one graph shared by every layer: the layer's weights are
+        graph inputs). Fuses the norms, RoPE and activations — measured 1.29–1.37× per step at 480p/256p on an H200
+        (BENCHMARKS.md). Same math, but fused kernels round intermediates differently, so outputs differ from eager
+        at bf16 rounding level. The compiled function is kept, so switching back on does not recompile.
+
+        Shapes are static except the prompt lengths (the text K/V's length dimension is dynamic): one graph per
+        generation shape (resolution × frames, branches, batch, streams), the same graph in every process whatever
+        the prompts and whatever shapes ran before. Each graph is kept on disk whole
+        (``precompiled.PrecompiledFunction``, keyed also by the attention setting it baked in): a restarted process
+        loads it instead of tracing the layer again. Saved graphs are whole graphs; a call that cannot be saved
+        (host weight hooks, or a torch without AOT compile) goes through plain ``torch.compile``, where
+        ``fullgraph=True`` makes a graph break an error instead of a split graph."""
+        if enable:
+            prepare_compile()  # on-disk caches and the recompile limit, in this run's context (caches.py)
+        if enable and (self._compiled_fn is None or self._compiled_fn.fullgraph != fullgraph):
+            self._compiled_fn = PrecompiledFunction(generation_layer, fullgraph=fullgraph,
+                                                    dynamic_dims=_prompt_length_dims, key_extra=attention_setting,
+                                                    aot_allowed=_no_weight_hooks)
+        self._compiled_layer = self._compiled_fn if enable else None
+
+    def use_cuda_graphs(self, enable: bool = True) -> None:
+        """Opt-in: replay each guided step as one CUDA graph (``step_graph.py``). Measured on an H200 (run 8): T2I
+        48.1 → 46.0 ms per compiled step, no gain from 256p up; it mainly hides FlashAttention-4's per-call host cost.
+        Needs every generation weight resident on the GPU (no weight streaming) and no sequence parallelism.
+        Disabling frees the captured graphs and their activation pool."""
+        if enable and self._graphs is None:
+            self._graphs = StepGraphs(self._denoise)
+        elif not enable and self._graphs is not None:
+            self._graphs.release()
+            self._graphs = None
+
+    def _heads(self, x: torch.Tensor, layout: GenLayout) -> StepOutput:
+        cfg = self.config
+        x = x[:, layout.num_prefix_tokens:]  # velocities are read from the target only
+        nv = layout.num_vision_tokens
+        vision = unpatchify(self.proj_out(x[:, :nv]), layout, cfg.latent_channel, cfg.latent_patch_size)
+        vision = vision.masked_fill(~layout.noisy_frames.view(1, 1, -1, 1, 1), 0.0)
+        sound = action = None
+        if layout.sound_len:
+            sound = self.audio_proj_out(x[:, nv : nv + layout.sound_len]).transpose(1, 2)  # [B, Cs, Ts]
+        if layout.action_len:
+            a = self.action_proj_out(x[:, nv + layout.sound_len :], layout.domain_id)
+            action = a.masked_fill(~layout.noisy_actions.view(1, -1, 1), 0.0)
+        return StepOutput(vision, sound, action)
+
+
+def _prompt_length_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
+    """The dynamic sizes of a ``generation_layer`` call: each text K/V's length dimension (``[KV, L, hd]``)."""
+    return [(t, 1) for t in (*args[4], *args[5])]
+
+
+def _no_weight_hooks(args: tuple) -> bool:
+    """Whether a ``generation_layer`` call's layer computes with its parameters as they are: no host per-call cast
+    or weight function (``comfy.ops`` weight streaming, on-the-fly LoRA), which only plain ``torch.compile``'s
+    in-process guards can follow."""
+    return not any(getattr(m, "comfy_cast_weights", False) or getattr(m, "weight_function", None)
+                   or getattr(m, "bias_function", None) for m in args[0].modules())
+
+
+def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None):
+    """The text tower's attention inputs over ``h`` ``[L, D]``: q ``[L, H, hd]`` and k ``[L, KV, hd]`` after the
+    per-head QK-norm (Nano/Super; Edge has none) and before RoPE, and v ``[L, KV, hd]``. ``norm(module, x)`` applies
+    an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers').
+    ``weights`` (a one-row decode step, packed.py): ``qkv`` = ``to_q/to_k/to_v`` packed as one matrix, one GEMV."""
+    attn = layer.self_attn
+    n = h.shape[0]
+    x = norm(layer.input_layernorm, h)
+    if weights is None or weights.qkv is None:
+        q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+    else:
+        q, k, v = gemv(x, weights.qkv).split([attn.to_q.out_features, attn.to_k.out_features,
+                                              attn.to_v.out_features], dim=-1)
+    q = q.reshape(n, attn.num_heads, attn.head_dim)
+    k = k.reshape(n, attn.num_kv_heads, attn.head_dim)
+    v = v.reshape(n, attn.num_kv_heads, attn.head_dim)
+    if attn.norm_q is not None:
+        q, k = norm(attn.norm_q, q), norm(attn.norm_k, k)
+    return q, k, v
+
+
+def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm,
+                      weights: LayerWeights | None = None):
+    """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``. ``weights``: as
+    ``text_qkv``'s (``o``, and the MLP's)."""
+    h = h + project(layer.self_attn.to_out, attn_out, weights.o if weights is not None else None)
+    return h + layer.mlp(norm(layer.post_attention_layernorm, h), weights)
+
+
+def generation_layer(
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    text_keys: list[torch.Tensor],
+    text_values: list[torch.Tensor],
+    sequence_parallel: "SequenceParallel | None" = None,
+    key_starts: list[int] | None = None,
+) -> torch.Tensor:
+    """One generation-tower layer over ``x`` ``[B·N, tokens, D]`` (rows branch-major, ``N`` items per branch);
+    branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]`` (its own keys from
+    ``key_starts[j]`` on: past a prefix hidden from it).
+
+    With ``sequence_parallel`` ``x`` holds this rank's tokens: attention runs on all tokens of this rank's heads
+    (an all-to-all before and after it); everything else is per token."""
+    attn = layer.self_attn
+    b = len(text_keys)
+    rows, n, _ = x.shape
+    items = rows // b
+    y = layer.input_layernorm_moe_gen(x)
+    q = attn.norm_added_q(attn.add_q_proj(y).view(b, items, n, attn.num_heads, attn.head_dim))
+    k = attn.norm_added_k(attn.add_k_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim))
+    v = attn.add_v_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim)
+    cos, sin = cos[:, None], sin[:, None]  # [B, 1, tokens, hd]: one table per branch, shared by its items
+    q = apply_rope(q, cos, sin).transpose(2, 3)  # [B, N, H, tokens, hd]
+    k = apply_rope(k, cos, sin).transpose(2, 3)  # [B, N, KV, tokens, hd]
+    v = v.transpose(2, 3)
+    if sequence_parallel is not None:
+        q, k, v = sequence_parallel.to_heads(q, k, v)  # all tokens, this rank's heads
+    outs = []
+    for j in range(b):  # each branch attends to its own prompt's K/V only
+        s = key_starts[j] if key_starts else 0
+        keys = torch.cat([text_keys[j].expand(items, -1, -1, -1), k[j, :, :, s:]], dim=2)  # [N, KV, L_j + …, hd]
+        vals = torch.cat([text_values[j].expand(items, -1, -1, -1), v[j, :, :, s:]], dim=2)
+        outs.append(attention(q[j], keys, vals))
+    out = torch.cat(outs)  # [B·N, H, tokens, hd]
+    if sequence_parallel is not None:
+        out = sequence_parallel.to_tokens(out)  # this rank's tokens, all heads
+    out = out.transpose(1, 2).reshape(rows, n, -1)  # [B·N, tokens, H·hd]
+    x = x + attn.to_add_out(out)
+    return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))

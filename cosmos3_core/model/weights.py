@@ -1,0 +1,122 @@
+"""Weight storage dtypes for the transformer's linear layers, and NVIDIA's FP8 (ModelOpt) checkpoint layout.
+
+Storage vs compute: a linear layer may keep its weight in a narrower dtype than the one it computes in
+(``bf16 | fp16 | fp8_e4m3fn | fp8_e5m2`` storage, bf16 or fp32 compute). Each call casts the weight to the input's
+dtype — and multiplies it by a tensorwise ``scale_weight`` when the checkpoint has one — then runs a plain
+``F.linear``. Norms, embeddings and the fp32 modules (``layers.KEEP_FP32``) keep the compute dtype. ``CastLinear``
+is the core's layer for that; a host passes its own (ComfyUI: ``comfy.ops.manual_cast.Linear`` and
+``comfy.ops.scaled_fp8_ops().Linear``, which cast the same way and can also stream from the offload device).
+
+ModelOpt FP8 layout (learned from diffusers 0.42.1 ``quantizers/modelopt`` and ``pipelines/cosmos/mixed_precision.py``,
+NVIDIA's ``revision="fp8"`` Cosmos3 checkpoints): ``transformer/config.json`` carries ``quantization_config``
+(``quant_method: "modelopt"``, ``quant_type``/``quant_algo`` FP8); each quantized linear ``X`` stores
+``X.weight`` as ``float8_e4m3fn`` ``[out, in]`` with one fp32 scale ``X.weight_quantizer._scale`` (the dense weight is
+``weight.to(dtype) * scale``, diffusers' ``_w8a16_linear``), plus ModelOpt's calibration buffers
+``X.weight_quantizer._amax`` and ``X.input_quantizer._amax`` (activation scales of its W8A8 path; with bf16 compute
+they are read and dropped). ModelOpt's Hugging Face export names the scales ``X.weight_scale`` / ``X.input_scale``;
+both spellings are read. An FP8 weight without a scale is an error, never a silent scale of 1.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import CheckpointError
+
+STORAGE_DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+E4M3_MAX = 448.0
+
+WEIGHT_SCALE_SUFFIXES = (".weight_quantizer._scale", ".weight_scale")
+AMAX_SUFFIX = ".weight_quantizer._amax"
+# calibration tensors of ModelOpt's W8A8 path: present in the file, unused with bf16/fp32 compute
+DROPPED_SUFFIXES = (".input_quantizer._amax", ".input_scale", ".output_quantizer._amax", ".input_quantizer._scale",
+                    ".output_quantizer._scale", AMAX_SUFFIX)
+
+
+class CastLinear(nn.Linear):
+    """``nn.Linear`` computing in its input's dtype whatever its weight's storage dtype.
+
+    ``scale_weight`` (fp32 scalar, 1 unless the checkpoint is ModelOpt FP8) multiplies the cast weight."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.scale_weight = nn.Parameter(torch.ones((), device=device, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.to(x.dtype) * self.scale_weight.to(x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, weight, bias)
+
+
+def is_modelopt_fp8(config_values: dict, names: set[str] | list[str]) -> bool:
+    """True for a transformer folder in the ModelOpt FP8 layout (by its config or by its scale keys)."""
+    q = config_values.get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    algo = str(q.get("quant_algo") or q.get("quant_type") or "").upper()
+    if method == "modelopt" or "FP8" in algo:
+        return True
+    return any(n.endswith(WEIGHT_SCALE_SUFFIXES) for n in names)
+
+
+def scale_key(weight_name: str, names) -> str | None:
+    """The checkpoint key holding the tensorwise scale of ``<X>.weight``, if any."""
+    prefix = weight_name[: -len(".weight")]
+    for suffix in WEIGHT_SCALE_SUFFIXES:
+        if prefix + suffix in names:
+            return prefix + suffix
+    return None
+
+
+def is_dropped(name: str) -> bool:
+    return name.endswith(DROPPED_SUFFIXES)
+
+
+def read_scale(name: str, scale: torch.Tensor, where: str) -> torch.Tensor:
+    if scale.numel() != 1:
+        raise CheckpointError(f"{where}: {name} has {scale.numel()} values; only tensorwise (one value) ModelOpt FP8 "
+                              "scales are supported.")
+    return scale.reshape(()).float()
+
+
+def missing_scale_error(weight_name: str, dtype: torch.dtype, where: str) -> CheckpointError:
+    prefix = weight_name[: -len(".weight")]
+    return CheckpointError(
+        f"{where}: {weight_name} is stored as {str(dtype).replace('torch.', '')} but its scale "
+        f"({prefix}.weight_quantizer._scale or {prefix}.weight_scale) is missing; the FP8 checkpoint is incomplete "
+        "or was not written by NVIDIA ModelOpt — download the transformer/ folder of the fp8 revision again."
+    )
+
+
+def stored_linear_weight(
+    weight: torch.Tensor, scale: torch.Tensor | None, compute_dtype: torch.dtype, storage: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stored weight, fp32 scale) of one linear layer.
+
+    ``storage`` None keeps what the checkpoint stores when it is FP8 with a scale (the ModelOpt weights as published),
+    else the compute dtype. Any other storage dequantizes (``weight.float() · scale``) and rounds once to it."""
+    one = torch.ones((), dtype=torch.float32)
+    if scale is not None and weight.dtype in FP8_DTYPES and storage in (None, weight.dtype):
+        return weight, scale
+    dense = weight.float() * scale if scale is not None else weight
+    return dense.to(storage or compute_dtype), one
+
+
+def check_storage_device(storage: torch.dtype | None, device: torch.device | str) -> None:
+    """Refuse a storage dtype the device cannot hold or cast (e.g. FP8 on Apple MPS)."""
+    if storage is None:
+        return
+    try:
+        probe = torch.ones(2, dtype=torch.float32, device=device).to(storage)
+        probe.to(torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError, AssertionError) as exc:
+        name = next((k for k, v in STORAGE_DTYPES.items() if v == storage), str(storage))
+        raise ValueError(f"weight dtype {name} is not supported on device {device} ({exc}); choose bf16 or fp16.") \
+            from exc

@@ -1,0 +1,1 @@
+"""cosmos3_core.sampling.loop."""

@@ -1,0 +1,228 @@
+"""Pixel-space conditioning for Cosmos3 image-to-video (I2V) and video-to-video (V2V).
+
+Mirrors diffusers 0.42.1 ``Cosmos3OmniPipeline`` (pipelines/cosmos/pipeline_cosmos3_omni.py):
+
+* ``preprocess_image`` = ``_preprocess_conditioning_image``: aspect-preserving resize with
+  ``scale = max(W/w, H/h)`` to ``ceil(scale*h) x ceil(scale*w)`` (bilinear, antialias, on 0-255 floats), center crop
+  at ``round((R - H) / 2)``, ``round().clamp(0, 255) / 127.5 - 1``. Float input is taken as [0,1] (x255), or as
+  [-1,1] when it has negatives, or as 0-255 otherwise; integer input as 0-255.
+* ``preprocess_video`` = ``VideoProcessor(vae_scale_factor=16, resample="bilinear").preprocess_video`` (plain
+  resize, no aspect handling). For float frames ``[F,H,W,3]`` in [0,1] (the ComfyUI IMAGE layout; diffusers reads a
+  numpy array in this layout) that is a *nearest* ``F.interpolate`` to (H, W) -- the ``resample`` option only
+  applies to PIL input -- then ``2x - 1`` (skipped, as in diffusers, when the clip already has negative values).
+  A list of PIL frames takes diffusers' PIL path (PIL bilinear resize, /255, ``2x - 1``).
+* ``encode_condition`` = the clean latent frames of ``prepare_latents``, computed without the waste: the Wan VAE is
+  causal in time (latent 0 sees pixel frame 0 only, latent k pixel frames <= 4k), so
+  - I2V encodes the single image frame instead of the image repeated ``num_frames`` times; latent 0 is clean.
+  - V2V encodes only the ``max(idx)*4+1`` kept frames (first or last of the clip, repeat-padded with the last one
+    when the clip is shorter) instead of the whole padded clip; the listed latent indexes are clean.
+  - ``num_frames == 1`` (text-to-image) with an image: the pipeline encodes it but marks no frame clean, i.e. the
+    image is ignored; so is it here (nothing is encoded, a warning is logged).
+  Noisy latent frames of ``x0`` are zeros (the sampler replaces them with noise through the mask).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- image (I2V)
+def _image_to_nchw(image) -> torch.Tensor:
+    """PIL / numpy HWC or NHWC / torch HWC, NHWC (ComfyUI), CHW or NCHW -> [1,3,H,W] tensor, dtype kept."""
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - PIL ships with diffusers
+        Image = None
+    if Image is not None and isinstance(image, Image.Image):
+        image = np.array(image.convert("RGB"), copy=True)
+    if isinstance(image, np.ndarray):
+        image = torch.from_numpy(np.ascontiguousarray(image))
+        channel_last = True
+    elif isinstance(image, torch.Tensor):
+        channel_last = image.ndim >= 3 and (image.shape[-1] in (1, 3, 4) or image.shape[-3] not in (1, 3, 4))
+    else:
+        raise ValueError(f"image: expected a PIL image, numpy array or torch tensor, got {type(image).__name__}.")
+    if image.ndim == 3:
+        image = image.unsqueeze(0)
+    if image.ndim != 4 or image.shape[0] != 1:
+        raise ValueError(
+            f"image: expected one image [H,W,3] or [1,H,W,3] (ComfyUI IMAGE) or [3,H,W]/[1,3,H,W], got shape "
+            f"{tuple(image.shape)}; pass a single image, e.g. image[0:1]."
+        )
+    if channel_last:
+        image = image.permute(0, 3, 1, 2)
+    if image.shape[1] != 3:
+        raise ValueError(
+            f"image: expected 3 (RGB) channels, got {image.shape[1]} (shape {tuple(image.shape)}); convert to RGB "
+            "first (drop an alpha channel with image[..., :3], repeat a grayscale one 3 times)."
+        )
+    return image
+
+
+def preprocess_image(image, height: int, width: int) -> torch.Tensor:
+    """One conditioning image -> ``[1,3,height,width]`` float32 in [-1,1] (``_preprocess_conditioning_image``)."""
+    _check_size(height, width)
+    image = _image_to_nchw(image)
+    is_integer = not image.is_floating_point()
+    image = image.to(torch.float32)
+    if not is_integer:
+        if image.min() < 0:
+            image = (image + 1.0) * 127.5
+        elif image.max() <= 1.0:
+            image = image * 255.0
+    src_h, src_w = image.shape[-2:]
+    scale = max(width / src_w, height / src_h)
+    new_h, new_w = math.ceil(scale * src_h), math.ceil(scale * src_w)
+    image = F.interpolate(image, size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)
+    top, left = round((new_h - height) / 2), round((new_w - width) / 2)
+    image = image[:, :, top:top + height, left:left + width]
+    return image.round().clamp(0, 255) / 127.5 - 1.0
+
+
+# ---------------------------------------------------------------------------------------------- video (V2V)
+def preprocess_video(frames, height: int, width: int) -> torch.Tensor:
+    """Conditioning clip -> ``[1,3,F,height,width]`` float32 in [-1,1], as diffusers ``VideoProcessor``.
+
+    Accepted layouts:
+      * float torch tensor or numpy array ``[F,H,W,3]`` / ``[1,F,H,W,3]`` in [0,1] (ComfyUI IMAGE batch);
+        uint8 arrays are divided by 255 first (diffusers would overflow on them);
+      * torch tensor ``[F,3,H,W]`` (diffusers' channel-first tensor layout), same value rules;
+      * a list of PIL images (diffusers' PIL path: bilinear PIL resize).
+    Like diffusers, height/width are floored to multiples of 16.
+    """
+    _check_size(height, width)
+    height, width = height - height % 16, width - width % 16  # VideoProcessor floors to its vae_scale_factor
+    if height == 0 or width == 0:
+        raise ValueError(f"video: height and width must be at least 16, got {height}x{width} after flooring to 16.")
+    if isinstance(frames, (list, tuple)):
+        return _preprocess_pil_frames(frames, height, width)
+    if isinstance(frames, np.ndarray):
+        frames = torch.from_numpy(np.ascontiguousarray(frames))
+        channel_last = True
+    elif isinstance(frames, torch.Tensor):
+        channel_last = frames.shape[-1] == 3 or frames.ndim < 4 or frames.shape[-3] != 3
+    else:
+        raise ValueError(f"video: expected a tensor, numpy array or list of PIL images, got {type(frames).__name__}.")
+    if frames.ndim == 5 and frames.shape[0] == 1:
+        frames = frames[0]
+    if frames.ndim != 4:
+        raise ValueError(f"video: expected frames [F,H,W,3] (ComfyUI IMAGE batch), got shape {tuple(frames.shape)}.")
+    if channel_last:
+        frames = frames.permute(0, 3, 1, 2)  # [F,3,H,W]
+    if frames.shape[0] == 0:
+        raise ValueError("video: the clip has 0 frames; pass at least one frame (e.g. a loaded video's IMAGE batch).")
+    if frames.shape[1] != 3:
+        raise ValueError(
+            f"video: expected 3 (RGB) channels, got {frames.shape[1]} (shape {tuple(frames.shape)}); "
+            "drop an alpha channel with video[..., :3]."
+        )
+    x = frames.float() / 255.0 if frames.dtype == torch.uint8 else frames.to(torch.float32)
+    x = F.interpolate(x, size=(height, width))  # diffusers' tensor resize: default mode = nearest
+    if x.min() >= 0:  # diffusers skips normalization (with a deprecation warning) for [-1,1] input
+        x = 2.0 * x - 1.0
+    return x.permute(1, 0, 2, 3).unsqueeze(0)  # [1,3,F,H,W]
+
+
+def _preprocess_pil_frames(frames: Sequence, height: int, width: int) -> torch.Tensor:
+    from PIL import Image
+
+    if len(frames) == 0:
+        raise ValueError("video: the clip has 0 frames; pass at least one frame.")
+    if not all(isinstance(f, Image.Image) for f in frames):
+        raise ValueError("video: a list must hold PIL images only; pass tensors as one [F,H,W,3] batch instead.")
+    arr = np.stack([
+        np.asarray(f.convert("RGB").resize((width, height), resample=Image.BILINEAR), dtype=np.float32) / 255.0
+        for f in frames
+    ])  # [F,H,W,3]
+    x = torch.from_numpy(arr).permute(3, 0, 1, 2).unsqueeze(0)  # [1,3,F,H,W]
+    return 2.0 * x - 1.0
+
+
+# ---------------------------------------------------------------------------------------------- encode
+def encode_condition(
+    vae,
+    *,
+    image=None,
+    video=None,
+    num_frames: int,
+    height: int,
+    width: int,
+    condition_latent_frames: Iterable[int] = (0, 1),
+    keep: str = "first",
+) -> tuple[torch.Tensor, list[int]]:
+    """Clean conditioning latents for I2V / V2V -> ``(x0 [1,C,T,h,w] float32, clean_frame_indexes)``.
+
+    ``vae`` is a ``cosmos3_core.vae.video.Cosmos3VAE``; x0 is normalized and lives on the VAE device. Only the clean
+    frames are filled (others are zero). Without image and video (text-to-video) x0 is all zeros and clean = [].
+    ``condition_latent_frames`` and ``keep`` ("first"/"last" end of a longer clip) only apply to ``video``.
+    """
+    if image is not None and video is not None:
+        raise ValueError("encode_condition: pass either image (image-to-video) or video (video-to-video), not both.")
+    if not isinstance(num_frames, int) or num_frames < 1:
+        raise ValueError(f"encode_condition: num_frames must be an int >= 1, got {num_frames!r}.")
+    s, ts = vae.spatial_scale, vae.temporal_scale
+    if height % s or width % s:
+        raise ValueError(
+            f"encode_condition: height and width must be multiples of {s}, got {height}x{width}; "
+            f"round them, e.g. to {height // s * s}x{width // s * s}."
+        )
+    t_lat = (num_frames - 1) // ts + 1
+    x0 = torch.zeros(1, vae.latent_channels, t_lat, height // s, width // s, dtype=torch.float32, device=vae.device)
+
+    if image is not None:
+        if num_frames == 1:
+            logger.warning("encode_condition: num_frames == 1 is text-to-image; the conditioning image is ignored "
+                           "(as in diffusers' Cosmos3OmniPipeline).")
+            return x0, []
+        pixels = preprocess_image(image, height, width).unsqueeze(2)  # [1,3,1,H,W]
+        x0[:, :, 0] = vae.encode(pixels)[:, :, 0]
+        return x0, [0]
+
+    if video is None:
+        return x0, []
+
+    if num_frames == 1:
+        raise ValueError("encode_condition: video conditioning needs num_frames > 1 (got 1); use an image instead.")
+    indexes = _check_indexes(condition_latent_frames, t_lat, num_frames)
+    if keep not in ("first", "last"):
+        raise ValueError(f"encode_condition: keep must be 'first' or 'last', got {keep!r}.")
+    clip = preprocess_video(video, height, width)  # [1,3,Fv,H,W]
+    n_keep = max(indexes) * ts + 1  # pixel frames that latent max(idx) depends on
+    clip = clip[:, :, :n_keep] if keep == "first" else clip[:, :, -n_keep:]
+    if clip.shape[2] < n_keep:  # short clip: repeat the last frame
+        pad = clip[:, :, -1:].expand(-1, -1, n_keep - clip.shape[2], -1, -1)
+        clip = torch.cat([clip, pad], dim=2)
+    lat = vae.encode(clip)  # [1,C,max(idx)+1,h,w]
+    for i in indexes:
+        x0[:, :, i] = lat[:, :, i]
+    return x0, indexes
+
+
+def _check_indexes(indexes: Iterable[int], t_lat: int, num_frames: int) -> list[int]:
+    if isinstance(indexes, (str, bytes)):
+        raise ValueError(f"condition_latent_frames: expected a list of ints such as [0, 1], got {indexes!r}.")
+    indexes = list(indexes)
+    if not indexes:
+        raise ValueError("condition_latent_frames: empty; list at least one latent frame index, e.g. [0, 1].")
+    for i in indexes:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0:
+            raise ValueError(f"condition_latent_frames: {indexes!r} must hold non-negative ints, e.g. [0, 1].")
+        if i >= t_lat:
+            raise ValueError(
+                f"condition_latent_frames: index {i} is outside the latent timeline (T={t_lat} latent frames for "
+                f"num_frames={num_frames}); use indexes < {t_lat} or more frames."
+            )
+    return sorted({int(i) for i in indexes})
+
+
+def _check_size(height: int, width: int) -> None:
+    if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
+        raise ValueError(f"height/width must be positive ints, got height={height!r}, width={width!r}.")
