@@ -1,6 +1,6 @@
 """Every default of a Cosmos3 run and every model constant the pack relies on, in one place.
 
-Node schemas, ``GenerationRequest``, the plan and both CLIs read these names; nothing else spells the numbers.
+Node schemas, ``request.resolve``, the plan and the CLIs read these names; nothing else spells the numbers.
 Values follow diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` defaults and the per-mode table of
 ``shared/reference/cosmos3-architecture.md`` §10 (the released checkpoints' training tiers).
 """
@@ -69,13 +69,8 @@ def default_shift(height: int, width: int) -> float:
     return next(shift for floor, shift in SHIFT_BY_TIER if short >= floor)
 
 
-def latent_frames(num_frames: int) -> int:
-    """Latent frames of a clip of ``num_frames`` pixel frames (1 or 4k+1): the first frame alone, then 4 per latent."""
-    return (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
-
-
 def pixel_frames(num_latent_frames: int) -> int:
-    """Pixel frames that ``num_latent_frames`` latents decode to (inverse of ``latent_frames``)."""
+    """Pixel frames that ``num_latent_frames`` latents decode to (1 + 4 per latent after the first)."""
     return 1 + VAE_TEMPORAL_STRIDE * (num_latent_frames - 1) if num_latent_frames > 0 else 0
 
 

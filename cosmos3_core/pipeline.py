@@ -1,106 +1,52 @@
-"""Cosmos3 generation end to end: T2I, T2V, I2V, V2V and T2AV/I2AV on one loaded checkpoint.
+"""Cosmos3 generation stages on one loaded checkpoint: T2I, T2V, I2V, V2V and T2AV/I2AV, and the parts every mode
+builds on.
 
 The stages mirror diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` and are exposed one by one, because the
 ComfyUI nodes run them as separate nodes (so ComfyUI's cache can skip the text tower when only the seed changes):
 
-1. ``encode_text``      — prompt templates + chat template (prompt.py), then ``prefill`` once per distinct prompt;
-2. ``encode_condition`` — I2V / V2V pixels → clean latent frames (conditioning.py);
-3. ``plan``             — every decision and check of the sampling run, once (plan.py);
-   ``run``              — the mode-free loop over the plan (sampling.py);
-4. ``decode_video`` / ``decode_sound`` — chunked Wan2.2 VAE decode, AVAE decode trimmed to the clip (vae.py, audio.py).
+1. ``encode_text``      — prompt templates + chat template (sampling/prompt.py), then ``prefill`` once per distinct
+   prompt;
+2. ``encode_condition`` — I2V / V2V pixels → clean latent frames (sampling/conditioning.py);
+3. ``plan``             — the run's ``SamplePlan`` from resolved sampling values (request.py decides them;
+   sampling/plan.py assembles); ``run`` — the mode-free loop over the plan (sampling/loop.py);
+4. ``decode_video`` / ``decode_sound`` — chunked Wan2.2 VAE decode, AVAE decode trimmed to the clip (vae/).
 
-``generate`` chains them for the CLI and tests. Nothing here imports ComfyUI.
+The stages decide nothing: ``request.resolve`` does, once, before any model work (the nodes call its stage-sized
+pieces). The modes (modes/) chain the stages; ``modes.dispatch.generate`` runs a whole ``Request``. Nothing here
+imports ComfyUI.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from . import defaults
-from .modes import action as action_mod
-from .modes.action import ActionCondition, ActionGenerationRequest, ActionRequest
-from .kernels.attention import BACKENDS, set_attention_backend
-from .vae.audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
-from .kernels.caches import preload_compiler
-from .sampling.conditioning import encode_condition
 from .config import CheckpointError, Cosmos3Config
-from .sampling.distilled import DistilledSchedule, read_distilled
+from .kernels.caches import preload_compiler
+from .kernels.compile import prepared
 from .model.loader import load_transformer
-from .sampling.plan import ActionInput, SamplePlan, check_clip, check_sampling, generation_tokens, make_plan
-from .sampling.prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
-from .sampling.loop import SampleResult, StepCallback, run
-from .sampling.schedulers import load_scheduler_config, make_scheduler, make_stepper
-from .model.text_kv import TextKV
+from .model.text_kv import TextConditioning, TextKV
 from .model.towers import step_memory_required
 from .model.transformer import Cosmos3Transformer
+from .request import CheckpointInfo, Sampling, resolve_sampling
+from .runtime import DEFAULT, RuntimeOptions
+from .sampling.conditioning import encode_condition
+from .sampling.loop import SampleResult, StepCallback, run
+from .sampling.plan import ActionInput, SamplePlan, generation_tokens, make_plan
+from .sampling.prompt import PromptIds, encode_prompts, load_tokenizer
+from .sampling.schedulers import load_scheduler_config, make_scheduler, make_stepper
+from .vae.audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .vae.video import Cosmos3VAE, load_vae
 
-
-@dataclass(frozen=True)
-class TextConditioning:
-    """Both guidance branches' text K/V for one prompt pair, plus the clip shape the prompts describe."""
-
-    cond: TextKV
-    uncond: TextKV | None
-    num_frames: int
-    height: int
-    width: int
-    fps: float
-    prompt_text: str = ""
-    negative_text: str = ""
-
-    def to(self, device: torch.device | str) -> "TextConditioning":
-        uncond = None if self.uncond is None else self.cond.to(device) if self.uncond is self.cond else self.uncond.to(device)
-        return dataclasses.replace(self, cond=self.cond.to(device), uncond=uncond)
-
-
-@dataclass
-class GenerationRequest:
-    prompt: str
-    negative_prompt: str | None = None  # None → the checkpoint's assets/negative_prompt.json, else ""
-    num_frames: int = defaults.NUM_FRAMES
-    height: int = defaults.HEIGHT
-    width: int = defaults.WIDTH
-    fps: float = defaults.FPS
-    steps: int | None = None  # None → defaults.default_steps (50 for images, 35 for video), or a distilled schedule's
-    guidance: float | None = None  # None → defaults.GUIDANCE, or 1 for a distilled checkpoint
-    seed: int = defaults.SEED
-    schedule: str = defaults.SCHEDULE
-    shift: float | None = None  # None → defaults.default_shift (by resolution tier)
-    sound: bool = False
-    image: Any = None  # I2V: [H,W,3] float in [0,1] (or uint8 / PIL)
-    video: Any = None  # V2V: [F,H,W,3] float in [0,1]
-    condition_latent_frames: Sequence[int] = (0, 1)
-    keep: str = "first"
-    use_system_prompt: bool | None = None
-    guidance_interval: tuple[float, float] | None = None
-    compile: bool = False
-    attention: str = "auto"  # attention.BACKENDS: auto | sdpa (the reference's route) | flash4
-
-    def check(self, who: str = "generate") -> None:
-        """Every check of the request that needs no model: the clip, the sampling values, the conditioning."""
-        check_clip(self.num_frames, self.height, self.width, self.fps, who)
-        if self.attention not in BACKENDS:
-            raise ValueError(f"{who}: attention={self.attention!r} is not one of {BACKENDS}; 'sdpa' forces PyTorch SDPA.")
-        check_sampling(seed=self.seed, steps=self.steps, guidance=self.guidance, schedule=self.schedule,
-                       shift=self.shift, guidance_interval=self.guidance_interval, batch_size=1, who=who)
-        if self.image is not None and self.video is not None:
-            raise ValueError(f"{who}: give either an image (image-to-video) or a video (video-to-video), not both.")
-        if (self.image is not None or self.video is not None) and self.num_frames == 1:
-            what = "image" if self.image is not None else "video"
-            raise ValueError(
-                f"{who}: a conditioning {what} was given with num_frames=1 (text-to-image), where it would be "
-                f"ignored; use num_frames 5 or more (4k+1) to condition a video on it, or drop the {what}."
-            )
+__all__ = ["Cosmos3Pipeline", "GenerationOutput", "TextConditioning"]
 
 
 @dataclass
@@ -131,14 +77,9 @@ class Cosmos3Pipeline:
         self.tokenizer = tokenizer
         self.sound_decoder = sound_decoder
         self.scheduler_config = load_scheduler_config(self.checkpoint_dir)
-        index = _read_model_index(self.checkpoint_dir)
-        self.native_flow_schedule = bool(index.get("use_native_flow_schedule", False))
-        self.default_use_system_prompt = default_use_system_prompt(self.checkpoint_dir)
-        self.default_negative_prompt = default_negative_prompt(self.checkpoint_dir)
-        # a distilled (few-step) checkpoint: its fixed schedule, guidance baked in (distilled.py); else None
-        self.distilled: DistilledSchedule | None = read_distilled(self.checkpoint_dir)
-        if self.distilled is not None and self.distilled.default_use_system_prompt is not None:
-            self.default_use_system_prompt = self.distilled.default_use_system_prompt  # diffusers reads it there
+        info = CheckpointInfo.read(self.checkpoint_dir, transformer.config)
+        # what this loaded pipeline can do: sound needs the decoder actually loaded
+        self.info = dataclasses.replace(info, has_sound=info.has_sound and sound_decoder is not None)
         self.prefill_count = 0  # text-tower runs since load (tests and the ComfyUI cache check read it)
 
     @classmethod
@@ -180,74 +121,65 @@ class Cosmos3Pipeline:
     def config(self) -> Cosmos3Config:
         return self.transformer.config
 
+    @staticmethod
+    def timed(timings: dict[str, float], name: str):
+        """``timed`` (below) for the modes: adds a block's wall time to ``timings[name]``."""
+        return timed(timings, name)
+
     @property
     def supports_sound(self) -> bool:
-        return self.config.sound_gen and self.sound_decoder is not None
+        return self.info.has_sound
 
     @property
-    def is_distilled(self) -> bool:
-        return self.distilled is not None
-
-    @property
-    def default_guidance(self) -> float:
-        """The guidance scale a run gets when none is given: 1 on a distilled checkpoint (baked in)."""
-        return 1.0 if self.distilled is not None else defaults.GUIDANCE
+    def distilled(self):
+        """The distilled checkpoint's fixed schedule (sampling/distilled.py), else None."""
+        return self.info.distilled
 
     # ------------------------------------------------------------------ 1. text
-    def encode_text(
-        self,
-        prompt: str,
-        negative_prompt: str | None = None,
-        *,
-        num_frames: int,
-        height: int,
-        width: int,
-        fps: float,
-        use_system_prompt: bool | None = None,
-        who: str = "encode_text",
-    ) -> TextConditioning:
-        """Render both prompts as trained and run the text tower once per distinct prompt."""
-        ids = self.tokenize(
-            prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
-            use_system_prompt=use_system_prompt, who=who,
-        )
-        return self.prefill_prompts(ids, num_frames=num_frames, height=height, width=width, fps=fps)
+    def encode_text(self, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int,
+                    width: int, fps: float, use_system_prompt: bool | None = None,
+                    options: RuntimeOptions = DEFAULT) -> TextConditioning:
+        """Render both prompts as trained and run the text tower once per distinct prompt (inputs checked by
+        ``request.resolve_clip``)."""
+        ids = self.tokenize(prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
+                            use_system_prompt=use_system_prompt)
+        return self.prefill_prompts(ids, num_frames=num_frames, height=height, width=width, fps=fps, options=options)
 
-    def tokenize(
-        self, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int, width: int,
-        fps: float, use_system_prompt: bool | None = None, who: str = "encode_text",
-    ) -> PromptIds:
-        """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default.
+    def tokenize(self, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int, width: int,
+                 fps: float, use_system_prompt: bool | None = None) -> PromptIds:
+        """Token ids of both branches (templates + chat template); ``None`` negative → the checkpoint default,
+        ``None`` system prompt → the checkpoint's setting.
 
-        A distilled checkpoint has no negative branch (``Cosmos3DistilledTextEncoderStep``): a negative prompt is
-        refused and the unused uncond ids are those of an empty prompt, as the reference builds them."""
-        check_clip(num_frames, height, width, fps, who)
+        A distilled checkpoint has no negative branch (``Cosmos3DistilledTextEncoderStep``): the unused uncond ids
+        are those of an empty prompt, as the reference builds them (``resolve_clip`` refuses a negative prompt)."""
         if self.distilled is not None:
-            self.distilled.check(steps=None, guidance=None, negative_prompt=negative_prompt, who=who)
             negative_prompt = ""
         if negative_prompt is None:
-            negative_prompt = self.default_negative_prompt
+            negative_prompt = self.info.default_negative_prompt
         if use_system_prompt is None:
-            use_system_prompt = self.default_use_system_prompt
+            use_system_prompt = self.info.default_use_system_prompt
         return encode_prompts(
             self.tokenizer, prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
             use_system_prompt=use_system_prompt,
         )
 
-    def prefill_prompts(self, ids: PromptIds, *, num_frames: int, height: int, width: int, fps: float) -> TextConditioning:
+    def prefill_prompts(self, ids: PromptIds, *, num_frames: int, height: int, width: int, fps: float,
+                        options: RuntimeOptions = DEFAULT) -> TextConditioning:
         """Both branches' text K/V from one text-tower pass over the distinct prompts (a distilled checkpoint has
         one branch: its uncond K/V would never be used)."""
         one_branch = self.distilled is not None or ids.uncond == ids.cond
-        kvs = self._prefill_many([ids.cond] if one_branch else [ids.cond, ids.uncond])
+        kvs = self.prefill_many([ids.cond] if one_branch else [ids.cond, ids.uncond], options)
         uncond = None if self.distilled is not None else kvs[-1]
         return TextConditioning(kvs[0], uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
 
-    def _prefill(self, ids: list[int]) -> TextKV:
-        return self._prefill_many([ids])[0]
+    def prefill(self, ids: list[int], options: RuntimeOptions = DEFAULT) -> TextKV:
+        """One prompt's text K/V (the text tower once)."""
+        return self.prefill_many([ids], options)[0]
 
-    def _prefill_many(self, prompts: list[list[int]]) -> list[TextKV]:
+    def prefill_many(self, prompts: list[list[int]], options: RuntimeOptions = DEFAULT) -> list[TextKV]:
+        """Several prompts' text K/V in one text-tower pass."""
         self.prefill_count += len(prompts)
-        return self.transformer.prefill_many(prompts)
+        return self.transformer.prefill_many(prompts, options.attention)
 
     # ------------------------------------------------------------------ 2. conditioning
     def encode_condition(
@@ -292,85 +224,77 @@ class Cosmos3Pipeline:
         return self.vae.latent_shape(defaults.pixel_frames(max(indexes) + 1), height, width)
 
     # ------------------------------------------------------------------ 3. sampling
+    def resolve_sampling(self, text: TextConditioning, mode: str = "clip", **sampling_args) -> Sampling:
+        """``request.resolve_sampling`` for the clip ``text`` describes, on this checkpoint."""
+        return resolve_sampling(self.info, num_frames=text.num_frames, height=text.height, width=text.width,
+                                mode=mode, **sampling_args)
+
     def plan(
         self,
         text: TextConditioning,
+        sampling: Sampling | None = None,
         *,
-        seed: int = defaults.SEED,
-        generator: torch.Generator | None = None,
-        steps: int | None = None,
-        guidance: float | None = None,
-        schedule: str = defaults.SCHEDULE,
-        shift: float | None = None,
-        sound: bool = False,
         x0: torch.Tensor | None = None,
         clean_frames: Sequence[int] = (),
-        guidance_interval: tuple[float, float] | None = None,
         action: ActionInput | None = None,
-        batch_size: int = defaults.BATCH_SIZE,
+        generator: torch.Generator | None = None,
         device: torch.device | str | None = None,
-        who: str = "sample",
+        options: RuntimeOptions = DEFAULT,
+        **sampling_args,
     ) -> SamplePlan:
-        """Decide the whole run (plan.py) after checking every argument; nothing is computed on the model yet.
+        """The ``SamplePlan`` of a run (sampling/plan.py); nothing is computed on the model yet.
 
-        ``device``: where the run's latents live (default: where the generation tower runs now); a caller that moves
-        the tower afterwards (ComfyUI's model management) passes the device it will run on. ``steps``/``guidance``
-        ``None``: the checkpoint's defaults (a distilled checkpoint: its schedule's length and 1, and nothing else).
+        ``sampling``: the resolved values (``request.resolve_sampling``); or pass the sampling arguments (``seed``,
+        ``steps``, ``guidance``, ``schedule``, ``shift``, ``sound``, ``guidance_interval``, ``batch_size``) and they
+        are resolved here. ``device``: where the run's latents live (default: where the generation tower runs now);
+        a caller that moves the tower afterwards (ComfyUI's model management) passes the device it will run on.
         ``generator``: draw the noise from it instead of a fresh generator seeded with ``seed`` (a long video's
-        windows share one, as the reference's chunk loop).
+        windows share one, as the reference's chunk loop). ``options``: the run's kernels, carried by the plan.
         """
-        check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
-                       guidance_interval=guidance_interval, batch_size=batch_size, who=who)
-        if self.distilled is not None:
-            self.distilled.check(steps=steps, guidance=guidance, shift=shift, schedule=schedule, sound=sound, who=who)
-        guidance = self.default_guidance if guidance is None else guidance
-        if sound and not self.supports_sound:
-            raise ValueError(
-                f"{who}: sound=True, but checkpoint {self.checkpoint_dir.name} has no sound_tokenizer/ or sound head "
-                "(Edge cannot generate sound); set sound to false (CLI: drop --sound) or use a Nano/Super checkpoint."
-            )
+        if sampling is None:
+            sampling = self.resolve_sampling(text, "action" if action is not None else "clip", **sampling_args)
+        elif sampling_args:
+            raise TypeError(f"plan: give resolved sampling or sampling arguments, not both ({sorted(sampling_args)}).")
         if action is not None and not self.transformer.has_action:
             raise ValueError(
-                f"{who}: an action mode needs a checkpoint trained with action_gen=True (and its action head); "
-                f"checkpoint {self.checkpoint_dir.name} has none. Use a Cosmos3 checkpoint with action_gen."
+                f"an action mode needs a checkpoint trained with action_gen=True (and its action head); checkpoint "
+                f"{self.checkpoint_dir.name} has none. Use a Cosmos3 checkpoint with action_gen."
             )
         if x0 is not None and text.num_frames == 1:
-            raise ValueError(
-                f"{who}: a condition was given but num_frames is 1 (text-to-image), where it would be ignored; "
-                "use 5 or more frames (4k+1) for image/video-to-video."
-            )
+            raise ValueError("a condition was given but num_frames is 1 (text-to-image), where it would be ignored; "
+                             "use 5 or more frames (4k+1) for image/video-to-video.")
+        if sampling.use_cfg and text.uncond is None:
+            raise ValueError(f"guidance {sampling.guidance:g} needs the negative prompt's text K/V, but the text was "
+                             "encoded with one branch (a distilled checkpoint); set guidance to 1.")
         latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
         clean_frames = [i for i in clean_frames if i < latent_shape[2]] if x0 is not None else []
-        sound_len = sound_latent_length(text.num_frames, text.fps) if sound else 0
+        sound_len = sound_latent_length(text.num_frames, text.fps) if sampling.sound else 0
         action_len = 0 if action is None else int(action.values.shape[0])
         num_tokens = generation_tokens(self.config, latent_shape, sound_len, action_len)
-        lengths = [text.cond.length] + ([text.uncond.length] if guidance != 1.0 and text.uncond is not None else [])
+        lengths = [text.cond.length] + ([text.uncond.length] if sampling.use_cfg else [])
         device = torch.device(device or self.transformer.device)
-        self._check_memory(step_memory_required(self.config, num_tokens, lengths * batch_size, self.transformer.dtype),
-                           num_tokens, device, who)
+        self.check_memory(step_memory_required(self.config, num_tokens, lengths * sampling.batch_size,
+                                               self.transformer.dtype), num_tokens, device)
         generators = None if generator is None else [generator]
-        if generator is not None and (self.distilled is not None or batch_size != 1):
-            raise ValueError(f"{who}: a shared noise generator (long video windows) needs batch_size 1 and a "
-                             "non-distilled checkpoint; long video with distilled checkpoints is not supported yet.")
-        if self.distilled is not None:  # the checkpoint's sigmas; SDE steps from the noise's generators; re-anchor
-            stepper, generators = self.distilled.make_stepper(seed, batch_size)
+        if generator is not None and (sampling.distilled or sampling.batch_size != 1):
+            raise ValueError("a shared noise generator (long video windows) needs batch_size 1 and a non-distilled "
+                             "checkpoint.")
+        if sampling.distilled:  # the checkpoint's sigmas; SDE steps from the noise's generators; re-anchor
+            stepper, generators = self.distilled.make_stepper(sampling.seed, sampling.batch_size)
         else:
-            scheduler = make_scheduler(
-                self.scheduler_config, steps or defaults.default_steps(text.num_frames), schedule=schedule,
-                shift=shift if shift is not None else defaults.default_shift(text.height, text.width),
-                native_flow_schedule=self.native_flow_schedule,
-            )
+            scheduler = make_scheduler(self.scheduler_config, sampling.steps, schedule=sampling.schedule,
+                                       shift=sampling.shift, native_flow_schedule=self.info.native_flow_schedule)
             stepper = make_stepper(scheduler)
         return make_plan(
-            self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps, seed=seed,
-            guidance=float(guidance), vision_stepper=stepper, x0=x0, clean_frames=clean_frames,
-            sound_len=sound_len, action=action, guidance_interval=guidance_interval, batch_size=batch_size,
-            reanchor_vision=self.distilled is not None, generators=generators, device=device,
-            dtype=self.transformer.dtype, who=who,
+            self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps,
+            seed=sampling.seed, guidance=sampling.guidance, vision_stepper=stepper, x0=x0, clean_frames=clean_frames,
+            sound_len=sound_len, action=action, guidance_interval=sampling.guidance_interval,
+            batch_size=sampling.batch_size, reanchor_vision=sampling.distilled, generators=generators, device=device,
+            dtype=self.transformer.dtype, options=options,
         )
 
     @staticmethod
-    def _check_memory(need: int, num_tokens: int, device: torch.device, who: str) -> None:
+    def check_memory(need: int, num_tokens: int, device: torch.device) -> None:
         """Refuse a run whose step activations alone exceed the device's memory (never a raw allocator error after
         minutes of work). Weights are left out: a tower that does not fit streams them (ComfyUI's lowvram path)."""
         if device.type == "cuda":
@@ -381,34 +305,32 @@ class Cosmos3Pipeline:
             return
         if need > capacity:
             raise ValueError(
-                f"{who}: one denoising step of this clip ({num_tokens:,} generation tokens) needs about "
+                f"one denoising step of this clip ({num_tokens:,} generation tokens) needs about "
                 f"{need / 2**30:.1f} GiB on {device}, which has {capacity / 2**30:.1f} GiB; lower width/height or "
                 "num_frames (e.g. 1280x720 with 189 frames, or 832x480 with 93)."
             )
 
-    def run(self, plan: SamplePlan, callback: StepCallback | None = None, compile: bool = False,
-            attention: str = "auto", denoiser=None) -> SampleResult:
-        """Denoise ``plan``; ``compile`` uses the torch.compile'd generation layer (faster after a one-off warm-up);
-        ``attention`` picks the kernel route for this run (attention.py: ``auto`` | ``sdpa`` | ``flash4``).
-        ``denoiser``: runs the steps instead of the transformer, with its ``denoise_step`` contract (parallel/)."""
-        self.transformer.compile_generation_layers(compile)
-        previous = set_attention_backend(attention)
-        try:
-            x = run(plan, denoiser or self.transformer, callback)
-        finally:
-            set_attention_backend(previous)
+    def run(self, plan: SamplePlan, callback: StepCallback | None = None, denoiser=None) -> SampleResult:
+        """Denoise ``plan`` with the kernels its ``options`` name. ``denoiser``: runs the steps instead of the
+        transformer, with its ``denoise_step`` contract (``sampling.loop.Denoiser``: parallel/)."""
+        if plan.options.compile:
+            prepared()  # the compile settings in this run's context (kernels/compile.py)
+        x = run(plan, denoiser or self.transformer, callback)
         return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
 
-    def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, compile: bool = False,
-               attention: str = "auto", **plan_args) -> SampleResult:
+    def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, **plan_args) -> SampleResult:
         """``plan`` then ``run``."""
-        return self.run(self.plan(text, **plan_args), callback=callback, compile=compile, attention=attention)
+        return self.run(self.plan(text, **plan_args), callback=callback)
 
     # ------------------------------------------------------------------ 4. decode
-    def decode_video(self, latents: torch.Tensor, on_chunk=None, **kwargs) -> torch.Tensor:
+    def decode_video(self, latents: torch.Tensor, on_chunk=None, options: RuntimeOptions = DEFAULT,
+                     **kwargs) -> torch.Tensor:
         """``[N, 48, T, h, w]`` → frames ``[N·F, H, W, 3]`` (items one after another; ComfyUI's IMAGE batch);
-        ``on_chunk(done, total)`` counts latent frames over the whole batch."""
+        ``on_chunk(done, total)`` counts latent frames over the whole batch; ``options.compile``: the compiled
+        steady-state frame decoder."""
         n, t = latents.shape[0], latents.shape[2]
+        kwargs.setdefault("compile", options.compile)
+        kwargs.setdefault("compile_backend", options.compile_backend)
         frames = []
         for k, item in enumerate(latents):
             progress = None if on_chunk is None else (lambda done, _t, k=k: on_chunk(k * t + done, n * t))
@@ -424,41 +346,15 @@ class Cosmos3Pipeline:
             return self.sound_decoder.decode(sound_latent, num_samples=n).float().cpu()
         return torch.stack([self.sound_decoder.decode(item, num_samples=n).float().cpu() for item in sound_latent])
 
-    # ------------------------------------------------------------------ all stages
-    def generate(
-        self, request: GenerationRequest, callback: StepCallback | None = None, decode: bool = True
-    ) -> GenerationOutput:
-        r = request
-        r.check()
-        if self.distilled is not None:  # fail before any model work (the plan checks the same again)
-            self.distilled.check(steps=r.steps, guidance=r.guidance, shift=r.shift, schedule=r.schedule,
-                                 negative_prompt=r.negative_prompt, sound=r.sound, who="generate")
-        timings: dict[str, float] = {}
-        with _timed(timings, "preprocess"):
-            text = self.encode_text(
-                r.prompt, r.negative_prompt, num_frames=r.num_frames, height=r.height, width=r.width, fps=r.fps,
-                use_system_prompt=r.use_system_prompt, who="generate",
-            )
-            x0, clean = self.encode_condition(
-                text, image=r.image, video=r.video, condition_latent_frames=r.condition_latent_frames, keep=r.keep
-            )
-            plan = self.plan(
-                text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
-                sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, who="generate",
-            )
-        return self._run_and_decode(plan, timings, r.num_frames, r.fps, callback=callback, compile=r.compile,
-                                    attention=r.attention, decode=decode)
-
-    def _run_and_decode(self, plan: SamplePlan, timings: dict[str, float], num_frames: int, fps: float, *,
-                        callback: StepCallback | None, compile: bool, attention: str = "auto",
-                        decode: bool = True) -> GenerationOutput:
+    def run_and_decode(self, plan: SamplePlan, timings: dict[str, float], num_frames: int, fps: float, *,
+                       callback: StepCallback | None, decode: bool = True) -> GenerationOutput:
         """The stages after planning that every whole run shares: denoise, then decode the video and sound."""
-        with _timed(timings, "inference"):
-            result = self.run(plan, callback=callback, compile=compile, attention=attention)
+        with timed(timings, "inference"):
+            result = self.run(plan, callback=callback)
         frames = waveform = None
         if decode:
-            with _timed(timings, "decode"):
-                frames = self.decode_video(result.latents, compile=compile)  # compile: VAE frames too
+            with timed(timings, "decode"):
+                frames = self.decode_video(result.latents, options=plan.options)
                 if result.sound is not None:
                     waveform = self.decode_sound(result.sound[0], num_frames, fps)
         sound = None if result.sound is None else result.sound[0]
@@ -466,75 +362,9 @@ class Cosmos3Pipeline:
         return GenerationOutput(result.latents, sound, frames, waveform, timings, action)
 
 
-    # ------------------------------------------------------------------ action modes (action.py decides)
-    def action_encode_shape(self, request: ActionRequest, who: str = "action") -> tuple[int, ...]:
-        """Latent shape the VAE encode of an action request produces (for a memory estimate before encoding)."""
-        return action_mod.encode_latent_shape(request, self.vae, self.config, who)
-
-    def encode_action(self, request: ActionRequest, who: str = "action") -> ActionCondition:
-        """Check an action request and encode its frames: clean latents (cropped to the content) and actions."""
-        return action_mod.encode_action_condition(self.vae, request, self.config, who)
-
-    def tokenize_action(self, condition: ActionCondition, prompt: str, negative_prompt: str | None = None, *,
-                        fps: float = defaults.ACTION_FPS, use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT,
-                        who: str = "action") -> PromptIds:
-        """Token ids of an action run: the prompt as the JSON action caption, the negative prompt raw."""
-        try:
-            return action_mod.action_prompt_ids(self.tokenizer, condition, prompt, negative_prompt, fps=fps,
-                                                use_system_prompt=use_system_prompt)
-        except ValueError as exc:
-            raise ValueError(f"{who}: {exc}") from exc
-
-    def prefill_action_prompts(self, ids: PromptIds, condition: ActionCondition, *, fps: float) -> TextConditioning:
-        """Text K/V of an action run; its clip shape is the generated one (``chunk_size + 1`` frames at the
-        content size; the caption itself describes the tier's canvas)."""
-        height, width = condition.output_size
-        return self.prefill_prompts(ids, num_frames=condition.num_frames, height=height, width=width, fps=fps)
-
-    def plan_action(self, text: TextConditioning, condition: ActionCondition, *, seed: int = defaults.SEED,
-                    steps: int | None = None, guidance: float = defaults.ACTION_GUIDANCE,
-                    schedule: str = defaults.ACTION_SCHEDULE, shift: float | None = None, sound: bool = False,
-                    batch_size: int = defaults.BATCH_SIZE, device=None, who: str = "action") -> SamplePlan:
-        """The plan of an action run: the mode's clean latent frames and action stream, the action defaults."""
-        action_mod.check_text_matches(text, condition, who)
-        return self.plan(
-            text, seed=seed, steps=steps or defaults.ACTION_STEPS, guidance=guidance, schedule=schedule,
-            shift=shift if shift is not None else defaults.ACTION_SHIFT, sound=sound, x0=condition.x0,
-            clean_frames=condition.clean_frames, action=condition.plan_input(), batch_size=batch_size, device=device,
-            who=who,
-        )
-
-    def generate_action(self, request: ActionGenerationRequest, callback: StepCallback | None = None,
-                        decode: bool = True) -> GenerationOutput:
-        """A whole action-mode run; ``output.actions`` holds the predicted actions without padding (policy,
-        inverse dynamics) and ``output.action`` the padded action latent."""
-        r = request
-        timings: dict[str, float] = {}
-        with _timed(timings, "preprocess"):
-            condition = self.encode_action(r.action, who="generate")
-            ids = self.tokenize_action(condition, r.prompt, r.negative_prompt, fps=r.fps,
-                                       use_system_prompt=r.use_system_prompt, who="generate")
-            text = self.prefill_action_prompts(ids, condition, fps=r.fps)
-            plan = self.plan_action(text, condition, seed=r.seed, steps=r.steps, guidance=r.guidance,
-                                    schedule=r.schedule, shift=r.shift, sound=r.sound, who="generate")
-        out = self._run_and_decode(plan, timings, condition.num_frames, r.fps, callback=callback, compile=r.compile,
-                                   decode=decode)
-        out.actions = action_mod.unpadded_actions(out.action, condition)
-        return out
-
-
-def _read_model_index(root: Path) -> dict:
-    path = root / "model_index.json"
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}).") from exc
-
-
 @contextmanager
-def _timed(timings: dict[str, float], name: str):
+def timed(timings: dict[str, float], name: str):
+    """Adds the block's wall time (device work included) to ``timings[name]``."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()

@@ -20,6 +20,7 @@ from comfy_api.latest import io
 
 from ..cosmos3_core.modes import action as core
 from ..cosmos3_core import defaults
+from .errors import node_errors
 from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Model, Cosmos3Text
 
 ACTION_FILE_SUFFIXES = (".npy", ".json", ".safetensors")
@@ -90,18 +91,19 @@ class Cosmos3ActionCondition(io.ComfyNode):
         frames = image[..., :3]
         request = core.ActionRequest(
             mode=mode, chunk_size=chunk_size, domain_name=domain_name,
-            resolution_tier=int(resolution_tier) if resolution_tier.isdigit() else resolution_tier,
+            resolution_tier=int(resolution_tier) if str(resolution_tier).isdigit() else resolution_tier,
             raw_actions=None if actions is None else actions.values,
             image=frames[0] if frames.shape[0] == 1 else None, video=frames if frames.shape[0] > 1 else None,
             view_point=None if view_point == NO_VIEW_POINT else view_point,
         )
         pipe = model.pipeline
-        model.load_vae(pipe.action_encode_shape(request, who=who))
-        condition = pipe.encode_action(request, who=who)
-        ids = pipe.tokenize_action(condition, prompt, negative_prompt, fps=fps, use_system_prompt=use_system_prompt,
-                                   who=who)
+        with node_errors(who):
+            model.load_vae(core.encode_shape(pipe, request))
+            condition = core.encode(pipe, request)
+            ids = core.tokenize(pipe, condition, prompt, negative_prompt, fps=fps,
+                                use_system_prompt=use_system_prompt)
         model.load_text_tower(text_length=ids.prefill_tokens)
-        text = pipe.prefill_action_prompts(ids, condition, fps=fps)
+        text = core.prefill(pipe, ids, condition, fps=fps)
         out = mm.intermediate_device()
         return io.NodeOutput(text.to(out), condition.to(out))
 

@@ -1,7 +1,8 @@
 """Cosmos3LongVideo: a video past one clip — windowed text/image-to-video, or Transfer from control videos —
 written to an mp4 in ComfyUI's output folder while it is generated.
 
-Glue only: ``cosmos3_core.modes.long_video.generate_long`` decides and runs every window; this node places the model
+Glue only: ``cosmos3_core.request.resolve`` decides the run and ``cosmos3_core.modes.long_video.generate_long``
+runs every window; this node places the model
 parts through the handle (ComfyUI model management), streams each finished window into the mp4, shows it as a
 preview, reports progress per window and step (the cancel point: a cancel leaves a playable mp4 of the finished
 windows) and returns the file as a VIDEO (what SaveVideo and the other video nodes take) instead of a giant IMAGE
@@ -18,10 +19,13 @@ import folder_paths
 from comfy_api.latest import InputImpl, io, ui
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.modes.long_video import LongVideoRequest, generate_long
 from ..cosmos3_core.media import VideoWriter
+from ..cosmos3_core.modes.long_video import generate_long
 from ..cosmos3_core.modes.stream_decode import preview_image
 from ..cosmos3_core.modes.transfer import CONTROL_KEYS
+from ..cosmos3_core.request import Request, resolve
+from ..cosmos3_core.runtime import RuntimeOptions
+from .errors import node_errors
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Model
 
@@ -90,6 +94,13 @@ class Cosmos3LongVideo(io.ComfyNode):
                 io.Image.Input("video", optional=True,
                                tooltip="Its first conditional_frames frames seed the first window."),
                 *controls,
+                io.Boolean.Input("compile", default=False, optional=True,
+                                 tooltip="torch.compile the generation layer and the VAE decoder (GPU; faster after "
+                                         "a one-off warm-up, kept on disk)."),
+                io.Combo.Input("attention", options=["auto", "sdpa", "flash4"], default="auto", optional=True,
+                               tooltip="Attention kernels. auto: FlashAttention-4 (if flash-attn-4 is installed) on "
+                                       "Hopper GPUs for long sequences, else PyTorch SDPA. sdpa: always SDPA (the "
+                                       "reference's route). flash4: require it."),
             ],
             outputs=[io.Video.Output(display_name="video",
                                      tooltip="The finished mp4 (already saved in the output folder), for preview or "
@@ -101,7 +112,8 @@ class Cosmos3LongVideo(io.ComfyNode):
     def execute(cls, model, prompt: str, negative_prompt: str, width: int, height: int, num_frames: int,
                 frames_per_chunk: int, conditional_frames: int, fps: float, seed: int, steps: int, cfg: float,
                 schedule: str, shift: float, sound: bool, control_guidance: float, filename_prefix: str,
-                image=None, video=None, **control_inputs) -> io.NodeOutput:
+                image=None, video=None, compile: bool = False, attention: str = "auto",
+                **control_inputs) -> io.NodeOutput:
         controls = {k: v for k, v in control_inputs.items() if k in CONTROL_KEYS and v is not None} or None
         prompts = [p.strip() for p in prompt.split(f"\n{PROMPT_SEPARATOR}\n")]
         if num_frames == 0 and controls is None:
@@ -113,22 +125,18 @@ class Cosmos3LongVideo(io.ComfyNode):
         if image is not None and image.shape[0] != 1:
             raise ValueError(f"{NODE}: image holds {image.shape[0]} frames; connect one image for image-to-video "
                              "(or connect the frames to `video`, whose first frames then seed the first window).")
-        if sound and controls is not None:
-            raise ValueError(f"{NODE}: sound=true with control videos: Transfer generates no sound; set sound to "
-                             "false or disconnect the controls.")
-        request = LongVideoRequest(
+        request = Request(
             prompt=prompts[0] if len(prompts) == 1 else prompts,
             negative_prompt=negative_prompt if negative_prompt.strip() else None,
             num_frames=num_frames or None, frames_per_chunk=frames_per_chunk,
             conditional_frames=None if conditional_frames < 0 else conditional_frames, height=height, width=width,
             fps=fps, steps=steps, guidance=cfg, seed=seed, schedule=schedule, shift=shift or None, sound=sound,
             image=None if image is None else image[0], video=video, controls=controls,
-            control_guidance=control_guidance,
+            control_guidance=control_guidance, options=RuntimeOptions(attention=attention, compile=bool(compile)),
         )
         pipe = model.pipeline
-        if sound and not pipe.supports_sound:
-            raise ValueError(f"{NODE}: sound=true but checkpoint {model.name!r} has no sound_tokenizer/ (Edge has no "
-                             "sound head); set sound to false or load a Nano/Super checkpoint.")
+        with node_errors(NODE):
+            run = resolve(request, pipe.info)
 
         def prepare(part: str, need) -> None:
             if part == "text":
@@ -152,8 +160,9 @@ class Cosmos3LongVideo(io.ComfyNode):
         file = f"{filename}_{counter:05}_.mp4"
         path = os.path.join(folder, file)
         with VideoWriter(path, fps, width, height, audio=sound) as writer:  # closed (playable) on a cancel too
-            generate_long(pipe, request, [writer.append, _window_preview(bar)], progress=progress,
-                          device=model.generation_device, who=NODE, prepare=prepare)
+            with node_errors(NODE):
+                generate_long(pipe, run, [writer.append, _window_preview(bar)], progress=progress,
+                              device=model.generation_device, prepare=prepare)
         return io.NodeOutput(InputImpl.VideoFromFile(path),
                              ui=ui.PreviewVideo([ui.SavedResult(file, subfolder, io.FolderType.output)]))
 

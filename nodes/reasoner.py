@@ -15,6 +15,8 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
+from ..cosmos3_core.runtime import RuntimeOptions
+
 from ..cosmos3_core.reasoner.reasoner import TASKS, SamplingParams, postprocess
 from .types import CATEGORY, Cosmos3Model
 
@@ -82,7 +84,6 @@ class Cosmos3Reasoner(io.ComfyNode):
         try:
             params.validate()
             reasoner = model.get_reasoner()
-            reasoner.compile_decode(bool(compile))
             prepared = reasoner.prepare(prompt, task=task, image=still, video=video, fps=fps)
         except ValueError as exc:
             raise ValueError(f"Cosmos3Reasoner: {exc}") from exc
@@ -96,7 +97,8 @@ class Cosmos3Reasoner(io.ComfyNode):
             bar.update_absolute(done, total)
 
         try:
-            ids, _reason = reasoner.generate_ids(prepared, params, callback=on_tokens, check_every=CHECK_EVERY)
+            ids, _reason = reasoner.generate_ids(prepared, params, callback=on_tokens, check_every=CHECK_EVERY,
+                                                 options=RuntimeOptions(compile=bool(compile)))
         except ValueError as exc:
             raise ValueError(f"Cosmos3Reasoner: {exc}") from exc
         finally:

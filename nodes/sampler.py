@@ -15,9 +15,11 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.kernels.attention import flash4_unavailable_reason
-from ..cosmos3_core.modes.action import unpadded_actions
+from ..cosmos3_core.modes import action as action_mode
+from ..cosmos3_core.request import check_options
+from ..cosmos3_core.runtime import RuntimeOptions
 from .action import ActionVectors
+from .errors import node_errors
 from .preview import make_previewer
 from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
@@ -90,29 +92,28 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
-        if condition is not None:
-            if (condition.height, condition.width) != (text.height, text.width):
-                raise ValueError(
-                    f"{who}: condition was encoded at {condition.width}x{condition.height} but the text describes "
-                    f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode (Condition) "
-                    "and Cosmos3 Text Encode."
-                )
-            x0, clean = condition.x0, condition.clean_frames
-        if attention == "flash4" and flash4_unavailable_reason():
-            raise ValueError(f"{who}: attention='flash4' cannot run here ({flash4_unavailable_reason()}); choose "
-                             "'auto' or 'sdpa', or install flash-attn-4 on a Hopper (sm90) GPU.")
-        if action is not None and condition is not None:
-            raise ValueError(f"{who}: both a condition and an action are connected; an action mode brings its own "
-                             "frames (Cosmos3 Action Condition) — disconnect the condition.")
-        if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
-            plan = pipe.plan_action(text, action, seed=seed, steps=steps, guidance=cfg, schedule=schedule,
-                                    shift=shift or None, sound=sound, batch_size=batch_size,
-                                    device=model.generation_device, who=who)
-        else:
-            plan = pipe.plan(
-                text, seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-                x0=x0, clean_frames=clean, batch_size=batch_size, device=model.generation_device, who=who,
-            )
+        with node_errors(who):
+            options = RuntimeOptions(attention=attention, compile=bool(compile))
+            check_options(options)
+            if condition is not None:
+                if (condition.height, condition.width) != (text.height, text.width):
+                    raise ValueError(
+                        f"condition was encoded at {condition.width}x{condition.height} but the text describes "
+                        f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode "
+                        "(Condition) and Cosmos3 Text Encode."
+                    )
+                x0, clean = condition.x0, condition.clean_frames
+            if action is not None and condition is not None:
+                raise ValueError("both a condition and an action are connected; an action mode brings its own "
+                                 "frames (Cosmos3 Action Condition) — disconnect the condition.")
+            sampling = dict(seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
+                            batch_size=batch_size)
+            if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
+                plan = action_mode.plan(pipe, text, action, device=model.generation_device, options=options,
+                                        **sampling)
+            else:
+                plan = pipe.plan(text, x0=x0, clean_frames=clean, device=model.generation_device, options=options,
+                                 **sampling)
         model.load_generation_tower(plan.memory_required)
 
         bar = comfy.utils.ProgressBar(plan.steps)
@@ -123,7 +124,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
         denoiser = model.branch_denoiser() if cfg != 1.0 else None
-        result = pipe.run(plan, callback=on_step, compile=compile, attention=attention, denoiser=denoiser)
+        result = pipe.run(plan, callback=on_step, denoiser=denoiser)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None
@@ -131,6 +132,6 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             sound_latent = SoundLatent(result.sound.to(out), text.num_frames, text.fps)
         actions = None  # [Ta, width] ([N, Ta, width] for a batch)
         if action is not None and action.predicts_actions:
-            values = unpadded_actions(result.action, action)
+            values = action_mode.unpadded_actions(result.action, action)
             actions = ActionVectors(values[0] if len(values) == 1 else values, action.domain_name, action.mode)
         return io.NodeOutput(latent, sound_latent, actions)

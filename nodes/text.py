@@ -11,7 +11,8 @@ import comfy.model_management as mm
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.sampling.plan import check_clip
+from ..cosmos3_core.request import resolve_clip
+from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model, Cosmos3Text
 
 
@@ -40,6 +41,10 @@ class Cosmos3TextEncode(io.ComfyNode):
                              tooltip="1 for an image, else 4k+1 (93, 121, 189, …)."),
                 io.Float.Input("fps", default=defaults.FPS, min=defaults.MIN_FPS, max=defaults.MAX_FPS, step=0.5,
                                tooltip="Frame rate the prompt describes and the video is made for."),
+                io.Boolean.Input("one_pass", default=False, optional=True,
+                                 tooltip=f"Allow num_frames above one clip ({defaults.NUM_FRAMES}) as a single pass "
+                                         "(the models were trained on clips up to that length). Longer videos are "
+                                         "made in windows by Cosmos3 Long Video."),
             ],
             outputs=[Cosmos3Text.Output(display_name="text",
                                         tooltip="Both guidance branches' cached text K/V and the clip shape.")],
@@ -47,17 +52,13 @@ class Cosmos3TextEncode(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, prompt: str, negative_prompt: str, width: int, height: int, num_frames: int,
-                fps: float) -> io.NodeOutput:
-        check_clip(num_frames, height, width, fps, "Cosmos3TextEncode")
-        if not prompt.strip():
-            raise ValueError("Cosmos3TextEncode: prompt is empty; describe what to generate.")
+                fps: float, one_pass: bool = False) -> io.NodeOutput:
         pipe = model.pipeline
         shape = dict(num_frames=num_frames, height=height, width=width, fps=fps)
-        who = "Cosmos3TextEncode"
-        try:
-            ids = pipe.tokenize(prompt, negative_prompt if negative_prompt.strip() else None, **shape, who=who)
-        except ValueError as exc:
-            raise ValueError(str(exc) if str(exc).startswith(who) else f"{who}: {exc}") from exc
+        negative = negative_prompt if negative_prompt.strip() else None
+        with node_errors("Cosmos3TextEncode"):
+            resolve_clip(prompt, negative, **shape, checkpoint=pipe.info, one_pass=one_pass)
+            ids = pipe.tokenize(prompt, negative, **shape)
         model.load_text_tower(text_length=ids.prefill_tokens)
         text = pipe.prefill_prompts(ids, **shape)
         return io.NodeOutput(text.to(mm.intermediate_device()))

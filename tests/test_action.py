@@ -29,6 +29,8 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
 
 from cosmos3_core.modes import action as act
 from cosmos3_core.modes.action import ActionRequest, action_prompt_ids, encode_action_condition
+from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.request import Request
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
@@ -152,9 +154,8 @@ def test_action_generation_matches_reference(ours, reference, mode, guidance, so
     ref = reference(prompt=PROMPT, negative_prompt=NEGATIVE, action=CosmosActionCondition(**ref_kw), fps=5.0,
                     num_inference_steps=STEPS, guidance_scale=guidance, enable_sound=sound, use_system_prompt=False,
                     generator=torch.Generator("cpu").manual_seed(SEED), output_type="latent")
-    out = ours.generate_action(act.ActionGenerationRequest(
-        ActionRequest(**kw), prompt=PROMPT, negative_prompt=NEGATIVE, steps=STEPS, guidance=guidance, seed=SEED,
-        sound=sound), decode=False)
+    out = generate(ours, Request(action=ActionRequest(**kw), prompt=PROMPT, negative_prompt=NEGATIVE, steps=STEPS,
+                                 guidance=guidance, seed=SEED, sound=sound), decode=False)
     ref_latents = ref.values["latents"]
     assert out.latents.shape == ref_latents.shape
     assert rel(out.latents, ref_latents) <= 1e-4
@@ -209,34 +210,34 @@ BAD = {
 def test_bad_action_input_names_argument(case, ours):
     over, needle = BAD[case]
     with pytest.raises(ValueError) as err:
-        act.check_action_request(_req(**over), ours.config, who="generate")
-    assert needle in str(err.value) and str(err.value).startswith("generate: ")
+        act.check_action_request(_req(**over), ours.config)
+    assert needle in str(err.value)
 
 
 def test_action_mode_on_checkpoint_without_action_head_or_too_narrow(ours):
     import dataclasses
 
-    with pytest.raises(ValueError, match="generate: this checkpoint has no action head .*action_gen is false"):
-        act.check_action_request(_req(), dataclasses.replace(ours.config, action_gen=False), who="generate")
+    with pytest.raises(ValueError, match="this checkpoint has no action head .*action_gen is false"):
+        act.check_action_request(_req(), dataclasses.replace(ours.config, action_gen=False))
     narrow = dataclasses.replace(ours.config, action_dim=16)
     with pytest.raises(ValueError, match="domain_name='galbot' has 30-dim actions, above this checkpoint's action_dim=16"):
-        act.check_action_request(_req(domain_name="galbot"), narrow, who="generate")
+        act.check_action_request(_req(domain_name="galbot"), narrow)
 
 
 def test_checkpoint_without_action_head_is_refused(tmp_path):
     ckpt = build_tiny_checkpoint(tmp_path / "no_action", variant="edge", sound=False, seed=1, action=False)
     pipe = Cosmos3Pipeline.load(ckpt, dtype=torch.float32, device="cpu")
     assert not pipe.config.action_gen
-    with pytest.raises(ValueError, match=r"^generate: this checkpoint has no action head"):
-        pipe.generate_action(act.ActionGenerationRequest(_req(), prompt=PROMPT, steps=1), decode=False)
+    with pytest.raises(ValueError, match=r"^this checkpoint has no action head"):
+        generate(pipe, Request(action=_req(), prompt=PROMPT, steps=1), decode=False)
 
 
 def test_plain_text_encode_is_refused_for_an_action_run(ours):
     cond = encode_action_condition(ours.vae, _req(), ours.config)
     h, w = cond.output_size
     plain = ours.encode_text(PROMPT, "", num_frames=CHUNK + 1, height=h, width=w, fps=5.0)
-    with pytest.raises(ValueError, match="sampler: the text was not encoded for this action condition"):
-        ours.plan_action(plain, cond, who="sampler")
+    with pytest.raises(ValueError, match="^the text was not encoded for this action condition"):
+        act.plan(ours, plain, cond)
 
 
 def test_action_files_round_trip(tmp_path):

@@ -17,13 +17,6 @@ import torch
 from cosmos3_core.kernels import attention as attn
 
 
-@pytest.fixture(autouse=True)
-def restore_backend():
-    previous = attn.attention_backend()
-    yield
-    attn._backend = previous
-
-
 def reference(q, k, v, causal=False):
     """float64 softmax attention, ``[B, H, S, hd]`` layout, key/value heads repeated for grouped queries."""
     q, k, v = q.double(), k.double(), v.double()
@@ -123,18 +116,19 @@ def test_decode_route_selection():
     assert attn.select_route(q, k, allowed) == "decode"
     assert attn.select_route(rand(1, 8, 3, 64), k, allowed) == "sdpa"  # more than one query: SDPA with the mask
     assert attn.select_route(q, k, allowed.float()) == "sdpa"  # an additive float mask: SDPA
-    attn.set_attention_backend("sdpa")  # the reference route everywhere
-    assert attn.select_route(q, k, allowed) == "sdpa"
+    assert attn.select_route(q, k, allowed, backend="sdpa") == "sdpa"  # the reference route everywhere
 
 
 def test_backend_setting_is_validated_and_forcing_flash4_without_it_raises():
-    with pytest.raises(ValueError, match="not one of"):
-        attn.set_attention_backend("flash3")
+    from cosmos3_core.request import check_options
+    from cosmos3_core.runtime import RuntimeOptions
+
+    with pytest.raises(ValueError, match="attention='flash3' is not one of"):
+        RuntimeOptions(attention="flash3")
     if attn.flash4_unavailable_reason():  # this machine (CI): no Hopper GPU / no flash-attn-4
-        with pytest.raises(RuntimeError, match="cannot run here"):
-            attn.set_attention_backend("flash4")
-    assert attn.set_attention_backend("sdpa") == "auto"
-    assert attn.attention_backend() == "sdpa"
+        with pytest.raises(ValueError, match="attention='flash4': FlashAttention-4 cannot run here"):
+            check_options(RuntimeOptions(attention="flash4"))
+    check_options(RuntimeOptions(attention="sdpa"))
 
 
 def test_route_selection_with_flash4_available(flash4_stub):
@@ -143,12 +137,10 @@ def test_route_selection_with_flash4_available(flash4_stub):
     assert attn.select_route(q[:, :, :16], k) == "sdpa"  # "auto": short sequences stay on SDPA (measured faster)
     assert attn.select_route(q.float(), k.float()) == "sdpa"  # fp32: no FlashAttention-4 kernel
     assert attn.select_route(rand(1, 8, 16, 80), rand(1, 2, 20, 80)) == "sdpa"  # unsupported head_dim
-    attn.set_attention_backend("sdpa")  # the node/CLI switch
-    assert attn.select_route(q, k) == "sdpa"
-    attn.set_attention_backend("flash4")
-    assert attn.select_route(q[:, :, :16], k) == "flash4"  # forced: any length
+    assert attn.select_route(q, k, backend="sdpa") == "sdpa"  # the node/CLI switch
+    assert attn.select_route(q[:, :, :16], k, backend="flash4") == "flash4"  # forced: any length
     with pytest.raises(RuntimeError, match="cannot run"):
-        attn.select_route(q.float(), k.float())  # forced, but the inputs do not fit: an error, not a fallback
+        attn.select_route(q.float(), k.float(), backend="flash4")  # forced, inputs that do not fit: an error
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -175,23 +167,34 @@ def test_flash4_op_traces_without_graph_breaks(flash4_stub):
     assert all(v == "SUCCESS" for v in out.values())
 
 
-def test_pipeline_run_sets_and_restores_the_route(monkeypatch):
-    """The CLI's --attention / the sampler node's ``attention`` reach the one entry point for that run only."""
-    from cosmos3_core import pipeline as pl
+def test_the_step_hands_the_run_options_attention_route_to_every_layer(monkeypatch):
+    """A run's ``RuntimeOptions.attention`` (CLI --attention, the nodes' ``attention``) reaches the one entry point
+    from the generation tower's step, for that call only: no setting outlives the call."""
+    from cosmos3_core.model import transformer as tr
+    from cosmos3_core.runtime import RuntimeOptions
 
     seen = []
-    monkeypatch.setattr(pl, "run", lambda plan, model, callback: seen.append(attn.attention_backend()) or {"vision": 0})
+    real = tr.attention
 
-    class Model:
-        def compile_generation_layers(self, enable):
-            pass
+    def recording(q, k, v, **kwargs):
+        seen.append(kwargs.get("backend"))
+        return real(q, k, v, **kwargs)
 
-    pipe = pl.Cosmos3Pipeline.__new__(pl.Cosmos3Pipeline)
-    pipe.transformer = Model()
-    pipe.run(object(), attention="sdpa")
-    assert seen == ["sdpa"] and attn.attention_backend() == "auto"
-    with pytest.raises(ValueError, match="not one of"):
-        pipe.run(object(), attention="fast")
-    assert attn.attention_backend() == "auto"
-    with pytest.raises(ValueError, match="attention='fast' is not one of"):
-        pl.GenerationRequest(prompt="x", attention="fast").check("generate")
+    monkeypatch.setattr(tr, "attention", recording)
+    layer_args = _tiny_layer_args()
+    tr.generation_layer(*layer_args, attention_backend="sdpa")
+    tr.generation_layer(*layer_args)
+    assert seen == ["sdpa", "auto"]
+    assert RuntimeOptions().attention == "auto"
+
+
+def _tiny_layer_args():
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.model.layers import DecoderLayer
+
+    cfg = Cosmos3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=32, rope_axes_dim=(4, 2, 2))
+    layer = DecoderLayer(cfg, torch.nn.Linear).eval()
+    x = torch.randn(1, 6, 64)
+    cos, sin = torch.ones(1, 6, 16), torch.zeros(1, 6, 16)
+    return layer, x, cos, sin, [torch.randn(1, 2, 3, 16)], [torch.randn(1, 2, 3, 16)]

@@ -1,7 +1,7 @@
 """A second process reuses the first one's ``torch.compile`` of the generation layer from disk.
 
 Two fresh processes, one after the other, with ``COSMOS3_CACHE_DIR`` on the same empty folder, each run the
-sampler's path (``Cosmos3Pipeline.sample(compile=True)``, CPU inductor) on a tiny checkpoint: eager, then compiled,
+sampler's path (``Cosmos3Pipeline.sample(options=RuntimeOptions(compile=True))``, CPU inductor) on a tiny checkpoint: eager, then compiled,
 then compiled with a prompt of another length. The first must compile exactly one graph (one for both prompt
 lengths) and save it to ``<COSMOS3_CACHE_DIR>/aot`` (``cosmos3_core.kernels.precompiled``); the second must load it from
 there without Dynamo tracing anything. Compiled latents must equal eager ones at fp32 rounding level. No timing is
@@ -31,16 +31,18 @@ def worker(checkpoint: str) -> dict:
     import torch
     from torch._dynamo.utils import compilation_time_metrics
 
+    from cosmos3_core.model.transformer import generation_layer_fn
     from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.runtime import RuntimeOptions
 
     pipe = Cosmos3Pipeline.load(checkpoint, dtype=torch.float32, device="cpu", with_sound=False)
     out = {}
     for name, prompt in (("short", "a red robot walking"), ("long", "a red robot walking on a wet street at night")):
         text = pipe.encode_text(prompt, "blurry", **SHAPE)
         eager = pipe.sample(text, seed=1, steps=2, sound=False).latents
-        compiled = pipe.sample(text, seed=1, steps=2, sound=False, compile=True).latents
+        compiled = pipe.sample(text, seed=1, steps=2, sound=False, options=RuntimeOptions(compile=True)).latents
         out[name] = dict(rel=float((compiled - eager).norm() / eager.norm()), tokens=text.cond.length)
-    layer = pipe.transformer._compiled_fn
+    layer = generation_layer_fn(RuntimeOptions(compile=True))  # the process's one compiled layer
     out.update(compiled=layer.compiled, loaded=layer.loaded, cache_dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
                traced=sorted(k for k in compilation_time_metrics if "tracing" in k or "capture" in k))
     return out
@@ -104,14 +106,18 @@ def test_every_compiled_run_sets_the_compile_settings_in_its_own_context():
     import torch._dynamo.config
 
     from cosmos3_core.kernels.caches import RECOMPILE_LIMIT
-    from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.testing.tiny import transformer_config
-    from cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.runtime import RuntimeOptions
+    from cosmos3_core.sampling.plan import SamplePlan, Stream
 
-    model = Cosmos3Transformer(Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000)))
+    plan = SamplePlan(streams=(Stream("vision", torch.zeros(1), None),), guidance=(), sigmas=torch.zeros(1), timesteps=torch.zeros(0, dtype=torch.long),
+                      device=torch.device("cpu"), memory_required=0, num_tokens=0,
+                      options=RuntimeOptions(compile=True))
+    pipe = Cosmos3Pipeline.__new__(Cosmos3Pipeline)  # only ``run``: a compiled plan of no steps
+    pipe.transformer = None
 
     def compiled_run_settings() -> int:
-        model.compile_generation_layers(True)  # what Cosmos3Pipeline.run does first with compile on
+        pipe.run(plan)  # what every compiled run does first
         return torch._dynamo.config.recompile_limit
 
     for _ in range(2):  # the first run builds the compiled layer, the second reuses it

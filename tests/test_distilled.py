@@ -126,13 +126,14 @@ def _image() -> Image.Image:
 @pytest.mark.parametrize("mode, frames, with_image", [("t2i", 1, False), ("t2v", 9, False), ("i2v", 9, True)])
 def test_latents_match_distilled_reference(ours, reference, mode, frames, with_image):
     """Steps and guidance unset on both sides: each takes them from the checkpoint (4 steps, one branch)."""
-    from cosmos3_core.pipeline import GenerationRequest
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.request import Request
 
     image = _image() if with_image else None
     ref = reference(prompt=PROMPT, num_frames=frames, height=H, width=W, image=image,
                     generator=torch.Generator("cpu").manual_seed(SEED), output_type="latent").get("videos")
     seen = []
-    out = ours.generate(GenerationRequest(prompt=PROMPT, num_frames=frames, height=H, width=W, seed=SEED, image=image),
+    out = generate(ours, Request(prompt=PROMPT, num_frames=frames, height=H, width=W, seed=SEED, image=image),
                         callback=lambda step, total, _: seen.append((step, total)), decode=False)
     assert seen == [(i, 4) for i in range(1, 5)]
     assert out.latents.shape == ref.shape
@@ -145,10 +146,11 @@ def test_latents_match_distilled_reference(ours, reference, mode, frames, with_i
 
 def test_seed_changes_the_stochastic_steps(ours):
     """The SDE steps draw from the seeded generator: the same seed repeats exactly, another seed differs."""
-    from cosmos3_core.pipeline import GenerationRequest
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.request import Request
 
     def run(seed):
-        return ours.generate(GenerationRequest(prompt=PROMPT, num_frames=1, height=H, width=W, seed=seed),
+        return generate(ours, Request(prompt=PROMPT, num_frames=1, height=H, width=W, seed=seed),
                              decode=False).latents
 
     a, b, c = run(3), run(3), run(4)
@@ -180,19 +182,19 @@ def test_only_the_conditional_prompt_is_prefilled(ours):
     (dict(sound=True), ["sound=True", "vision only", "set sound to false"]),
 ])
 def test_library_refuses_what_a_distilled_checkpoint_fixes(ours, change, needles):
-    from cosmos3_core.pipeline import GenerationRequest
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.request import Request
 
-    request = GenerationRequest(prompt=PROMPT, num_frames=1, height=H, width=W, **change)
+    request = Request(prompt=PROMPT, num_frames=1, height=H, width=W, **change)
     before = ours.prefill_count
     with pytest.raises(ValueError) as e:
-        ours.generate(request, decode=False)
-    assert str(e.value).startswith("generate: ")
+        generate(ours, request, decode=False)
     assert repr(ours.distilled.name) in str(e.value)
     for needle in needles:
         assert needle in str(e.value)
     assert ours.prefill_count == before  # refused before any model work
     text = ours.encode_text(PROMPT, num_frames=1, height=H, width=W, fps=24.0)
-    with pytest.raises(ValueError, match="set steps to 4"):  # the plan itself checks too (the nodes' path)
+    with pytest.raises(ValueError, match="set steps to 4"):  # the plan's resolver checks too (the nodes' path)
         ours.plan(text, steps=8)
     assert ours.plan(text).steps == 4
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _INTERPRETED = r"""
 import json, sys, torch
-from cosmos3_core import gemv as g
+from cosmos3_core.kernels import gemv as g
 kernel, out = g._kernel(), []
 for n, k, block_n, block_k, dtype in json.loads(sys.argv[1]):
     torch.manual_seed(n * 7 + k)
@@ -61,15 +61,14 @@ def test_cpu_inputs_take_f_linear_bit_for_bit():
 
 
 def test_routes_are_checked_with_a_clear_message():
-    with pytest.raises(ValueError, match="'fast'.*'torch' forces F.linear"):
-        g.set_gemv_route("fast")
+    from cosmos3_core.request import check_options
+    from cosmos3_core.runtime import RuntimeOptions
+
+    with pytest.raises(ValueError, match="gemv='fast'.*'torch' forces F.linear"):
+        RuntimeOptions(gemv="fast")
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="'triton' cannot run here: no CUDA device"):
-            g.set_gemv_route("triton")
-    previous = g.set_gemv_route("torch")
-    try:
-        assert g.gemv_route() == "torch"
-        assert g.select_route(torch.randn(8), torch.randn(4, 8)) == "torch"
-    finally:
-        g.set_gemv_route(previous)
-    assert g.gemv_route() == previous
+        with pytest.raises(ValueError, match="gemv='triton': the Triton GEMV cannot run here \\(no CUDA device\\)"):
+            check_options(RuntimeOptions(gemv="triton"))
+    assert g.select_route(torch.randn(8), torch.randn(4, 8), route="torch") == "torch"
+    with pytest.raises(RuntimeError, match="'triton' cannot run"):  # forced on inputs it cannot take: no fallback
+        g.select_route(torch.randn(8), torch.randn(4, 8), route="triton")

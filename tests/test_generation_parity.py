@@ -14,7 +14,9 @@ from PIL import Image
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
 from cosmos3_core.model.layout import select_branch
-from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import Request
 from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 H, W, F, STEPS, SEED = 64, 96, 9, 4, 1234
@@ -76,8 +78,8 @@ def run_both(ours, reference, mode, schedule, output_type="latent"):
         fps=24.0, num_inference_steps=STEPS, guidance_scale=6.0, enable_sound=sound,
         generator=torch.Generator("cpu").manual_seed(SEED), output_type=output_type,
     )
-    out = ours.generate(
-        GenerationRequest(
+    out = generate(ours, 
+        Request(
             prompt=PROMPT, negative_prompt=NEGATIVE, image=image, video=video, num_frames=frames, height=H,
             width=W, fps=24.0, steps=STEPS, guidance=6.0, seed=SEED, schedule=schedule, shift=shift, sound=sound,
         ),
@@ -111,22 +113,23 @@ def test_decoded_frames_and_waveform_match_reference(ours, reference, mode):
 
 
 def test_batched_guidance_equals_two_pass_guidance(ours, monkeypatch):
-    request = GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, steps=3,
+    request = Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, steps=3,
                                 seed=5, sound=True)
-    batched = ours.generate(request, decode=False)
+    batched = generate(ours, request, decode=False)
     model = ours.transformer
     real = model.denoise_step
     batch_sizes = []
 
-    def two_pass(latents, t, text, layout, sound=None, action=None):
+    def two_pass(latents, t, text, layout, sound=None, action=None, options=None):
         batch_sizes.append(len(text))
-        outs = [real(latents, t, [kv], select_branch(layout, j), sound=sound) for j, kv in enumerate(text)]
+        outs = [real(latents, t, [kv], select_branch(layout, j), sound=sound, options=options)
+                for j, kv in enumerate(text)]
         return type(outs[0])(
             torch.cat([o.vision for o in outs]), torch.cat([o.sound for o in outs]), None
         )
 
     monkeypatch.setattr(model, "denoise_step", two_pass)
-    sequential = ours.generate(request, decode=False)
+    sequential = generate(ours, request, decode=False)
     assert batch_sizes == [2, 2, 2]  # the sampler really hands both branches to one step
     # fp32 GEMMs over a batch of 2 round differently from a batch of 1; guidance 6 amplifies that over 3 steps
     assert rel(batched.latents, sequential.latents) <= 1e-5
@@ -137,10 +140,10 @@ def test_text_tower_runs_once_per_distinct_prompt(ours, monkeypatch):
     calls = {"passes": 0, "prefill": 0, "und_mlp": 0}
     real_prefill = ours.transformer.prefill_many
 
-    def counting_prefill(prompts):
+    def counting_prefill(prompts, *args):
         calls["passes"] += 1
         calls["prefill"] += len(prompts)
-        return real_prefill(prompts)
+        return real_prefill(prompts, *args)
 
     monkeypatch.setattr(ours.transformer, "prefill_many", counting_prefill)
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)

@@ -316,7 +316,7 @@ def test_vae_decode_to_host_matches_diffusers(checkpoint):
     vae = load_vae(checkpoint, dtype=torch.float32, device="cuda")
     ref = AutoencoderKLWan.from_pretrained(f"{checkpoint}/vae", torch_dtype=torch.float32).to("cuda")
     latents = torch.randn(1, vae.latent_channels, 5, 4, 6, generator=torch.Generator().manual_seed(0))
-    mean, inv_std = vae._stats()
+    mean, inv_std = vae.stats()
     with torch.no_grad():
         expected = ref.decode(latents.cuda() / inv_std + mean).sample.clamp(-1, 1)
     expected = (expected[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()

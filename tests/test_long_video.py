@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from cosmos3_core import media
-from cosmos3_core.modes.long_video import LongVideoRequest, generate_long
-from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.modes.long_video import generate_long
+from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import Request, resolve
 from cosmos3_core.modes.stream_decode import FrameCollector
 from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from cosmos3_core.modes.windows import window_geometry
@@ -52,9 +54,14 @@ def same_encoding(decoded, reference, frames) -> bool:
         or np.abs(decoded - frames).mean() <= 1.25 * np.abs(reference - frames).mean())
 
 
+def windows(pipe, **kwargs):
+    """The resolved windowed (or Transfer) request ``COMMON | kwargs``."""
+    return resolve(Request(**(COMMON | kwargs)), pipe.info)
+
+
 def run(pipe, **kwargs):
     collector, latents = FrameCollector(), []
-    result = generate_long(pipe, LongVideoRequest(**(COMMON | kwargs)), [collector],
+    result = generate_long(pipe, windows(pipe, **kwargs), [collector],
                            latents_sink=lambda k, lat: latents.append(lat.clone()))
     return result, collector, latents
 
@@ -72,8 +79,8 @@ def test_geometry_matches_the_reference_chunking():
 def test_window_one_equals_single_clip_and_later_windows_are_seeded_by_the_tail(pipe, mode):
     image = np.random.default_rng(3).random((40, 60, 3), dtype=np.float32) if mode == "i2v" else None
     result, collector, latents = run(pipe, prompt=PROMPT, num_frames=21, conditional_frames=5, image=image)
-    single = pipe.generate(GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=CHUNK, height=H,
-                                             width=W, steps=2, seed=SEED, shift=3.0, image=image))
+    single = generate(pipe, Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=CHUNK, height=H, width=W,
+                                    steps=2, seed=SEED, shift=3.0, image=image))
     assert result.geometry.num_windows == len(latents) == 4
     # the same computation (bit-identical when run alone; MKL may pick other thread counts on a busy machine)
     assert rel(latents[0], single.latents) <= 1e-6
@@ -101,8 +108,8 @@ def test_text_tower_runs_once_per_distinct_prompt(pipe):
 def test_sound_track_is_streamed_with_the_frames(pipe, tmp_path):
     path = tmp_path / "long.mp4"
     with media.VideoWriter(path, 24.0, W, H, audio=True) as writer:
-        result = generate_long(pipe, LongVideoRequest(**(COMMON | dict(prompt=PROMPT, num_frames=17, sound=True,
-                                                                         conditional_frames=1))), [writer.append])
+        result = generate_long(pipe, windows(pipe, prompt=PROMPT, num_frames=17, sound=True, conditional_frames=1),
+                               [writer.append])
     info = media.probe_media(path)
     assert info["video_frames"] == result.frames_written == 17
     assert abs(info["audio_stream_duration"] - 17 / 24.0) < 0.03
@@ -111,7 +118,7 @@ def test_sound_track_is_streamed_with_the_frames(pipe, tmp_path):
 def test_streamed_mp4_holds_the_stitched_frames_and_cancel_keeps_finished_windows(pipe, tmp_path):
     collector = FrameCollector()
     path = tmp_path / "stream.mp4"
-    request = LongVideoRequest(**(COMMON | dict(prompt=PROMPT, num_frames=17, conditional_frames=1)))
+    request = windows(pipe, prompt=PROMPT, num_frames=17, conditional_frames=1)
     with media.VideoWriter(path, 24.0, W, H) as writer:
         generate_long(pipe, request, [writer.append, collector])
     frames = collector.frames()
@@ -162,7 +169,7 @@ def test_bad_input_names_the_argument_value_and_fix(pipe, kwargs, message):
     (["--frames-per-chunk", "9", "--num-frames", "21", "--prompt", "b"], "2 prompts were given for 4 windows"),
     (["--frames-per-chunk", "9", "--num-frames", "21", "--conditional-frames", "9"],
      "conditional_frames=9 must be smaller than frames_per_chunk=9"),
-    (["--conditional-frames", "3"], "--conditional-frames applies to windows only"),
+    (["--conditional-frames", "3"], "conditional_frames applies to windows only"),
 ])
 def test_cli_bad_input_is_one_error_line(checkpoint, tmp_path, args, message):
     import os

@@ -209,9 +209,8 @@ def test_compiled_vae_decode_at_many_sizes_across_prompts(host, monkeypatch):
         if name.endswith("cosmos3_core.vae.video") and hasattr(module, "Cosmos3VAE"):
             original = module.Cosmos3VAE.frame_decoder
 
-            def frame_decoder(self, compile=False, original=original):
-                self.compile_backend = "aot_eager"
-                return original(self, compile)
+            def frame_decoder(self, compile=False, compile_backend="inductor", original=original):
+                return original(self, compile, "aot_eager")
 
             monkeypatch.setattr(module.Cosmos3VAE, "frame_decoder", frame_decoder)
     with torch._dynamo.config.patch(recompile_limit=8):  # torch's default, whatever earlier tests set here

@@ -44,11 +44,13 @@ TILE = dict(tile_sample_size=48, tile_sample_stride=32)  # 6 tiles of unequal si
 DEATH_STEP = 2
 
 
-def _request(sound: bool, steps: int = STEPS, interval: tuple[float, float] | None = None):
-    from cosmos3_core.pipeline import GenerationRequest
+def _request(pipe, sound: bool, steps: int = STEPS, interval: tuple[float, float] | None = None):
+    """The resolved clip request every rank (and the single-device run) generates."""
+    from cosmos3_core.request import Request, resolve
 
-    return GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, fps=24.0,
-                             steps=steps, guidance=6.0, seed=SEED, shift=SHIFT, sound=sound, guidance_interval=interval)
+    return resolve(Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, fps=24.0,
+                           steps=steps, guidance=6.0, seed=SEED, shift=SHIFT, sound=sound, guidance_interval=interval),
+                   pipe.info)
 
 
 def _vae_latents() -> torch.Tensor:
@@ -86,15 +88,15 @@ def _rank_body(rank: int, world: int, port: int, checkpoint: str, out: Path) -> 
         mesh = init_parallel(cfg_parallel, ulysses, guidance=6.0, num_heads=cfg.num_attention_heads,
                              num_kv_heads=cfg.num_key_value_heads, device_type="cpu")
         for mode, sound in MODES.items():
-            result = run.generate(pipe, _request(sound), mesh, decode=False)
+            result = run.generate(pipe, _request(pipe, sound), mesh, decode=False)
             tensors = {"latents": result.latents.contiguous()}
             if result.sound_latent is not None:
                 tensors["sound"] = result.sound_latent.contiguous()
             save_file(tensors, out / _name(cfg_parallel, ulysses, mode, rank))
-        result = run.generate(pipe, _request(False, interval=INTERVAL), mesh, decode=False)
+        result = run.generate(pipe, _request(pipe, False, interval=INTERVAL), mesh, decode=False)
         save_file({"latents": result.latents.contiguous()}, out / _name(cfg_parallel, ulysses, "t2v_interval", rank))
         denoiser = ParallelDenoiser(pipe.transformer, mesh)  # a batch of 2 (ComfyUI's batch_size) with sound
-        text = run.encode_text_local(pipe, denoiser, _request(True))
+        text = run.encode_text_local(pipe, denoiser, _request(pipe, True))
         batch = pipe.run(pipe.plan(text, **BATCH), denoiser=denoiser)
         save_file({"latents": batch.latents.contiguous(), "sound": batch.sound.contiguous()},
                   out / _name(cfg_parallel, ulysses, "t2av_batch2", rank))
@@ -112,7 +114,7 @@ def _rank_body(rank: int, world: int, port: int, checkpoint: str, out: Path) -> 
 
     start = time.perf_counter()
     try:
-        run.generate(pipe, _request(False, steps=4), mesh, decode=False, callback=die)
+        run.generate(pipe, _request(pipe, False, steps=4), mesh, decode=False, callback=die)
         message = "no error"
     except ParallelError as exc:
         message = str(exc)
@@ -158,15 +160,16 @@ def single(checkpoint):
     """This process's generation and tiled decode, and diffusers' latents, on one CPU thread."""
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
+    from cosmos3_core.modes.clip import generate_clip
     from cosmos3_core.pipeline import Cosmos3Pipeline
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         pipe = Cosmos3Pipeline.load(checkpoint, dtype=torch.float32)
-        ours = {mode: pipe.generate(_request(sound), decode=False) for mode, sound in MODES.items()}
-        ours["t2v_interval"] = pipe.generate(_request(False, interval=INTERVAL), decode=False)
-        r = _request(True)
+        ours = {mode: generate_clip(pipe, _request(pipe, sound), decode=False) for mode, sound in MODES.items()}
+        ours["t2v_interval"] = generate_clip(pipe, _request(pipe, False, interval=INTERVAL), decode=False)
+        r = _request(pipe, True)
         text = pipe.encode_text(r.prompt, r.negative_prompt, num_frames=F, height=H, width=W, fps=24.0)
         ours["t2av_batch2"] = pipe.run(pipe.plan(text, **BATCH))
         frames = pipe.vae.decode(_vae_latents(), tile=True, **TILE)

@@ -39,19 +39,19 @@ def _diffusers_frames(wan, z: torch.Tensor) -> torch.Tensor:
 
 
 def _decode(vae: Cosmos3VAE, z: torch.Tensor, compile: bool = True) -> torch.Tensor:
-    """Our decode of raw latents ``z`` (``decode`` takes them normalized)."""
+    """Our decode of raw latents ``z`` (``decode`` takes them normalized), with the test's compile backend."""
     with torch.no_grad():
-        return vae.decode(vae.normalize(z), chunk_latent_frames=1, compile=compile)
+        return vae.decode(vae.normalize(z), chunk_latent_frames=1, compile=compile, compile_backend=vae.test_backend)
 
 
 def _counts(vae: Cosmos3VAE) -> dict:
-    fns = vae.frame_decoder(compile=True).precompiled.values()
+    fns = vae.frame_decoder(compile=True, compile_backend=vae.test_backend).precompiled.values()
     return dict(compiled=sum(f.compiled for f in fns), loaded=sum(f.loaded for f in fns))
 
 
 def _vae(backend: str = "aot_eager", device: str = "cpu") -> Cosmos3VAE:
     vae = Cosmos3VAE(_build_vae(0, torch.Generator().manual_seed(0)).to(device))
-    vae.compile_backend = backend
+    vae.test_backend = backend  # the torch.compile backend this test decodes with
     return vae
 
 
@@ -118,8 +118,8 @@ def test_dynamic_size_stages_serve_every_size_and_tile_with_one_graph_each(cache
     from cosmos3_core.vae.frame_decoder import WanFrameDecoder
 
     vae = _vae()
-    vae._frame_decoders[(True, False)] = WanFrameDecoder(vae.vae.decoder, compile=True,
-                                                         compile_backend="aot_eager", dynamic_size=True)
+    vae._frame_decoders[(True, "aot_eager", False)] = WanFrameDecoder(vae.vae.decoder, compile=True,
+                                                                      compile_backend="aot_eager", dynamic_size=True)
     stages = 2 + len(vae.vae.decoder.up_blocks)
     for i, (h, w) in enumerate(((2, 3), (3, 5))):
         z = _latents(2, h, w, seed=20 + i)

@@ -19,6 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from cosmos3_core.model.loader import load_transformer  # noqa: E402
+from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, build_messages, postprocess, process_logits, sample_token
 from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint  # noqa: E402
 from cosmos3_core.model.towers import tower_module  # noqa: E402
@@ -249,7 +250,7 @@ def test_decode_step_has_static_shapes(setup):
 
 
 def test_compiled_decode_is_one_graph_without_recompiles_and_matches_transformers(setup, family):
-    """``compile_decode``: one traced graph serves every layer and step (aot_eager here: the tracing, not
+    """``RuntimeOptions(compile=True)``: one traced graph serves every layer and step (aot_eager here: the tracing, not
     inductor's kernels, is what can recompile or break), and greedy decoding with a repetition penalty — picked
     inside the step — still equals transformers' ``generate``."""
     from torch._dynamo.utils import counters
@@ -264,19 +265,18 @@ def test_compiled_decode_is_one_graph_without_recompiles_and_matches_transformer
     try:
         reasoner.eos_token_ids = []
         hf.generation_config.eos_token_id = None
-        reasoner.compile_decode(True, backend="aot_eager")
-        ids, _ = reasoner.generate_ids(p, params)
+        options = RuntimeOptions(compile=True, compile_backend="aot_eager")
+        ids, _ = reasoner.generate_ids(p, params, options=options)
         assert counters["stats"]["unique_graphs"] - graphs == 1  # both layers, all steps
         with torch._dynamo.config.patch(error_on_recompile=True):
-            assert reasoner.generate_ids(p, params)[0] == ids
+            assert reasoner.generate_ids(p, params, options=options)[0] == ids
         hf.model.rope_deltas = None
         ref = hf.generate(**kw, do_sample=False, max_new_tokens=12, repetition_penalty=1.3)[0, p.length:].tolist()
         assert ids == ref
         reasoner.graph_sampling = False  # the pick outside the step: the same tokens
-        assert reasoner.generate_ids(p, params)[0] == ref
+        assert reasoner.generate_ids(p, params, options=options)[0] == ref
     finally:
         reasoner.eos_token_ids, hf.generation_config.eos_token_id = saved, hf_saved
-        reasoner.compile_decode(False)
         reasoner.graph_sampling = True
         torch._dynamo.reset()
 

@@ -142,8 +142,9 @@ def test_transfer_over_four_chunks_matches_modular_pipeline(ours, reference, mon
     """Every chunk's final latents and the stitched frames == the modular Transfer pipeline: two controls, a seed
     video for chunk 0, two conditional frames, a last chunk whose controls are reflect-padded, nested guidance with
     the text guidance gated off for the last step."""
-    from cosmos3_core.modes.long_video import LongVideoRequest, generate_long
+    from cosmos3_core.modes.long_video import generate_long
     from cosmos3_core.modes.stream_decode import FrameCollector
+    from cosmos3_core.request import Request, resolve
 
     controls = {"depth": control_clip(4, 12), "edge": control_clip(5, 12)}  # given out of canonical order
     seed_video = control_clip(6, 3)
@@ -154,11 +155,11 @@ def test_transfer_over_four_chunks_matches_modular_pipeline(ours, reference, mon
     collector, latents = FrameCollector(), []
     result = generate_long(
         ours,
-        LongVideoRequest(
+        resolve(Request(
             prompt=PROMPT, negative_prompt=NEGATIVE, controls=controls, video=seed_video, frames_per_chunk=5,
             conditional_frames=2, height=H, width=W, steps=3, guidance=4.0, control_guidance=1.5,
             guidance_interval=(500, 1000), seed=SEED, schedule="flow_shift", shift=SHIFT,
-        ),
+        ), ours.info),
         [collector], latents_sink=lambda k, lat: latents.append(lat.clone()),
     )
     assert result.geometry.num_windows == len(ref_chunks) == 4

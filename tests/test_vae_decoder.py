@@ -133,11 +133,10 @@ def test_compiled_steady_frames_match_eager(wan):
 def test_vae_decode_compile_switch(wan):
     """Cosmos3VAE.decode(compile=True) goes through the compiled frame decoder and gives the eager frames."""
     vae = Cosmos3VAE(wan)
-    vae.compile_backend = "aot_eager"
     lat = _z(3, seed=3)
     eager = vae.decode(lat, chunk_latent_frames=2)
-    compiled = vae.decode(lat, chunk_latent_frames=2, compile=True)
-    assert vae.frame_decoder(compile=True).precompiled  # the stages went through torch.compile
+    compiled = vae.decode(lat, chunk_latent_frames=2, compile=True, compile_backend="aot_eager")
+    assert vae.frame_decoder(compile=True, compile_backend="aot_eager").precompiled  # the stages went through torch.compile
     assert (compiled - eager).abs().max().item() <= TOL
 
 
@@ -159,8 +158,7 @@ def test_compiled_decode_has_room_for_many_sizes_in_every_context(wan):
     import contextvars
 
     vae = Cosmos3VAE(wan)
-    vae.compile_backend = "aot_eager"
     for h, w in ((2, 2), (2, 4), (4, 2)):
         lat = _z(2, h=h, w=w, seed=h * 10 + w)
-        compiled = contextvars.Context().run(lambda lat=lat: vae.decode(lat, compile=True))
+        compiled = contextvars.Context().run(lambda lat=lat: vae.decode(lat, compile=True, compile_backend="aot_eager"))
         assert (compiled - vae.decode(lat)).abs().max().item() <= TOL

@@ -1,21 +1,21 @@
-"""``torchrun --nproc-per-node N -m cosmos3_core.generate ... --cfg-parallel --ulysses K``: the CLI on N ranks.
+"""``torchrun --nproc-per-node N -m cosmos3_core.generate ... --cfg-parallel --ulysses K``: one clip on N ranks.
 
-``generate.py`` hands a run with ``--cfg-parallel`` or ``--ulysses K > 1`` to ``run_parallel``. Every rank loads a
-full replica on its device (``cuda:LOCAL_RANK``, or the CPU with gloo for ``--device cpu``), joins the
-``cfg`` × ``ulysses`` mesh and runs ``parallel.run.generate``; rank 0 alone prints progress and timings and writes
-the files. A rank that cannot continue (a peer died or timed out) prints one ``error:`` line and exits with status 1.
+The router hands a resolved clip with ``--cfg-parallel`` or ``--ulysses K > 1`` to ``run``. Every rank loads a full
+replica on its device (``cuda:LOCAL_RANK``, or the CPU with gloo for ``--device cpu``), joins the ``cfg`` ×
+``ulysses`` mesh and runs ``parallel.run.generate``; rank 0 alone prints progress and timings and writes the
+files. A rank that cannot continue (a peer died or timed out) prints one ``error:`` line and exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-from ..parallel.mesh import ParallelError, init_parallel
+from ..parallel.mesh import ParallelError, guarded, init_parallel
+from . import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,39 +32,36 @@ def wanted(args: argparse.Namespace) -> bool:
     return bool(args.cfg_parallel) or args.ulysses != 1
 
 
-def run_parallel(args: argparse.Namespace) -> dict[str, float] | None:
+def run(args: argparse.Namespace, run) -> dict[str, float] | None:
     """Timings on rank 0; ``None`` on the other ranks (rank 0 reports)."""
+    if run.mode != "clip":
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip on several GPUs; the {run.mode} mode is not "
+                         "parallel yet (windows, Transfer and action modes run on one device) — drop them.")
     try:
-        return _run(args)
+        return _run(args, run)
     except ParallelError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
 
-def _run(args: argparse.Namespace) -> dict[str, float] | None:
-    from ..config import DTYPES, Cosmos3Config
-    from .main import _check_args, read_request, write_outputs
-    from ..pipeline import Cosmos3Pipeline
+def _run(args: argparse.Namespace, run) -> dict[str, float] | None:
     from ..parallel.run import generate
 
-    _check_args(args)
-    config = Cosmos3Config.from_checkpoint(args.checkpoint)
-    mesh = init_parallel(args.cfg_parallel, args.ulysses, guidance=args.guidance, num_heads=config.num_attention_heads,
-                         num_kv_heads=config.num_key_value_heads, device_type=args.device,
-                         timeout_s=args.parallel_timeout)
+    config = common.checkpoint_config(args.checkpoint)
+    mesh = init_parallel(args.cfg_parallel, args.ulysses, guidance=run.sampling.guidance,
+                         num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+                         device_type=args.device, timeout_s=args.parallel_timeout)
     writer = mesh.rank == 0
     timings: dict[str, float] = {}
-    start = time.perf_counter()
-    pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=mesh.device, with_sound=args.sound)
-    timings["model_load"] = time.perf_counter() - start
+    pipe = common.load_pipeline(args, timings, sound=run.sampling.sound, device=mesh.device)
 
     def progress(step: int, total: int, _preview) -> None:
         if writer:
-            print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+            common.print_progress(step, total)
 
-    out = generate(pipe, read_request(args), mesh, callback=progress)
+    out = generate(pipe, run, mesh, callback=progress)
     if writer:
-        write_outputs(args, pipe, out, timings)
+        common.write_outputs(args, pipe, run, out, timings)
     final_barrier(mesh.device)
     dist.destroy_process_group()
     return timings if writer else None
@@ -72,7 +69,5 @@ def _run(args: argparse.Namespace) -> dict[str, float] | None:
 
 def final_barrier(device: torch.device) -> None:
     """Every rank waits for rank 0's file writes, so a failure there is seen by all."""
-    from ..parallel.mesh import guarded
-
     with guarded("final barrier"):
         dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)

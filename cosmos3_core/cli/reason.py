@@ -14,9 +14,9 @@ import argparse
 import math
 import sys
 
-import torch
-
 from ..config import DTYPES
+from ..request import check_options
+from . import common
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,19 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-video-frames", type=int, default=2048, help="frames read from --video at most")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode step (faster tokens after a warm-up of a few seconds)")
+    common.add_run_options(p, attention_help="attention kernels: auto (the grouped-head decode route, SDPA "
+                                              "elsewhere), sdpa (always PyTorch SDPA), flash4 (FlashAttention-4)")
     return p
 
 
 def _check_args(args: argparse.Namespace):
     from ..reasoner.reasoner import SamplingParams
 
-    from .main import check_common_args
-
-    ckpt = check_common_args(args)
+    ckpt = common.check_input_paths(args)
+    check_options(common.runtime_options(args))
     if args.task == "caption" and args.image is None and args.video is None:
         raise ValueError("--task caption needs --image or --video.")
     if (args.image or args.video) and not (ckpt / "vision_encoder").is_dir():
@@ -72,20 +69,15 @@ def run(args: argparse.Namespace) -> str:
         if not math.isfinite(fps) or fps <= 0:
             fps = 24.0  # the reference processors' fallback when a container has no rate
     reasoner = Cosmos3Reasoner.load(args.checkpoint, dtype=DTYPES[args.dtype], device=args.device)
-    reasoner.compile_decode(args.compile)
-    out = reasoner.generate(args.prompt, task=args.task, image=image, video=video, fps=fps, params=params)
+    out = reasoner.generate(args.prompt, task=args.task, image=image, video=video, fps=fps, params=params,
+                            options=common.runtime_options(args))
     return out.text
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .main import run_reporting_user_errors
-
-    ok, text = run_reporting_user_errors(run, build_parser().parse_args(argv))
+    ok, text = common.run_reporting_user_errors(run, build_parser().parse_args(argv))
     if not ok:
         return 2
     print(text)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

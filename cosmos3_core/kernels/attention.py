@@ -10,8 +10,8 @@ them would only cost copies and memory.
 **FlashAttention-4** (the optional PyPI package ``flash-attn-4``, ``flash_attn.cute.flash_attn_func``; its
 CuTe-DSL Hopper kernel) computes the same exact softmax attention ~1.16× faster than cuDNN on our shapes (H200,
 BENCHMARKS.md). It is used when all of these hold, else SDPA: the backend is ``"flash4"``, or ``"auto"`` with at
-least ``FLASH4_MIN_QUERIES`` query tokens (``set_attention_backend``; the CLI's ``--attention`` / the sampler node's
-``attention`` input), the package imports, the tensors are CUDA bf16/fp16 on an sm90 (Hopper) GPU, ``head_dim`` is
+least ``FLASH4_MIN_QUERIES`` query tokens (the run's ``RuntimeOptions.attention``, runtime.py: the CLI's
+``--attention`` / the nodes' ``attention`` input), the package imports, the tensors are CUDA bf16/fp16 on an sm90 (Hopper) GPU, ``head_dim`` is
 64/96/128, the query heads are a multiple of the key/value heads and there is no ``mask``. Forcing ``"flash4"`` where
 it cannot run raises (no silent fallback); ``"sdpa"`` never touches it. The call is a registered custom op
 (``cosmos3::flash4_attention_<module>``) with a fake (meta) implementation, so ``torch.compile`` traces through it
@@ -48,39 +48,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .caches import enable_persistent_caches
 from .support import import_failure, unavailable_reason
 
-BACKENDS = ("auto", "sdpa", "flash4")
 _FLASH4_HEAD_DIMS = (64, 96, 128)
 _FLASH4_DTYPES = (torch.bfloat16, torch.float16)
-_backend = "auto"
 # "auto" takes FlashAttention-4 from this many query tokens on: below it, its per-call host cost (Python interface,
-# JIT-cache lookup, launch) outweighs the faster kernel (H200, run 8: T2I 920 tokens 58.2 vs 48.1 ms per compiled
-# guided step with SDPA; 256p 2,880 tokens 0.1539 vs 0.1569 s; 480p 0.584 vs 0.610 s; 720p 5.53 vs 6.12 s).
+# JIT-cache lookup, launch) outweighs the faster kernel (H200: T2I's 920 tokens 58.2 vs 48.1 ms per compiled guided
+# step with SDPA; 256p's 2,880 tokens 0.1539 vs 0.1569 s; 480p 0.584 vs 0.610 s; 720p 5.53 vs 6.12 s).
 FLASH4_MIN_QUERIES = 2048
 
 
-def set_attention_backend(name: str) -> str:
-    """Choose the route for every later call: ``auto`` (FlashAttention-4 where it can run, else SDPA), ``sdpa``
-    (always PyTorch SDPA, the reference's route) or ``flash4`` (FlashAttention-4, an error where it cannot run).
-    Returns the previous setting."""
-    global _backend
-    if name not in BACKENDS:
-        raise ValueError(f"attention backend {name!r} is not one of {BACKENDS}; use 'sdpa' to force PyTorch SDPA.")
-    if name == "flash4":
-        reason = flash4_unavailable_reason()
-        if reason:
-            raise RuntimeError(f"attention backend 'flash4' cannot run here: {reason}. Use 'auto' or 'sdpa'.")
-    previous, _backend = _backend, name
-    return previous
-
-
-def attention_backend() -> str:
-    return _backend
-
-
-def attention_setting() -> tuple[str, bool]:
-    """What a compiled graph of ``attention`` bakes in: the backend setting and whether FlashAttention-4 can run on
-    the current CUDA device (part of ``precompiled``'s key for the generation layer)."""
-    return _backend, torch.cuda.is_available() and not flash4_unavailable_reason()
+def flash4_available() -> bool:
+    """Whether FlashAttention-4 can run on the current CUDA device: what a compiled graph of ``attention`` under
+    ``auto`` bakes in besides its arguments (part of the compiled generation layer's cache key)."""
+    return torch.cuda.is_available() and not flash4_unavailable_reason()
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,21 +94,21 @@ def _flash4_ready(device_type: str, index: int) -> bool:
     return device_type == "cuda" and not flash4_unavailable_reason(torch.device("cuda", index))
 
 
-def select_route(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> str:
-    """``"flash4"``, ``"decode"`` or ``"sdpa"`` for these inputs under the current backend setting."""
-    if _backend == "sdpa":
+def select_route(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, backend: str = "auto") -> str:
+    """``"flash4"``, ``"decode"`` or ``"sdpa"`` for these inputs under the ``backend`` setting (runtime.py)."""
+    if backend == "sdpa":
         return "sdpa"
     if mask is not None:
         return "decode" if q.shape[2] == 1 and mask.dtype == torch.bool and q.shape[1] % k.shape[1] == 0 else "sdpa"
     index = q.device.index if q.device.index is not None else 0
     fits = q.dtype in _FLASH4_DTYPES and q.shape[-1] in _FLASH4_HEAD_DIMS and q.shape[1] % k.shape[1] == 0
-    if fits and (_backend == "flash4" or q.shape[2] >= FLASH4_MIN_QUERIES) and _flash4_ready(q.device.type, index):
+    if fits and (backend == "flash4" or q.shape[2] >= FLASH4_MIN_QUERIES) and _flash4_ready(q.device.type, index):
         return "flash4"
-    if _backend == "flash4":
+    if backend == "flash4":
         raise RuntimeError(
             f"attention backend 'flash4' cannot run {q.dtype} {q.device.type} inputs with head_dim {q.shape[-1]} "
             f"and {q.shape[1]}/{k.shape[1]} query/key heads (it needs CUDA bf16/fp16 on sm90, head_dim "
-            f"{_FLASH4_HEAD_DIMS}); use set_attention_backend('auto') or 'sdpa'."
+            f"{_FLASH4_HEAD_DIMS}); use attention 'auto' or 'sdpa'."
         )
     return "sdpa"
 
@@ -184,9 +163,13 @@ def _(q, k, v, causal):
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
-    route = select_route(q, k, mask)
+    """Softmax attention of ``q`` over ``k``/``v`` on the route ``backend`` (``RuntimeOptions.attention``) picks
+    for these inputs. ``backend`` is an argument, never a global: a compiled caller passes it in, so each setting is
+    its own graph."""
+    route = select_route(q, k, mask, backend)
     if route == "flash4":
         return flash4_attention(q, k, v, causal)
     if route == "decode":

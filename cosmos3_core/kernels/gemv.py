@@ -11,7 +11,8 @@ small square ``to_out`` and the tall-K ``down_proj``); this kernel reads them at
 products as cuBLAS does, in another (fixed, deterministic) order, and one rounding to the output dtype, so results
 equal ``F.linear``'s up to that rounding (tests/test_gemv.py, tests/test_gpu.py).
 
-Used when all of these hold, else ``F.linear``: the route is ``"triton"``, or ``"auto"`` on a CUDA device of compute
+Used when all of these hold, else ``F.linear``: the route (``RuntimeOptions.gemv``, carried to the kernel by the step's
+``LayerWeights.route``) is ``"triton"``, or ``"auto"`` on a CUDA device of compute
 capability ≥ 8.0 where Triton imports; ``x`` holds one row; ``x``/``W`` are CUDA bf16/fp16 of one dtype; ``W`` has
 unit stride along ``K`` (the packed views of packed.py qualify). Forcing ``"triton"`` where it cannot run raises.
 The kernel is a registered custom op (``cosmos3::gemv_<module>``) with a fake implementation, so a
@@ -29,25 +30,7 @@ import torch.nn.functional as F
 
 from .support import import_failure, unavailable_reason
 
-ROUTES = ("auto", "triton", "torch")
 _DTYPES = (torch.bfloat16, torch.float16)
-_route = "auto"
-
-
-def set_gemv_route(name: str) -> str:
-    """``auto`` (the Triton kernel where it can run), ``triton`` (an error where it cannot) or ``torch``
-    (always ``F.linear``). Returns the previous setting."""
-    global _route
-    if name not in ROUTES:
-        raise ValueError(f"GEMV route {name!r} is not one of {ROUTES}; 'torch' forces F.linear.")
-    if name == "triton" and triton_unavailable_reason():
-        raise RuntimeError(f"GEMV route 'triton' cannot run here: {triton_unavailable_reason()}. Use 'auto' or 'torch'.")
-    previous, _route = _route, name
-    return previous
-
-
-def gemv_route() -> str:
-    return _route
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,25 +134,25 @@ def triton_grid(n: int, block_n: int) -> int:
     return -(-n // block_n)
 
 
-def select_route(x: torch.Tensor, weight: torch.Tensor) -> str:
-    """``"triton"`` or ``"torch"`` for these inputs under the current route setting."""
-    if _route == "torch":
+def select_route(x: torch.Tensor, weight: torch.Tensor, route: str = "auto") -> str:
+    """``"triton"`` or ``"torch"`` for these inputs under the ``route`` setting (``RuntimeOptions.gemv``)."""
+    if route == "torch":
         return "torch"
     fits = (x.is_cuda and x.dtype in _DTYPES and weight.dtype == x.dtype and weight.device == x.device
             and weight.dim() == 2 and weight.stride(1) == 1 and x.numel() == weight.shape[1] and x.is_contiguous())
     if fits and _triton_ready(x.device.index if x.device.index is not None else 0):
         return "triton"
-    if _route == "triton":
+    if route == "triton":
         raise RuntimeError(
             f"GEMV route 'triton' cannot run a {x.dtype} {x.device.type} input of shape {tuple(x.shape)} against a "
             f"{weight.dtype} weight of shape {tuple(weight.shape)} (it needs one CUDA bf16/fp16 row and a weight with "
-            "unit stride along K); use set_gemv_route('auto') or 'torch'."
+            "unit stride along K); use the GEMV route 'auto' or 'torch'."
         )
     return "torch"
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` for an ``x`` ``[..., K]`` holding one row: ``[..., N]``."""
-    if select_route(x, weight) == "triton":
+def gemv(x: torch.Tensor, weight: torch.Tensor, route: str = "auto") -> torch.Tensor:
+    """``F.linear(x, weight)`` for an ``x`` ``[..., K]`` holding one row: ``[..., N]``, on ``route``."""
+    if select_route(x, weight, route) == "triton":
         return triton_gemv(x, weight).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)

@@ -80,13 +80,14 @@ class LayerWeights(NamedTuple):
     """A text-tower layer's projections as plain weight tensors for a one-row (batch-1 decode) step, each read by one
     GEMV (gemv.py): ``qkv`` and ``gate_up`` packed (``packed_weight``), ``o``/``up``/``down`` as stored. None where
     the module must run itself (not a plain bias-free ``nn.Linear``, see the module docstring; ``up`` is given only
-    for relu² MLPs, ``gate_up`` only for SiLU ones)."""
+    for relu² MLPs, ``gate_up`` only for SiLU ones). ``route``: the GEMV route they are read on (gemv.py)."""
 
     qkv: torch.Tensor | None = None
     gate_up: torch.Tensor | None = None
     o: torch.Tensor | None = None
     up: torch.Tensor | None = None
     down: torch.Tensor | None = None
+    route: str = "auto"
 
 
 def plain_weight(m: nn.Module) -> torch.Tensor | None:

@@ -80,17 +80,19 @@ class MLP(nn.Module):
         matrix), ``up`` and ``down`` read by one GEMV each (gemv.py); a None entry runs its module."""
         w = weights or _NO_WEIGHTS
         if self.act == "relu2":
-            return project(self.down_proj, torch.relu(project(self.up_proj, x, w.up)).square(), w.down)
+            return project(self.down_proj, torch.relu(project(self.up_proj, x, w.up, w.route)).square(), w.down,
+                           w.route)
         if w.gate_up is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
-            gate, up = gemv(x, w.gate_up).chunk(2, dim=-1)
-        return project(self.down_proj, F.silu(gate) * up, w.down)
+            gate, up = gemv(x, w.gate_up, w.route).chunk(2, dim=-1)
+        return project(self.down_proj, F.silu(gate) * up, w.down, w.route)
 
 
-def project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """``module(x)``, or one GEMV over ``weight`` (the module's own plain weight, packed.py) where one is given."""
-    return module(x) if weight is None else gemv(x, weight)
+def project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None, route: str = "auto") -> torch.Tensor:
+    """``module(x)``, or one GEMV over ``weight`` (the module's own plain weight, packed.py) on ``route`` where one
+    is given."""
+    return module(x) if weight is None else gemv(x, weight, route)
 
 
 class MoTAttention(nn.Module):

@@ -14,6 +14,7 @@ The keys are stored exactly as the generation pathway consumes them: after ``nor
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -41,3 +42,22 @@ class TextKV:
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "TextKV":
         return TextKV(self.keys.to(device=device, dtype=dtype), self.values.to(device=device, dtype=dtype), self.token_ids)
+
+
+@dataclass(frozen=True)
+class TextConditioning:
+    """Both guidance branches' text K/V for one prompt pair, plus the clip shape the prompts describe (what a text
+    encode hands to the sampler; ``uncond`` is None on a distilled checkpoint, which has one branch)."""
+
+    cond: TextKV
+    uncond: TextKV | None
+    num_frames: int
+    height: int
+    width: int
+    fps: float
+    prompt_text: str = ""
+    negative_text: str = ""
+
+    def to(self, device: torch.device | str) -> "TextConditioning":
+        uncond = None if self.uncond is None else self.cond.to(device) if self.uncond is self.cond else self.uncond.to(device)
+        return dataclasses.replace(self, cond=self.cond.to(device), uncond=uncond)

@@ -69,35 +69,6 @@ def tower_module(model: Cosmos3Transformer, tower: str) -> nn.Module:
     return view
 
 
-class PinnedHostCopy:
-    """Pinned CPU copies of a module's parameters, for a tower that leaves the GPU and comes back.
-
-    Inference never changes the weights, so ``offload()`` only re-points every parameter at its host copy (no
-    transfer: measured ~0 s against 10–14 s for ``.to("cpu")`` of Nano's 14 GB text tower, BENCHMARKS.md) and
-    ``load(device)`` copies them back with non-blocking transfers from pinned memory (~25 GB/s instead of ~1.5).
-    Costs one host copy of the weights (a loader can read the checkpoint straight into it). Parameters shared with
-    a full model (``tower_module``) move for the model too.
-    """
-
-    def __init__(self, module: nn.Module):
-        pin = torch.cuda.is_available()
-        self.params = list(module.parameters())
-        self.host = [torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin).copy_(p.data)
-                     for p in self.params]
-
-    def offload(self) -> None:
-        for p, h in zip(self.params, self.host):
-            p.data = h
-
-    def load(self, device: torch.device | str) -> None:
-        for p, h in zip(self.params, self.host):
-            p.data = h.to(device, non_blocking=True)
-
-
-def module_bytes(module: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
-
-
 def text_kv_bytes(config: Cosmos3Config, text_length: int, dtype: torch.dtype) -> int:
     """Size of one prompt's ``TextKV`` (keys + values of every layer)."""
     elem = torch.empty((), dtype=dtype).element_size()

@@ -22,25 +22,31 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import nn
 
-from ..kernels.attention import attention, attention_backend, attention_setting
-from ..kernels.caches import prepare_compile
 from ..config import Cosmos3Config
+from ..kernels.attention import attention, flash4_available
+from ..kernels.compile import compiled
 from ..kernels.gemv import gemv
+from ..kernels.packed import LayerWeights
+from ..runtime import DEFAULT, RuntimeOptions
 from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
 from .layout import GenLayout, patchify, unpatchify
-from ..kernels.packed import LayerWeights
-from ..kernels.precompiled import PrecompiledFunction
 from .rope import apply_rope, rope_tables, text_position_ids
-from ..kernels.cuda_graph import StepGraphs
 from .text_kv import TextKV
 
-if TYPE_CHECKING:
-    from ..parallel.ulysses import SequenceParallel
+
+class SequenceParallel(Protocol):
+    """What the generation layers need from a sequence-parallel group (``parallel/ulysses.py`` implements it):
+    this rank's share of the tokens, and the all-to-alls between token shards and head shards around attention."""
+
+    def shard_tokens(self, x: torch.Tensor) -> torch.Tensor: ...
+    def gather_tokens(self, x: torch.Tensor, num_tokens: int) -> torch.Tensor: ...
+    def to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple: ...
+    def to_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
 
 # Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
 SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
@@ -65,9 +71,6 @@ class Cosmos3Transformer(nn.Module):
             raise ValueError(f"skip_modules {sorted(unknown)} not skippable; choose from {SKIPPABLE_MODULES}.")
         self.config = config
         self.skip_modules = tuple(skip_modules)
-        self._compiled_layer = None
-        self._compiled_fn = None
-        self._graphs: StepGraphs | None = None
         self.execution_device: torch.device | None = None
         d, kind, eps = config.hidden_size, config.norm_kind, config.rms_norm_eps
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
@@ -109,12 +112,13 @@ class Cosmos3Transformer(nn.Module):
         return self
 
     # ------------------------------------------------------------------ text tower
-    def prefill(self, token_ids: torch.Tensor | Sequence[int]) -> TextKV:
+    def prefill(self, token_ids: torch.Tensor | Sequence[int], attention_backend: str = "auto") -> TextKV:
         """Run the understanding tower over one prompt; return every layer's K/V as the generation tower reads it."""
-        return self.prefill_many([token_ids])[0]
+        return self.prefill_many([token_ids], attention_backend)[0]
 
     @torch.no_grad()
-    def prefill_many(self, prompts: Sequence[torch.Tensor | Sequence[int]]) -> list[TextKV]:
+    def prefill_many(self, prompts: Sequence[torch.Tensor | Sequence[int]],
+                     attention_backend: str = "auto") -> list[TextKV]:
         """``prefill`` of several prompts (a guidance pair) in one pass of the understanding tower: their tokens
         are stacked as rows of every projection and MLP (the tower's weights are read, and each kernel launched,
         once for all of them), and each prompt attends causally to itself only, at its own positions ``0..L-1``.
@@ -154,7 +158,8 @@ class Cosmos3Transformer(nn.Module):
                 break  # the last layer's text output feeds nothing the generation tower reads
             q, k = apply_rope(q, cos, sin), (k_for_gen if gen_norm is None else apply_rope(k, cos, sin))
             outs = [attention(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
-                              v[a:b].transpose(0, 1)[None], causal=True)[0].transpose(0, 1) for a, b in bounds]
+                              v[a:b].transpose(0, 1)[None], causal=True, backend=attention_backend)[0].transpose(0, 1)
+                    for a, b in bounds]
             out = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = text_layer_output(layer, h, out.reshape(n, -1))
         return [TextKV(kj, vj, t.cpu()) for kj, vj, t in zip(keys, values, ids)]
@@ -201,9 +206,11 @@ class Cosmos3Transformer(nn.Module):
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
-        sequence_parallel: "SequenceParallel | None" = None,
+        sequence_parallel: SequenceParallel | None = None,
+        options: RuntimeOptions = DEFAULT,
     ) -> StepOutput:
-        """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch.
+        """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch, with the run's
+        kernels (``options``: the attention route, and the compiled generation layer when ``compile``).
 
         ``latents`` ``[N, C, T, h, w]`` (any float dtype); ``timestep`` the scheduler's integer timestep as a
         0-dim tensor (the model embeds ``t·0.001``); ``sound`` ``[N, sound_dim, Ts]``; ``action``
@@ -213,14 +220,6 @@ class Cosmos3Transformer(nn.Module):
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
-        if self._graphs is not None and latents.is_cuda and sequence_parallel is None:
-            weights = (self.proj_in.weight.data_ptr(), self.layers[0].self_attn.add_q_proj.weight.data_ptr())
-            mode = (self._compiled_layer is not None, attention_backend(), weights)
-            return self._graphs(latents, timestep, text, layout, sound, action, extra=mode)
-        return self._denoise(latents, timestep, text, layout, sound, action, sequence_parallel)
-
-    def _denoise(self, latents, timestep, text, layout, sound=None, action=None,
-                 sequence_parallel: "SequenceParallel | None" = None) -> StepOutput:
         b = len(text)
         x = self._embed_generation_tokens(latents, timestep, layout, sound, action)  # [N, tokens, D]
         # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
@@ -228,46 +227,15 @@ class Cosmos3Transformer(nn.Module):
         cos, sin, sp = layout.cos, layout.sin, sequence_parallel
         if sp is not None:
             x, cos, sin = sp.shard_tokens(x), sp.shard_tokens(cos), sp.shard_tokens(sin)
-        layer_fn = self._compiled_layer or generation_layer
+        layer_fn = generation_layer_fn(options)
         starts = layout.key_starts()
         for i, layer in enumerate(self.layers):
-            x = layer_fn(layer, x, cos, sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text], sp, starts)
+            x = layer_fn(layer, x, cos, sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text], sp, starts,
+                         options.attention)
         if sp is not None:
             x = sp.gather_tokens(x, layout.num_tokens)
         x = self.norm_moe_gen(x)
         return self._heads(x, layout)
-
-    def compile_generation_layers(self, enable: bool = True, *, fullgraph: bool = False) -> None:
-        """Opt-in: ``torch.compile`` the generation layer (one graph shared by every layer: the layer's weights are
-        graph inputs). Fuses the norms, RoPE and activations — measured 1.29–1.37× per step at 480p/256p on an H200
-        (BENCHMARKS.md). Same math, but fused kernels round intermediates differently, so outputs differ from eager
-        at bf16 rounding level. The compiled function is kept, so switching back on does not recompile.
-
-        Shapes are static except the prompt lengths (the text K/V's length dimension is dynamic): one graph per
-        generation shape (resolution × frames, branches, batch, streams), the same graph in every process whatever
-        the prompts and whatever shapes ran before. Each graph is kept on disk whole
-        (``precompiled.PrecompiledFunction``, keyed also by the attention setting it baked in): a restarted process
-        loads it instead of tracing the layer again. Saved graphs are whole graphs; a call that cannot be saved
-        (host weight hooks, or a torch without AOT compile) goes through plain ``torch.compile``, where
-        ``fullgraph=True`` makes a graph break an error instead of a split graph."""
-        if enable:
-            prepare_compile()  # on-disk caches and the recompile limit, in this run's context (caches.py)
-        if enable and (self._compiled_fn is None or self._compiled_fn.fullgraph != fullgraph):
-            self._compiled_fn = PrecompiledFunction(generation_layer, fullgraph=fullgraph,
-                                                    dynamic_dims=_prompt_length_dims, key_extra=attention_setting,
-                                                    aot_allowed=_no_weight_hooks)
-        self._compiled_layer = self._compiled_fn if enable else None
-
-    def use_cuda_graphs(self, enable: bool = True) -> None:
-        """Opt-in: replay each guided step as one CUDA graph (``step_graph.py``). Measured on an H200 (run 8): T2I
-        48.1 → 46.0 ms per compiled step, no gain from 256p up; it mainly hides FlashAttention-4's per-call host cost.
-        Needs every generation weight resident on the GPU (no weight streaming) and no sequence parallelism.
-        Disabling frees the captured graphs and their activation pool."""
-        if enable and self._graphs is None:
-            self._graphs = StepGraphs(self._denoise)
-        elif not enable and self._graphs is not None:
-            self._graphs.release()
-            self._graphs = None
 
     def _heads(self, x: torch.Tensor, layout: GenLayout) -> StepOutput:
         cfg = self.config
@@ -282,6 +250,20 @@ class Cosmos3Transformer(nn.Module):
             a = self.action_proj_out(x[:, nv + layout.sound_len :], layout.domain_id)
             action = a.masked_fill(~layout.noisy_actions.view(1, -1, 1), 0.0)
         return StepOutput(vision, sound, action)
+
+
+def generation_layer_fn(options: RuntimeOptions = DEFAULT) -> Callable:
+    """``generation_layer``, or with ``options.compile`` its ``torch.compile``d version (kernels/compile.py): one graph
+    shared by every layer (the layer's weights are graph inputs) that fuses the norms, RoPE and activations — same
+    math, other rounding of the intermediates. Shapes are static except the prompt lengths (the text K/V's length
+    dimension is dynamic): one graph per generation shape (resolution × frames, branches, batch, streams, attention
+    route), the same in every process whatever the prompts and whatever ran before, each kept on disk whole and
+    keyed also by whether FlashAttention-4 can run here. A call that cannot be saved (host weight hooks, a sequence-
+    parallel group) goes through plain ``torch.compile``, which allows graph breaks."""
+    if not options.compile:
+        return generation_layer
+    return compiled(generation_layer, backend=options.compile_backend, fullgraph=False, dynamic_dims=_prompt_length_dims,
+                    key_extra=flash4_available, aot_allowed=_no_weight_hooks)
 
 
 def _prompt_length_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
@@ -308,7 +290,7 @@ def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights
     if weights is None or weights.qkv is None:
         q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
     else:
-        q, k, v = gemv(x, weights.qkv).split([attn.to_q.out_features, attn.to_k.out_features,
+        q, k, v = gemv(x, weights.qkv, weights.route).split([attn.to_q.out_features, attn.to_k.out_features,
                                               attn.to_v.out_features], dim=-1)
     q = q.reshape(n, attn.num_heads, attn.head_dim)
     k = k.reshape(n, attn.num_kv_heads, attn.head_dim)
@@ -322,7 +304,8 @@ def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tens
                       weights: LayerWeights | None = None):
     """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``. ``weights``: as
     ``text_qkv``'s (``o``, and the MLP's)."""
-    h = h + project(layer.self_attn.to_out, attn_out, weights.o if weights is not None else None)
+    h = h + project(layer.self_attn.to_out, attn_out, weights.o if weights is not None else None,
+                    weights.route if weights is not None else "auto")
     return h + layer.mlp(norm(layer.post_attention_layernorm, h), weights)
 
 
@@ -333,8 +316,9 @@ def generation_layer(
     sin: torch.Tensor,
     text_keys: list[torch.Tensor],
     text_values: list[torch.Tensor],
-    sequence_parallel: "SequenceParallel | None" = None,
+    sequence_parallel: SequenceParallel | None = None,
     key_starts: list[int] | None = None,
+    attention_backend: str = "auto",
 ) -> torch.Tensor:
     """One generation-tower layer over ``x`` ``[B·N, tokens, D]`` (rows branch-major, ``N`` items per branch);
     branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]`` (its own keys from
@@ -361,7 +345,7 @@ def generation_layer(
         s = key_starts[j] if key_starts else 0
         keys = torch.cat([text_keys[j].expand(items, -1, -1, -1), k[j, :, :, s:]], dim=2)  # [N, KV, L_j + …, hd]
         vals = torch.cat([text_values[j].expand(items, -1, -1, -1), v[j, :, :, s:]], dim=2)
-        outs.append(attention(q[j], keys, vals))
+        outs.append(attention(q[j], keys, vals, backend=attention_backend))
     out = torch.cat(outs)  # [B·N, H, tokens, hd]
     if sequence_parallel is not None:
         out = sequence_parallel.to_tokens(out)  # this rank's tokens, all heads

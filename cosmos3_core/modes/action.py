@@ -20,7 +20,7 @@ Mirrors diffusers 0.42.1's modular Cosmos3 pipeline (``modular_pipelines/cosmos/
   dynamics; forward dynamics predicts none).
 
 The denoising itself is not here: the action stream goes into the plan as a ``plan.ActionInput`` and the
-mode-free loop runs it. Nothing here imports ComfyUI.
+mode-free loop runs it; the run functions at the end chain the pipeline's stages. Nothing here imports ComfyUI.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from .. import defaults
 from ..sampling.conditioning import preprocess_video
 from ..sampling.plan import ActionInput
 from ..sampling.prompt import DEFAULT_MAX_TOKENS, SYSTEM_PROMPT_VIDEO, PromptIds, branch_ids
+from ..model.text_kv import TextConditioning
+from ..runtime import DEFAULT, RuntimeOptions
 
 ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -112,74 +114,74 @@ class ActionRequest:
         return self.chunk_size + 1
 
 
-def _bad(who: str, message: str) -> ValueError:
-    return ValueError(f"{who}: {message}")
+def _bad(message: str) -> ValueError:
+    return ValueError(message)
 
 
-def check_action_request(request: ActionRequest, config=None, who: str = "action") -> None:
+def check_action_request(request: ActionRequest, config=None) -> None:
     """Every check of an action request (and, with ``config``, against the checkpoint); raises one ``ValueError``."""
     r = request
     if config is not None and not getattr(config, "action_gen", False):
-        raise _bad(who, "this checkpoint has no action head (transformer config action_gen is false); action modes "
+        raise _bad("this checkpoint has no action head (transformer config action_gen is false); action modes "
                         "need a Cosmos3 checkpoint trained with action_gen=True (Nano, Super or Edge releases).")
     if r.mode not in ACTION_MODES:
-        raise _bad(who, f"action_mode={r.mode!r} is not one of {list(ACTION_MODES)}.")
+        raise _bad(f"action_mode={r.mode!r} is not one of {list(ACTION_MODES)}.")
     if isinstance(r.chunk_size, bool) or not isinstance(r.chunk_size, int) or r.chunk_size < 1:
-        raise _bad(who, f"chunk_size={r.chunk_size!r} must be an integer >= 1 (the number of actions; the video "
+        raise _bad(f"chunk_size={r.chunk_size!r} must be an integer >= 1 (the number of actions; the video "
                         "spans chunk_size + 1 frames), e.g. 16.")
     if r.chunk_size + 1 > defaults.MAX_FRAMES:
-        raise _bad(who, f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, above the limit of "
+        raise _bad(f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, above the limit of "
                         f"{defaults.MAX_FRAMES}; use a smaller chunk_size.")
     if r.domain_name not in EMBODIMENT_TO_RAW_ACTION_DIM:
         extra = (" (it has a domain id but no fixed action width, so the reference refuses it too)"
                  if r.domain_name in EMBODIMENT_TO_DOMAIN_ID else "")
-        raise _bad(who, f"domain_name={r.domain_name!r} is not a supported embodiment{extra}; use one of "
+        raise _bad(f"domain_name={r.domain_name!r} is not a supported embodiment{extra}; use one of "
                         f"{list(DOMAINS)}.")
     if isinstance(r.resolution_tier, bool) or r.resolution_tier not in RESOLUTION_BINS:
-        raise _bad(who, f"resolution_tier={r.resolution_tier!r} is not one of {list(RESOLUTION_TIERS)}; pick the "
+        raise _bad(f"resolution_tier={r.resolution_tier!r} is not one of {list(RESOLUTION_TIERS)}; pick the "
                         "tier closest to the input's native resolution.")
     if r.view_point is not None and r.view_point not in VIEWPOINT_FRAMING:
-        raise _bad(who, f"view_point={r.view_point!r} is not one of {list(VIEW_POINTS)} (or None for no framing).")
+        raise _bad(f"view_point={r.view_point!r} is not one of {list(VIEW_POINTS)} (or None for no framing).")
     if r.image is not None and r.video is not None:
-        raise _bad(who, "both image and video were given; pass one (image: policy / forward dynamics start "
+        raise _bad("both image and video were given; pass one (image: policy / forward dynamics start "
                         "frame; video: required for inverse dynamics).")
     if r.image is None and r.video is None:
         need = "a video of chunk_size + 1 frames" if r.mode == "inverse_dynamics" else "a start image (or video)"
-        raise _bad(who, f"action_mode={r.mode!r} needs {need}; none was given.")
+        raise _bad(f"action_mode={r.mode!r} needs {need}; none was given.")
     if r.mode == "inverse_dynamics":
         if r.video is None:
-            raise _bad(who, "action_mode='inverse_dynamics' needs a video (the frames whose actions are inferred), "
+            raise _bad("action_mode='inverse_dynamics' needs a video (the frames whose actions are inferred), "
                             "got only an image; pass chunk_size + 1 frames as the video.")
         n = _num_frames(r.video)
         if n != r.chunk_size + 1:
-            raise _bad(who, f"inverse dynamics reads chunk_size + 1 = {r.chunk_size + 1} frames but the video has "
+            raise _bad(f"inverse dynamics reads chunk_size + 1 = {r.chunk_size + 1} frames but the video has "
                             f"{n}; set chunk_size={n - 1} or trim the video to {r.chunk_size + 1} frames.")
     if config is not None and r.raw_action_dim > config.action_dim:
-        raise _bad(who, f"domain_name={r.domain_name!r} has {r.raw_action_dim}-dim actions, above this checkpoint's "
+        raise _bad(f"domain_name={r.domain_name!r} has {r.raw_action_dim}-dim actions, above this checkpoint's "
                         f"action_dim={config.action_dim}; it cannot represent them — pick another embodiment.")
     if r.mode == "forward_dynamics":
         if r.raw_actions is None:
-            raise _bad(who, "action_mode='forward_dynamics' needs actions (raw_actions / --actions FILE) of shape "
+            raise _bad("action_mode='forward_dynamics' needs actions (raw_actions / --actions FILE) of shape "
                             f"[chunk_size={r.chunk_size}, {r.raw_action_dim}].")
         shape = tuple(np.shape(r.raw_actions))
         if len(shape) != 2:
-            raise _bad(who, f"actions have shape {shape}; expected [chunk_size, raw_action_dim] = "
+            raise _bad(f"actions have shape {shape}; expected [chunk_size, raw_action_dim] = "
                             f"[{r.chunk_size}, {r.raw_action_dim}] (one row per transition).")
         if config is not None and shape[1] > config.action_dim:
-            raise _bad(who, f"actions are {shape[1]}-dim, above this checkpoint's action_dim={config.action_dim}; "
+            raise _bad(f"actions are {shape[1]}-dim, above this checkpoint's action_dim={config.action_dim}; "
                             f"domain_name={r.domain_name!r} expects {r.raw_action_dim}-dim rows.")
         if shape[1] != r.raw_action_dim:
-            raise _bad(who, f"actions are {shape[1]}-dim but domain_name={r.domain_name!r} expects "
+            raise _bad(f"actions are {shape[1]}-dim but domain_name={r.domain_name!r} expects "
                             f"{r.raw_action_dim}-dim rows; pass actions of that embodiment or change domain_name.")
         if shape[0] != r.chunk_size:
-            raise _bad(who, f"{shape[0]} actions were given but chunk_size={r.chunk_size} needs exactly "
+            raise _bad(f"{shape[0]} actions were given but chunk_size={r.chunk_size} needs exactly "
                             f"{r.chunk_size} (one per transition between the {r.chunk_size + 1} frames); set "
                             f"chunk_size={shape[0]} or pass {r.chunk_size} actions.")
         values = torch.as_tensor(np.asarray(r.raw_actions, dtype=np.float32))
         if not torch.isfinite(values).all():
-            raise _bad(who, "actions contain NaN or infinite values; pass finite numbers.")
+            raise _bad("actions contain NaN or infinite values; pass finite numbers.")
     elif r.raw_actions is not None:
-        raise _bad(who, f"actions were given but action_mode={r.mode!r} generates them (only forward_dynamics "
+        raise _bad(f"actions were given but action_mode={r.mode!r} generates them (only forward_dynamics "
                         "takes actions); drop the actions or use action_mode='forward_dynamics'.")
 
 
@@ -236,7 +238,7 @@ def _as_clip(image):
             return image[None]
         if image.ndim == 4 and image.shape[0] == 1:
             return image
-        raise ValueError(f"action: image has shape {tuple(image.shape)}; pass one frame [H, W, 3] (or [1, H, W, 3]).")
+        raise ValueError(f"image has shape {tuple(image.shape)}; pass one frame [H, W, 3] (or [1, H, W, 3]).")
     return [image]  # PIL
 
 
@@ -246,7 +248,7 @@ def source_frames(request: ActionRequest) -> torch.Tensor:
     h, w = _frame_size(clip)
     h16, w16 = int(h) // 16 * 16, int(w) // 16 * 16
     if h16 == 0 or w16 == 0:
-        raise ValueError(f"action: the input is {w}x{h} pixels; it must be at least 16x16.")
+        raise ValueError(f"the input is {w}x{h} pixels; it must be at least 16x16.")
     return preprocess_video(clip, h16, w16)
 
 
@@ -290,18 +292,18 @@ class ActionCondition:
         return dataclasses.replace(self, x0=self.x0.to(device))
 
 
-def encode_latent_shape(request: ActionRequest, vae, config, who: str = "action") -> tuple[int, ...]:
+def encode_latent_shape(request: ActionRequest, vae, config) -> tuple[int, ...]:
     """Shape of the latent the VAE encode of ``request`` produces (canvas-sized, before the crop)."""
-    check_action_request(request, config, who)
+    check_action_request(request, config)
     frames = source_frames(request)
     canvas = canvas_size(frames.shape[-2], frames.shape[-1], request.resolution_tier)
     t = (request.num_frames - 1) // vae.temporal_scale + 1 if request.mode == "inverse_dynamics" else 1
     return (1, vae.latent_channels, t, canvas[0] // vae.spatial_scale, canvas[1] // vae.spatial_scale)
 
 
-def encode_action_condition(vae, request: ActionRequest, config, who: str = "action") -> ActionCondition:
+def encode_action_condition(vae, request: ActionRequest, config) -> ActionCondition:
     """Check ``request``, bucket and VAE-encode its frames, and decide the clean frames and actions of its mode."""
-    check_action_request(request, config, who)
+    check_action_request(request, config)
     r = request
     frames = source_frames(r)
     canvas = canvas_size(frames.shape[-2], frames.shape[-1], r.resolution_tier)
@@ -358,18 +360,18 @@ def action_prompt_ids(tokenizer, condition: ActionCondition, prompt: str, negati
                       use_system_prompt: bool, max_tokens: int = DEFAULT_MAX_TOKENS) -> PromptIds:
     """Token ids of both branches for an action run: JSON caption (cond), the raw negative prompt (uncond)."""
     if not isinstance(prompt, str):
-        raise ValueError(f"action: prompt must be a str, got {type(prompt).__name__}.")
+        raise ValueError(f"prompt must be a str, got {type(prompt).__name__}.")
     if negative_prompt is not None and not isinstance(negative_prompt, str):
-        raise ValueError(f"action: negative_prompt must be a str or None, got {type(negative_prompt).__name__}.")
+        raise ValueError(f"negative_prompt must be a str or None, got {type(negative_prompt).__name__}.")
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
-        raise ValueError(f"action: fps={fps!r} must be a positive number (the action models run at "
+        raise ValueError(f"fps={fps!r} must be a positive number (the action models run at "
                          f"{defaults.ACTION_FPS:g}).")
     system = SYSTEM_PROMPT_VIDEO if use_system_prompt else None
     cond_text = action_caption(prompt, view_point=condition.view_point, num_frames=condition.num_frames, fps=fps,
                                height=condition.canvas[0], width=condition.canvas[1])
     uncond_text = negative_prompt or ""
     return branch_ids(tokenizer, cond_text, uncond_text, system, max_tokens,
-                      who="action", after="the caption and chat formatting", fix="shorten it")
+                      after="the caption and chat formatting", fix="shorten it")
 
 
 # ---------------------------------------------------------------------------------------------- output + files
@@ -438,27 +440,66 @@ def save_actions(path: str | Path, actions, *, domain_name: str | None = None, m
     return p
 
 
-# ---------------------------------------------------------------------------------------------- pipeline glue
-@dataclass
-class ActionGenerationRequest:
-    """One whole action-mode run (CLI, tests, bench): the condition plus the sampling arguments, with the action
-    models' defaults (``Cosmos3OmniModularPipeline.__call__`` arguments of the docs' action examples)."""
-
-    action: ActionRequest
-    prompt: str = ""
-    negative_prompt: str = defaults.ACTION_NEGATIVE_PROMPT  # used raw, only when guidance != 1
-    fps: float = defaults.ACTION_FPS
-    steps: int | None = None  # None → defaults.ACTION_STEPS (decided in Cosmos3Pipeline.plan_action)
-    guidance: float = defaults.ACTION_GUIDANCE
-    seed: int = defaults.SEED
-    schedule: str = defaults.ACTION_SCHEDULE
-    shift: float | None = None  # None → defaults.ACTION_SHIFT (decided in Cosmos3Pipeline.plan_action)
-    sound: bool = False
-    use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT
-    compile: bool = False
+# ---------------------------------------------------------------------------------------------- a run
+# The stages of an action run over a loaded ``Cosmos3Pipeline`` (``pipe``): what the ComfyUI nodes call one by one
+# (Cosmos3 Action Condition: ``encode_shape``, ``encode``, ``tokenize``, ``prefill``; the sampler: ``plan``) and
+# ``generate_action`` chains for a resolved request (request.py decides its defaults: 5 fps, 30 steps, guidance 1,
+# shift 10, no system prompt, an empty negative prompt).
+def encode_shape(pipe, request: ActionRequest) -> tuple[int, ...]:
+    """Latent shape the VAE encode of an action request produces (for a memory estimate before encoding)."""
+    return encode_latent_shape(request, pipe.vae, pipe.config)
 
 
-def check_text_matches(text, condition: ActionCondition, who: str) -> None:
+def encode(pipe, request: ActionRequest) -> ActionCondition:
+    """Check an action request and encode its frames: clean latents (cropped to the content) and actions."""
+    return encode_action_condition(pipe.vae, request, pipe.config)
+
+
+def tokenize(pipe, condition: ActionCondition, prompt: str, negative_prompt: str | None = None, *,
+             fps: float = defaults.ACTION_FPS, use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT
+             ) -> PromptIds:
+    """Token ids of an action run: the prompt as the JSON action caption, the negative prompt raw."""
+    return action_prompt_ids(pipe.tokenizer, condition, prompt, negative_prompt, fps=fps,
+                             use_system_prompt=use_system_prompt)
+
+
+def prefill(pipe, ids: PromptIds, condition: ActionCondition, *, fps: float,
+            options: RuntimeOptions = DEFAULT) -> TextConditioning:
+    """Text K/V of an action run; its clip shape is the generated one (``chunk_size + 1`` frames at the content
+    size; the caption itself describes the tier's canvas)."""
+    height, width = condition.output_size
+    return pipe.prefill_prompts(ids, num_frames=condition.num_frames, height=height, width=width, fps=fps,
+                                options=options)
+
+
+def plan(pipe, text: TextConditioning, condition: ActionCondition, sampling=None, *, device=None,
+         options: RuntimeOptions = DEFAULT, **sampling_args):
+    """The plan of an action run: the mode's clean latent frames and action stream. ``sampling``: resolved values
+    (``request.resolve_sampling(..., mode="action")``), or the sampling arguments to resolve with the action
+    defaults."""
+    check_text_matches(text, condition)
+    if sampling is None:
+        sampling = pipe.resolve_sampling(text, "action", **sampling_args)
+    return pipe.plan(text, sampling, x0=condition.x0, clean_frames=condition.clean_frames,
+                     action=condition.plan_input(), device=device, options=options)
+
+
+def generate_action(pipe, run, callback=None, decode: bool = True):
+    """A whole action-mode run of a resolved request ``run`` (``request.Resolved``): ``output.actions`` holds the
+    predicted actions without padding (policy, inverse dynamics) and ``output.action`` the padded action latent."""
+    timings: dict[str, float] = {}
+    with pipe.timed(timings, "preprocess"):
+        condition = encode(pipe, run.action)
+        ids = tokenize(pipe, condition, run.prompt, run.negative_prompt, fps=run.fps,
+                       use_system_prompt=run.use_system_prompt)
+        text = prefill(pipe, ids, condition, fps=run.fps, options=run.options)
+        planned = plan(pipe, text, condition, run.sampling, options=run.options)
+    out = pipe.run_and_decode(planned, timings, condition.num_frames, run.fps, callback=callback, decode=decode)
+    out.actions = unpadded_actions(out.action, condition)
+    return out
+
+
+def check_text_matches(text, condition: ActionCondition) -> None:
     """The text K/V must be the caption rendered for ``condition`` (not a plain Cosmos3 Text Encode)."""
     try:
         caption = json.loads(text.prompt_text)
@@ -466,5 +507,5 @@ def check_text_matches(text, condition: ActionCondition, who: str) -> None:
     except (TypeError, ValueError, AttributeError):
         ok = False
     if not ok or text.num_frames != condition.num_frames:
-        raise ValueError(f"{who}: the text was not encoded for this action condition (its prompt is not the action "
-                         "caption of these frames); use the text output of the same Cosmos3 Action Condition.")
+        raise ValueError("the text was not encoded for this action condition (its prompt is not the action caption "
+                         "of these frames); use the text output of the same Cosmos3 Action Condition.")

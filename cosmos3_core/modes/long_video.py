@@ -22,20 +22,19 @@ the tracks are cut at the window seams like the frames (the overlap dropped). Tr
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import defaults
+from ..model.text_kv import TextConditioning, TextKV
+from ..pipeline import Cosmos3Pipeline
 from ..sampling.conditioning import preprocess_image, preprocess_video
-from ..pipeline import TextConditioning
-from ..sampling.plan import check_clip, check_sampling
 from ..sampling.schedulers import make_scheduler, make_stepper
 from .stream_decode import Sink, StreamDecoder
-from ..model.text_kv import TextKV
-from .transfer import control_latents, make_transfer_plan, pad_controls, prepare_controls, transfer_prompt_ids
-from .windows import WindowGeometry, clean_latent_frames, seed_pixels, window_geometry
+from .transfer import control_latents, make_transfer_plan, pad_controls, transfer_prompt_ids
+from .windows import WindowGeometry, clean_latent_frames, seed_pixels
 
 # progress(window, num_windows, step, steps, x0_preview)
 WindowProgress = Callable[[int, int, int, int, torch.Tensor], None]
@@ -50,143 +49,57 @@ def _no_prepare(part: str, need: Any) -> None:
 
 
 @dataclass
-class LongVideoRequest:
-    prompt: str | Sequence[str]  # one prompt, or one per window
-    negative_prompt: str | None = None  # None → the checkpoint's default (T2V), "" (Transfer, as the reference)
-    num_frames: int | None = None  # total output frames; Transfer: None = the controls' length (else a cap)
-    frames_per_chunk: int = defaults.NUM_FRAMES
-    conditional_frames: int | None = None  # None → defaults.LONG_CONDITIONAL_FRAMES / TRANSFER_CONDITIONAL_FRAMES
-    height: int = defaults.HEIGHT
-    width: int = defaults.WIDTH
-    fps: float = defaults.FPS
-    steps: int | None = None
-    guidance: float = defaults.GUIDANCE
-    seed: int = defaults.SEED
-    schedule: str = defaults.SCHEDULE
-    shift: float | None = None
-    sound: bool = False
-    image: Any = None  # I2V: seeds window 0 (latent 0), as single-clip I2V
-    video: Any = None  # [F, H, W, 3]: its first conditional_frames frames seed window 0
-    controls: Mapping[str, Any] | None = None  # Transfer: {edge|blur|depth|seg|wsm: [F, H, W, 3] in [0, 1]}
-    control_guidance: float = defaults.CONTROL_GUIDANCE
-    guidance_interval: tuple[float, float] | None = None
-    control_guidance_interval: tuple[float, float] | None = None
-    use_system_prompt: bool | None = None
-    compile: bool = False
-
-    @property
-    def is_transfer(self) -> bool:
-        return self.controls is not None
-
-
-@dataclass
 class LongVideoResult:
     geometry: WindowGeometry
     frames_written: int
     timings: dict[str, list[float]] = field(default_factory=dict)  # per window: "denoise", "decode"
 
 
-def plan_windows(req: LongVideoRequest, who: str = "generate") -> tuple[WindowGeometry, dict | None]:
-    """Check the request (one message per mistake) and resolve the geometry (and the preprocessed controls)."""
-    check_sampling(seed=req.seed, steps=req.steps, guidance=req.guidance, schedule=req.schedule, shift=req.shift,
-                   guidance_interval=req.guidance_interval, batch_size=1, who=who)
-    if req.image is not None and req.video is not None:
-        raise ValueError(f"{who}: give either an image (seeds window 1 as image-to-video) or a video (its first "
-                         "frames seed window 1), not both.")
-    cf = req.conditional_frames
-    if cf is None:
-        cf = defaults.TRANSFER_CONDITIONAL_FRAMES if req.is_transfer else defaults.LONG_CONDITIONAL_FRAMES
-    controls = None
-    if req.is_transfer:
-        if req.sound:
-            raise ValueError(f"{who}: Transfer (control videos) generates no sound; drop sound (CLI: --sound).")
-        if req.image is not None:
-            raise ValueError(f"{who}: Transfer takes a seed video, not an image; pass the image as a 1-frame video.")
-        controls = prepare_controls(req.controls, req.height, req.width, who=who)
-        total = next(iter(controls.values())).shape[2]
-        if req.num_frames is not None:
-            if isinstance(req.num_frames, bool) or not isinstance(req.num_frames, int) or req.num_frames < 1:
-                raise ValueError(f"{who}: num_frames={req.num_frames!r} must be a positive integer (a cap on the "
-                                 "control videos' length), or unset.")
-            total = min(total, req.num_frames)
-    else:
-        total = req.num_frames if req.num_frames is not None else req.frames_per_chunk
-        if isinstance(total, bool) or not isinstance(total, int) or total < 5 or (total - 1) % 4:
-            fixed = max(5, (int(total) - 1) // 4 * 4 + 1) if isinstance(total, int) else 189
-            raise ValueError(f"{who}: num_frames={total!r} must be 4k+1 and at least 5 for a windowed video "
-                             f"(e.g. 721 = 30 s at 24 fps); try {fixed}.")
-        if total > defaults.MAX_LONG_FRAMES:
-            raise ValueError(f"{who}: num_frames={total} is above the limit of {defaults.MAX_LONG_FRAMES} frames.")
-    geometry = window_geometry(total, req.frames_per_chunk, cf, who=who)
-    if req.frames_per_chunk < 5:
-        raise ValueError(f"{who}: frames_per_chunk={req.frames_per_chunk} is an image; windows need 5 or more frames "
-                         f"(4k+1, up to {defaults.NUM_FRAMES}).")
-    check_clip(req.frames_per_chunk, req.height, req.width, req.fps, who)
-    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-    if not prompts or not all(isinstance(p, str) for p in prompts):
-        raise ValueError(f"{who}: prompt must be a string or a list of strings (one per window).")
-    if len(prompts) not in (1, geometry.num_windows):
-        raise ValueError(
-            f"{who}: {len(prompts)} prompts were given for {geometry.num_windows} windows ({geometry.total_frames} "
-            f"frames in windows of {geometry.chunk_frames} overlapping by {geometry.conditional_frames}); give one "
-            f"prompt, or exactly {geometry.num_windows}."
-        )
-    if req.is_transfer and len(prompts) > 1:
-        raise ValueError(f"{who}: Transfer takes one prompt for the whole video (as the reference); give one prompt.")
-    return geometry, controls
-
-
 class _TextCache:
     """Text K/V per distinct token-id list: the text tower runs once per distinct prompt of the whole video."""
 
-    def __init__(self, pipe, prepare: Prepare):
-        self.pipe, self.prepare, self.cache = pipe, prepare, {}
+    def __init__(self, pipe: Cosmos3Pipeline, prepare: Prepare, options):
+        self.pipe, self.prepare, self.options, self.cache = pipe, prepare, options, {}
 
     def __call__(self, ids: list[int]) -> TextKV:
         key = tuple(ids)
         if key not in self.cache:
             self.prepare("text", len(ids))
-            self.cache[key] = self.pipe._prefill(ids)
+            self.cache[key] = self.pipe.prefill(ids, self.options)
         return self.cache[key]
 
 
 def generate_long(
-    pipe, req: LongVideoRequest, sinks: Sequence[Sink] = (), *, progress: WindowProgress | None = None,
-    latents_sink: LatentSink | None = None, device: torch.device | str | None = None, who: str = "generate",
+    pipe: Cosmos3Pipeline, run, sinks: Sequence[Sink] = (), *, progress: WindowProgress | None = None,
+    latents_sink: LatentSink | None = None, device: torch.device | str | None = None,
     prepare: Prepare = _no_prepare, **decode_kwargs,
 ) -> LongVideoResult:
-    """Generate ``req`` window by window; every window's new frames (and sound) go to ``sinks`` once decoded.
+    """Generate the resolved request ``run`` (``request.Resolved``, mode ``windows`` or ``transfer``) window by
+    window; every window's new frames (and sound) go to ``sinks`` once decoded.
 
     ``progress(window, windows, step, steps, preview)`` runs after every step (it may raise to cancel: the windows
     already handed to the sinks stay there); ``latents_sink(window, latents)`` receives each window's final
     normalized latent ``[1, 48, T, h, w]``."""
-    import time
-
-    geometry, controls = plan_windows(req, who)
+    geometry, sampling, options = run.windows, run.sampling, run.options
     device = torch.device(device) if device is not None else pipe.transformer.device
-    prompts = [req.prompt] * geometry.num_windows if isinstance(req.prompt, str) else list(req.prompt)
-    if len(prompts) == 1:
-        prompts = prompts * geometry.num_windows
-    text_kv = _TextCache(pipe, prepare)
-    steps = req.steps or defaults.STEPS_VIDEO
-    shift = req.shift if req.shift is not None else defaults.default_shift(req.height, req.width)
+    prompts = list(run.prompts) * (geometry.num_windows if len(run.prompts) == 1 else 1)
+    text_kv = _TextCache(pipe, prepare, options)
     chunk = geometry.chunk_frames
-    latent_shape = pipe.vae.latent_shape(chunk, req.height, req.width)
-    if controls is not None:
-        controls = pad_controls(controls, geometry)
-    first_seed = None
-    if req.video is not None:
-        first_seed = preprocess_video(req.video, req.height, req.width)
-    generator = torch.Generator("cpu").manual_seed(int(req.seed))
-    decoder = StreamDecoder(pipe.vae, geometry, sinks, fps=req.fps, **decode_kwargs)
+    latent_shape = pipe.vae.latent_shape(chunk, run.height, run.width)
+    controls = pad_controls(run.controls, geometry) if run.controls is not None else None
+    first_seed = preprocess_video(run.video, run.height, run.width) if run.video is not None else None
+    generator = torch.Generator("cpu").manual_seed(int(sampling.seed))
+    decode_kwargs.setdefault("compile", options.compile)
+    decode_kwargs.setdefault("compile_backend", options.compile_backend)
+    decoder = StreamDecoder(pipe.vae, geometry, sinks, fps=run.fps, **decode_kwargs)
     timings: dict[str, list[float]] = {"denoise": [], "decode": []}
 
     for k in range(geometry.num_windows):
         start = time.perf_counter()
         prepare("vae", latent_shape)
         # clean latents of the window's seed: the previous tail, or the optional image / video for window 0
-        if k == 0 and req.image is not None:
-            x0 = pipe.vae.encode(preprocess_image(req.image, req.height, req.width).unsqueeze(2))
+        if k == 0 and run.image is not None:
+            x0 = pipe.vae.encode(preprocess_image(run.image, run.height, run.width).unsqueeze(2))
             clean = [0]
         else:
             source, from_end = (decoder.tail, True) if k > 0 else (first_seed, False)
@@ -199,30 +112,30 @@ def generate_long(
                 progress(_k, geometry.num_windows, step, total, preview)
 
         if controls is not None:
-            negative = req.negative_prompt
-            ids = transfer_prompt_ids(pipe.tokenizer, prompts[k], negative, who=who,
-                                      use_system_prompt=True if req.use_system_prompt is None else req.use_system_prompt)
-            scheduler = make_scheduler(pipe.scheduler_config, steps, schedule=req.schedule, shift=shift)
+            ids = transfer_prompt_ids(pipe.tokenizer, prompts[k], run.negative_prompt,
+                                      use_system_prompt=run.use_system_prompt)
+            scheduler = make_scheduler(pipe.scheduler_config, sampling.steps, schedule=sampling.schedule,
+                                       shift=sampling.shift)
             plan = make_transfer_plan(
                 pipe.config, cond=text_kv(ids.cond), uncond=text_kv(ids.uncond),
-                prefix=control_latents(pipe.vae, controls, geometry, k), latent_shape=latent_shape, fps=req.fps,
+                prefix=control_latents(pipe.vae, controls, geometry, k), latent_shape=latent_shape, fps=run.fps,
                 generator=generator, stepper=make_stepper(scheduler), x0=x0, clean_frames=clean,
-                guidance=float(req.guidance), control_guidance=float(req.control_guidance),
-                guidance_interval=req.guidance_interval, control_guidance_interval=req.control_guidance_interval,
-                device=device, dtype=pipe.transformer.dtype,
+                guidance=sampling.guidance, control_guidance=run.control_guidance,
+                guidance_interval=sampling.guidance_interval,
+                control_guidance_interval=run.control_guidance_interval, device=device,
+                dtype=pipe.transformer.dtype, options=options,
             )
-            pipe._check_memory(plan.memory_required, plan.num_tokens, plan.device, who)
+            pipe.check_memory(plan.memory_required, plan.num_tokens, plan.device)
         else:
-            ids = pipe.tokenize(prompts[k], req.negative_prompt, num_frames=chunk, height=req.height, width=req.width,
-                                fps=req.fps, use_system_prompt=req.use_system_prompt)
-            uncond = text_kv(ids.uncond) if req.guidance != 1.0 else None
-            text = TextConditioning(text_kv(ids.cond), uncond, chunk, req.height, req.width, float(req.fps),
+            ids = pipe.tokenize(prompts[k], run.negative_prompt, num_frames=chunk, height=run.height,
+                                width=run.width, fps=run.fps, use_system_prompt=run.use_system_prompt)
+            uncond = text_kv(ids.uncond) if sampling.use_cfg else None
+            text = TextConditioning(text_kv(ids.cond), uncond, chunk, run.height, run.width, float(run.fps),
                                     ids.cond_text, ids.uncond_text)
-            plan = pipe.plan(text, seed=req.seed, generator=generator, steps=steps, guidance=req.guidance,
-                             schedule=req.schedule, shift=shift, sound=req.sound, x0=x0, clean_frames=clean,
-                             guidance_interval=req.guidance_interval, device=device, who=who)
+            plan = pipe.plan(text, sampling, generator=generator, x0=x0, clean_frames=clean, device=device,
+                             options=options)
         prepare("generation", plan)
-        result = pipe.run(plan, callback=on_step, compile=req.compile)
+        result = pipe.run(plan, callback=on_step)
         timings["denoise"].append(time.perf_counter() - start)
         start = time.perf_counter()
         if latents_sink is not None:
@@ -230,7 +143,7 @@ def generate_long(
         waveform = None
         if result.sound is not None:
             prepare("sound", None)
-            waveform = pipe.decode_sound(result.sound[0], chunk, req.fps)  # [1, 64, Ts]: one item
+            waveform = pipe.decode_sound(result.sound[0], chunk, run.fps)  # [1, 64, Ts]: one item
         prepare("vae", latent_shape)
         decoder.commit(k, result.latents, waveform)
         timings["decode"].append(time.perf_counter() - start)

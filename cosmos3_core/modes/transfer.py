@@ -30,6 +30,7 @@ from ..sampling.conditioning import preprocess_video
 from ..model.layout import build_layout
 from ..sampling.plan import Guidance, SamplePlan, initial_noise, vision_stream
 from ..sampling.prompt import PromptIds, _chat_ids, _special_ids
+from ..runtime import DEFAULT, RuntimeOptions
 from ..sampling.schedulers import Stepper
 from ..model.text_kv import TextKV
 from ..model.towers import step_memory_required
@@ -42,11 +43,10 @@ SYSTEM_PROMPT_TRANSFER = (
 )
 
 
-def transfer_prompt_ids(tokenizer, prompt: str, negative_prompt: str | None, *, use_system_prompt: bool = True,
-                        who: str = "transfer") -> PromptIds:
+def transfer_prompt_ids(tokenizer, prompt: str, negative_prompt: str | None, *, use_system_prompt: bool = True) -> PromptIds:
     """Token ids of both branches as ``Cosmos3TransferTextStep`` builds them."""
     if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"{who}: prompt={prompt!r} is empty; describe the video to generate (a JSON-upsampled "
+        raise ValueError(f"prompt={prompt!r} is empty; describe the video to generate (a JSON-upsampled "
                          "caption works best).")
     eos, vision_start = _special_ids(tokenizer)
     system = SYSTEM_PROMPT_TRANSFER if use_system_prompt else None
@@ -56,32 +56,32 @@ def transfer_prompt_ids(tokenizer, prompt: str, negative_prompt: str | None, *, 
     return PromptIds(cond=cond, uncond=uncond, cond_text=prompt, uncond_text=negative)
 
 
-def prepare_controls(controls: Mapping[str, object], height: int, width: int, *, who: str = "transfer",
+def prepare_controls(controls: Mapping[str, object], height: int, width: int, *,
                      arg: str = "control") -> dict[str, torch.Tensor]:
     """Control clips (``[F, H, W, 3]`` in [0, 1], any size) → ``{key: [1, 3, F, height, width]}`` in [-1, 1], in the
     canonical key order. Every clip must be a known key, and all must have the same length and size."""
     if not isinstance(controls, Mapping) or not controls:
-        raise ValueError(f"{who}: no control video given; pass at least one {arg} (keys {', '.join(CONTROL_KEYS)}), "
+        raise ValueError(f"no control video given; pass at least one {arg} (keys {', '.join(CONTROL_KEYS)}), "
                          f"e.g. {arg} edge=edges.mp4.")
     unknown = [k for k in controls if k not in CONTROL_KEYS]
     if unknown:
-        raise ValueError(f"{who}: {arg} key {unknown[0]!r} is not a Cosmos3 Transfer control; use one of "
+        raise ValueError(f"{arg} key {unknown[0]!r} is not a Cosmos3 Transfer control; use one of "
                          f"{', '.join(CONTROL_KEYS)}.")
     shapes = {}
     for key in [k for k in CONTROL_KEYS if k in controls]:  # canonical order: messages name the same pair each time
         clip = controls[key]
         shape = tuple(getattr(clip, "shape", ()))
         if len(shape) != 4 or shape[-1] != 3 or shape[0] < 1:
-            raise ValueError(f"{who}: {arg} {key} has shape {shape}; expected frames [F, H, W, 3] (a video or a "
+            raise ValueError(f"{arg} {key} has shape {shape}; expected frames [F, H, W, 3] (a video or a "
                              "ComfyUI IMAGE batch).")
         shapes[key] = shape
     first = next(iter(shapes))
     for key, shape in shapes.items():
         if shape[0] != shapes[first][0]:
-            raise ValueError(f"{who}: {arg} {key} has {shape[0]} frames but {arg} {first} has {shapes[first][0]}; "
+            raise ValueError(f"{arg} {key} has {shape[0]} frames but {arg} {first} has {shapes[first][0]}; "
                              "all control videos must have the same length (trim them to the same frames).")
         if shape[1:3] != shapes[first][1:3]:
-            raise ValueError(f"{who}: {arg} {key} is {shape[2]}x{shape[1]} but {arg} {first} is "
+            raise ValueError(f"{arg} {key} is {shape[2]}x{shape[1]} but {arg} {first} is "
                              f"{shapes[first][2]}x{shapes[first][1]}; all control videos must have the same size "
                              "(resize them to the same width and height).")
     return {key: preprocess_video(controls[key], height, width) for key in CONTROL_KEYS if key in controls}
@@ -127,14 +127,14 @@ def make_transfer_plan(
     generator: torch.Generator, stepper: Stepper, x0: torch.Tensor | None, clean_frames: Sequence[int],
     guidance: float, control_guidance: float, guidance_interval: tuple[float, float] | None = None,
     control_guidance_interval: tuple[float, float] | None = None, device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, options: RuntimeOptions = DEFAULT,
 ) -> SamplePlan:
     """One Transfer window as a plan. ``prefix`` ``[n, C, T, h, w]`` the window's control latents; ``x0`` the
     encoded seed frames (only ``clean_frames`` read); noise is drawn from ``generator`` (the run's, continued)."""
     device = torch.device(device)
     (noise,) = initial_noise(0, [latent_shape], generator)
     stream = vision_stream(latent_shape, noise, stepper, x0=x0 if clean_frames else None, clean_frames=clean_frames,
-                           reanchor=True, device=device, who="transfer")
+                           reanchor=True, device=device)
 
     cond, uncond = cond.to(device), uncond.to(device)
     prefix = prefix.to(device)
@@ -157,6 +157,6 @@ def make_transfer_plan(
     num_tokens = widest.layout.num_tokens
     return SamplePlan(
         streams=(stream,), guidance=tuple(steps), sigmas=stepper.sigmas.cpu(), timesteps=stepper.timesteps.cpu(),
-        device=device, num_tokens=num_tokens,
+        device=device, num_tokens=num_tokens, options=options,
         memory_required=step_memory_required(config, num_tokens, list(widest.layout.text_lengths), dtype),
     )

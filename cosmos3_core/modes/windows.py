@@ -50,7 +50,7 @@ class WindowGeometry:
 
 
 def window_geometry(
-    total_frames: int, chunk_frames: int, conditional_frames: int, *, who: str = "generate",
+    total_frames: int, chunk_frames: int, conditional_frames: int, *,
     total_name: str = "num_frames", chunk_name: str = "frames_per_chunk",
     conditional_name: str = "conditional_frames",
 ) -> WindowGeometry:
@@ -58,18 +58,18 @@ def window_geometry(
     for name, value, low in ((total_name, total_frames, 1), (chunk_name, chunk_frames, 1),
                              (conditional_name, conditional_frames, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{who}: {name}={value!r} must be an integer >= {low}.")
+            raise ValueError(f"{name}={value!r} must be an integer >= {low}.")
     if (chunk_frames - 1) % VAE_TEMPORAL_STRIDE:
         fixed = math.ceil((chunk_frames - 1) / VAE_TEMPORAL_STRIDE) * VAE_TEMPORAL_STRIDE + 1
         raise ValueError(
-            f"{who}: {chunk_name}={chunk_frames} must be 4k+1 (a window is one Cosmos3 clip: 5, 9, …, 93, 121, 189); "
+            f"{chunk_name}={chunk_frames} must be 4k+1 (a window is one Cosmos3 clip: 5, 9, …, 93, 121, 189); "
             f"try {fixed}."
         )
     if total_frames <= chunk_frames:
         return WindowGeometry(total_frames, chunk_frames, conditional_frames, chunk_frames, 1)
     if conditional_frames >= chunk_frames:
         raise ValueError(
-            f"{who}: {conditional_name}={conditional_frames} must be smaller than {chunk_name}={chunk_frames} "
+            f"{conditional_name}={conditional_frames} must be smaller than {chunk_name}={chunk_frames} "
             f"(each window must generate new frames); try {conditional_name}=1 or a larger {chunk_name}."
         )
     stride = chunk_frames - conditional_frames

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from ..model.layout import GenLayout, select_branch
 from ..model.text_kv import TextKV
 from ..model.transformer import Cosmos3Transformer, StepOutput
+from ..runtime import DEFAULT, RuntimeOptions
 from .mesh import ParallelMesh, guarded
 from .ulysses import SequenceParallel
 
@@ -95,11 +96,12 @@ class ParallelDenoiser:
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
+        options: RuntimeOptions = DEFAULT,
     ) -> StepOutput:
         sp = self.sequence_parallel
         if self.mesh.cfg == 1:
             return self.model.denoise_step(latents, timestep, text, layout, sound=sound, action=action,
-                                           sequence_parallel=sp)
+                                           sequence_parallel=sp, options=options)
         branches, mine = layout.num_branches, self.mesh.cfg_rank
         if branches not in (1, 2) or len(text) != branches:
             raise ValueError(f"CFG-parallel: {len(text)} text entries for a layout of {branches} branches; "
@@ -107,7 +109,7 @@ class ParallelDenoiser:
         group, items = self.mesh.cfg_group, latents.shape[0]  # batch items per branch
         if branches == 2 or mine == 0:
             out = self.model.denoise_step(latents, timestep, [text[mine]], select_branch(layout, mine), sound=sound,
-                                          action=action, sequence_parallel=sp)
+                                          action=action, sequence_parallel=sp, options=options)
             flat = _pack(out)
         else:  # a cond-only step: cfg rank 0 runs it, this rank waits for the result
             flat = torch.empty(_packed_size(self.config, layout, items), dtype=self.dtype, device=latents.device)

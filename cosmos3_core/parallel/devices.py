@@ -23,6 +23,7 @@ from ..model.layout import GenLayout, select_branch
 from ..model.text_kv import TextKV
 from ..model.towers import tower_module
 from ..model.transformer import Cosmos3Transformer, StepOutput
+from ..runtime import DEFAULT, RuntimeOptions
 from .mesh import check_same_devices, device_description
 
 
@@ -40,7 +41,6 @@ def replicate_generation_tower(model: Cosmos3Transformer, device: torch.device |
             if buf is not None and buf.device.type != "meta":
                 module._buffers[name] = buf.to(device)
     replica.execution_device = device
-    replica._compiled_layer = replica._compiled_fn = None
     return replica
 
 
@@ -92,20 +92,21 @@ class BranchDevices:
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
+        options: RuntimeOptions = DEFAULT,
     ) -> StepOutput:
         if layout.num_branches == 1:  # a cond-only step (guidance 1, or outside the guidance interval)
-            return self.model.denoise_step(latents, timestep, text, layout, sound=sound, action=action)
+            return self.model.denoise_step(latents, timestep, text, layout, sound=sound, action=action,
+                                           options=options)
         if layout.num_branches != 2 or len(text) != 2:
             raise ValueError(f"BranchDevices: {len(text)} text entries for {layout.num_branches} branches; "
                              "it runs the two guidance branches.")
-        self.replicas[1]._compiled_layer = self.model._compiled_layer  # follow the model's compile switch
         outs = []
         for j, (replica, device) in enumerate(zip(self.replicas, self.devices)):
             kv = self._on_device(j, "text", text[j], lambda t, d=device: t.to(d))
             lay = self._on_device(j, "layout", layout, lambda lo, d=device, j=j: _layout_to(select_branch(lo, j), d))
             move = (lambda x, d=device: None if x is None else x.to(d, non_blocking=True))
             outs.append(replica.denoise_step(move(latents), timestep.to(device), [kv], lay, sound=move(sound),
-                                             action=move(action)))
+                                             action=move(action), options=options))
         home = self.devices[0]
         fields = []
         for name in ("vision", "sound", "action"):

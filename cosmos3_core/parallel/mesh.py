@@ -33,12 +33,22 @@ class ParallelError(RuntimeError):
     """A multi-process run cannot continue (a peer rank stopped, or did not answer in time)."""
 
 
+def check_heads(ulysses: int, num_heads: int, num_kv_heads: int) -> None:
+    """Raise a clear ``ValueError`` unless ``ulysses`` splits the query heads and the key/value heads cleanly."""
+    ok_kv = num_kv_heads % ulysses == 0 or ulysses % num_kv_heads == 0
+    if ulysses < 1 or num_heads % ulysses or not ok_kv:
+        good = [u for u in range(1, num_heads + 1)
+                if num_heads % u == 0 and (num_kv_heads % u == 0 or u % num_kv_heads == 0)]
+        raise ValueError(
+            f"--ulysses {ulysses}: the Ulysses degree must divide the model's {num_heads} query heads and divide "
+            f"or be a multiple of its {num_kv_heads} key/value heads; choose one of {good}."
+        )
+
+
 def check_layout(
     world_size: int, cfg_parallel: bool, ulysses: int, *, guidance: float, num_heads: int, num_kv_heads: int
 ) -> None:
     """The bad-input rules of a parallel run, each with one clear ``ValueError``."""
-    from .ulysses import check_heads
-
     if ulysses < 1:
         raise ValueError(f"--ulysses {ulysses}: the Ulysses degree must be at least 1.")
     cfg = 2 if cfg_parallel else 1

@@ -1,6 +1,6 @@
 """One generation on every rank of a ``cfg`` × ``ulysses`` mesh: the pipeline's stages with the parallel pieces.
 
-Mirrors ``Cosmos3Pipeline.generate`` stage by stage; only three things differ:
+Mirrors ``modes.clip.generate_clip`` stage by stage; only three things differ:
 
 1. text: each rank tokenizes both prompts (cheap, the layout needs both lengths) but runs the text tower only for
    the branch it denoises, and keeps only its heads of that K/V (``ParallelDenoiser.local_text``);
@@ -13,32 +13,31 @@ Every rank returns the same ``GenerationOutput``; the caller writes files on ran
 
 from __future__ import annotations
 
-import dataclasses
-
 import time
 
 import torch
 
-from ..pipeline import Cosmos3Pipeline, GenerationOutput, GenerationRequest, TextConditioning
+from ..model.text_kv import TextConditioning
+from ..pipeline import Cosmos3Pipeline, GenerationOutput
 from ..sampling.loop import StepCallback
 from .denoiser import ParallelDenoiser
 from .mesh import ParallelMesh
 from .vae import decode_parallel
 
 
-def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, request: GenerationRequest) -> TextConditioning:
-    r = request
-    ids = pipe.tokenize(r.prompt, r.negative_prompt, num_frames=r.num_frames, height=r.height, width=r.width,
-                        fps=r.fps, use_system_prompt=r.use_system_prompt)
-    cond = denoiser.local_text(0, ids.cond, pipe._prefill)
-    uncond = denoiser.local_text(1, ids.uncond, pipe._prefill) if r.guidance != 1.0 else None
-    return TextConditioning(cond, uncond, r.num_frames, r.height, r.width, float(r.fps), ids.cond_text,
+def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, run) -> TextConditioning:
+    ids = pipe.tokenize(run.prompt, run.negative_prompt, num_frames=run.num_frames, height=run.height,
+                        width=run.width, fps=run.fps, use_system_prompt=run.use_system_prompt)
+    prefill = lambda token_ids: pipe.prefill(token_ids, run.options)  # noqa: E731
+    cond = denoiser.local_text(0, ids.cond, prefill)
+    uncond = denoiser.local_text(1, ids.uncond, prefill) if run.sampling.use_cfg else None
+    return TextConditioning(cond, uncond, run.num_frames, run.height, run.width, float(run.fps), ids.cond_text,
                             ids.uncond_text)
 
 
 def generate(
     pipe: Cosmos3Pipeline,
-    request: GenerationRequest,
+    run,
     mesh: ParallelMesh,
     *,
     callback: StepCallback | None = None,
@@ -46,24 +45,23 @@ def generate(
     tile_sample_size: int | None = None,
     tile_sample_stride: int | None = None,
 ) -> GenerationOutput:
-    """``Cosmos3Pipeline.generate`` on this rank (the same stages, checks and plan)."""
-    r = request
-    r.check()
-    if r.guidance is None:  # the checkpoint's default (1 for a distilled checkpoint), decided before the branches
-        r = dataclasses.replace(r, guidance=pipe.default_guidance)
-    if mesh.cfg == 2 and r.guidance == 1.0:
+    """``modes.clip.generate_clip`` of the resolved request ``run`` (``request.Resolved``, mode ``clip``) on this
+    rank: the same stages and plan, with the parallel pieces."""
+    if run.mode != "clip":
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {run.mode} mode is not parallel yet — drop "
+                         "them.")
+    if mesh.cfg == 2 and not run.sampling.use_cfg:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")
     denoiser = ParallelDenoiser(pipe.transformer, mesh)
     timings: dict[str, float] = {}
     start = _now()
-    text = encode_text_local(pipe, denoiser, r)
-    x0, clean = pipe.encode_condition(text, image=r.image, video=r.video,
-                                      condition_latent_frames=r.condition_latent_frames, keep=r.keep)
-    plan = pipe.plan(text, seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
-                     sound=r.sound, x0=x0, clean_frames=clean, guidance_interval=r.guidance_interval, who="generate")
+    text = encode_text_local(pipe, denoiser, run)
+    x0, clean = pipe.encode_condition(text, image=run.image, video=run.video,
+                                      condition_latent_frames=run.condition_latent_frames, keep=run.keep)
+    plan = pipe.plan(text, run.sampling, x0=x0, clean_frames=clean, options=run.options)
     timings["preprocess"] = _now() - start
     start = _now()
-    result = pipe.run(plan, callback=callback, compile=r.compile, denoiser=denoiser)
+    result = pipe.run(plan, callback=callback, denoiser=denoiser)
     timings["inference"] = _now() - start
     frames = waveform = None
     sound = None if result.sound is None else result.sound[0]  # one item: a request has no batch
@@ -72,7 +70,7 @@ def generate(
         frames = decode_parallel(pipe.vae, result.latents, tile_sample_size=tile_sample_size,
                                  tile_sample_stride=tile_sample_stride)
         if sound is not None:
-            waveform = pipe.decode_sound(sound, r.num_frames, r.fps)
+            waveform = pipe.decode_sound(sound, run.num_frames, run.fps)
         timings["decode"] = _now() - start
     action = None if result.action is None else result.action[0]
     return GenerationOutput(result.latents, sound, frames, waveform, timings, action)

@@ -11,7 +11,7 @@ the generation tokens also attend to, is cached per prompt; each rank keeps only
 Grouped-query attention: rank ``r`` owns query heads ``[r·H/U, (r+1)·H/U)``. When ``U`` divides the key/value
 heads it owns ``KV/U`` of them; when ``U`` is a multiple of ``KV`` (e.g. Nano's 8 KV heads at ``U = 16``, or the
 tiny test checkpoint's 2 at ``U = 4``) every rank's query heads read one key/value head, which is replicated
-before the exchange. ``check_heads`` rejects every other degree.
+before the exchange. ``mesh.check_heads`` rejects every other degree.
 
 A stream whose token count ``N`` is not a multiple of ``U`` is zero-padded at the end; the padded keys are cut
 before attention (no real token ever reads them) and the padded rows are dropped when the stream is gathered.
@@ -24,19 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..model.text_kv import TextKV
-from .mesh import guarded
-
-
-def check_heads(ulysses: int, num_heads: int, num_kv_heads: int) -> None:
-    """Raise a clear ``ValueError`` unless ``ulysses`` splits the query heads and the key/value heads cleanly."""
-    ok_kv = num_kv_heads % ulysses == 0 or ulysses % num_kv_heads == 0
-    if ulysses < 1 or num_heads % ulysses or not ok_kv:
-        good = [u for u in range(1, num_heads + 1)
-                if num_heads % u == 0 and (num_kv_heads % u == 0 or u % num_kv_heads == 0)]
-        raise ValueError(
-            f"--ulysses {ulysses}: the Ulysses degree must divide the model's {num_heads} query heads and divide "
-            f"or be a multiple of its {num_kv_heads} key/value heads; choose one of {good}."
-        )
+from .mesh import check_heads, guarded
 
 
 class SequenceParallel:

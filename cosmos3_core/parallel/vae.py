@@ -44,14 +44,14 @@ def decode_parallel(
         raise ValueError(f"decode_parallel: latents must be [1,{vae.latent_channels},T,h,w], got {tuple(latents.shape)}.")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     h_lat, w_lat = latents.shape[-2:]
-    grid = vae._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride)
+    grid = vae.tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride)
     if grid is None or world == 1:
         return vae.decode(latents, chunk_latent_frames=chunk_latent_frames, tile=True, on_chunk=on_chunk,
                           tile_sample_size=tile_sample_size, tile_sample_stride=tile_sample_stride,
                           out_device=out_device, tile_on_oom=False)
     if chunk_latent_frames < 1:
         raise ValueError(f"decode_parallel: chunk_latent_frames must be >= 1, got {chunk_latent_frames}.")
-    mean, inv_std = vae._stats()
+    mean, inv_std = vae.stats()
     z = latents.to(device=vae.device, dtype=vae.dtype) / inv_std + mean
     t_lat = z.shape[2]
     tiles = grid["tiles"]
@@ -72,14 +72,14 @@ def decode_parallel(
                 frames = sum(1 if k == 0 else vae.temporal_scale for k in range(start, stop))
                 send = torch.zeros(per_rank, 1, channels, frames, tile_h, tile_w, dtype=z.dtype, device=z.device)
                 for slot, ij in enumerate(mine):
-                    tile = vae._decode_tile(z, ij, start, stop, caches[ij], grid)
+                    tile = vae.decode_tile(z, ij, start, stop, caches[ij], grid)
                     send[slot, :, :, :, : tile.shape[-2], : tile.shape[-1]] = tile
                 parts = [torch.empty_like(send) for _ in range(world)]
                 with guarded("parallel VAE decode: all-gather of the decoded tiles"):
                     dist.all_gather(parts, send, group=group)
                 decoded = {ij: parts[k % world][k // world][..., : size[ij][0], : size[ij][1]]
                            for k, ij in enumerate(tiles)}
-                pix = vae._postprocess(vae._stitch_tiles(decoded, grid))
+                pix = vae.postprocess(vae.stitch_tiles(decoded, grid))
                 out[frame : frame + pix.shape[0]].copy_(pix)
                 frame += pix.shape[0]
                 del pix, parts, decoded, send

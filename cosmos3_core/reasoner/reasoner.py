@@ -18,7 +18,7 @@ them; this module runs the text tower's own forward, including the last layer, `
   RoPE rotation is looked up in the cache's table, each layer (``decode_layer``) writes K/V with ``index_copy_`` and
   attends over the whole cache under a mask (attention.py's decode route: grouped heads, no expanded copy), each
   projection one GEMV (``decode_weights``: gemv.py's Triton kernel on CUDA, q/k/v and gate/up packed) — no
-  ``.item()``, so the step can be ``torch.compile``d (``compile_decode``) and CUDA-graph captured. Positions past the
+  ``.item()``, so the step can be ``torch.compile``d (``RuntimeOptions.compile``) and CUDA-graph captured. Positions past the
   prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
 * ``generate_ids`` advances the cursor in place after each step, and for greedy decoding picks the token (penalty,
   argmax, ``seen`` update) inside the step too, so on CUDA one graph replay per token does all of it; a random draw
@@ -42,7 +42,9 @@ from ..config import CheckpointError, Cosmos3Config
 from ..model.layers import project, transformers_rms_norm
 from ..kernels.packed import LayerWeights, packed_weight, plain_weight
 from ..model.rope import apply_rope, rope_tables
+from ..kernels.compile import compiled
 from ..kernels.cuda_graph import GraphedCall
+from ..runtime import DEFAULT, RuntimeOptions
 from ..model.towers import tower_module
 from ..model.transformer import Cosmos3Transformer, text_layer_output, text_qkv
 from .vision import PreparedPrompt, VisionEncoder, VisionFeatures, checkpoint_family, has_vision_encoder, load_processor, load_vision_encoder, prepare_prompt, special_token_ids
@@ -214,12 +216,13 @@ def layer_output(layer, h: torch.Tensor, attn_out: torch.Tensor, weights: LayerW
 
 
 def decode_layer(layer, h: torch.Tensor, rope: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 slot: torch.Tensor, mask: torch.Tensor, weights: LayerWeights | None = None) -> torch.Tensor:
+                 slot: torch.Tensor, mask: torch.Tensor, weights: LayerWeights | None = None,
+                 attention_backend: str = "auto") -> torch.Tensor:
     """One text-tower layer for one token ``h`` ``[1, D]``: writes its RoPE'd key and value at ``slot`` (``[1]``) of
     this layer's cache ``keys``/``values`` ``[KV, max_len, hd]`` and attends over the cache under ``mask``
     ``[max_len]``; ``rope`` ``[2, 1, hd]`` is the token's cos/sin; ``weights`` the layer's projections for GEMVs
-    (``decode_weights``) or None. A function of tensors and the layer alone, so one
-    ``torch.compile`` of it serves every layer (``Cosmos3Reasoner.compile_decode``).
+    (``decode_weights``) or None; ``attention_backend`` the run's attention route. A function of tensors and the
+    layer alone, so one ``torch.compile`` of it serves every layer (``RuntimeOptions.compile``).
 
     The layer runs on ``[1, 1, D]`` rows, as transformers' ``[batch, length, D]``: each projection then ends in a
     view, so inductor keeps every residual add a separate element-wise rounding, as eager does, instead of folding a
@@ -229,15 +232,17 @@ def decode_layer(layer, h: torch.Tensor, rope: torch.Tensor, keys: torch.Tensor,
     q, k, v = rope_qkv(layer, h, rope[0], rope[1], weights)
     keys.index_copy_(1, slot, k.transpose(0, 1))
     values.index_copy_(1, slot, v.transpose(0, 1))
-    out = attention(q.transpose(0, 1)[None], keys[None], values[None], mask=mask.view(1, 1, 1, -1))
+    out = attention(q.transpose(0, 1)[None], keys[None], values[None], mask=mask.view(1, 1, 1, -1),
+                    backend=attention_backend)
     return layer_output(layer, h, out[0].transpose(0, 1).reshape(1, 1, -1), weights).view(1, -1)
 
 
-def decode_weights(transformer: Cosmos3Transformer) -> list[LayerWeights]:
+def decode_weights(transformer: Cosmos3Transformer, route: str = "auto") -> list[LayerWeights]:
     """Per text-tower layer, the weights a batch-1 decode step reads with one GEMV each (gemv.py): ``to_q/to_k/to_v``
     and (SiLU MLP) ``gate_proj/up_proj`` packed into one matrix each (packed.py: views over the layer's own weights,
     packing them in place the first time), ``to_out``, ``up_proj`` (relu² MLP) and ``down_proj`` as stored; None
-    where a module cannot be read that way (it then runs itself). BENCHMARKS.md has the measured effect."""
+    where a module cannot be read that way (it then runs itself), all read on the GEMV ``route``
+    (``RuntimeOptions.gemv``). BENCHMARKS.md has the measured effect."""
     out = []
     for layer in transformer.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -246,7 +251,7 @@ def decode_weights(transformer: Cosmos3Transformer) -> list[LayerWeights]:
             qkv=packed_weight([attn.to_q, attn.to_k, attn.to_v]),
             gate_up=packed_weight([mlp.gate_proj, mlp.up_proj]) if silu else None,
             o=plain_weight(attn.to_out), up=None if silu else plain_weight(mlp.up_proj),
-            down=plain_weight(mlp.down_proj)))
+            down=plain_weight(mlp.down_proj), route=route))
     return out
 
 
@@ -335,10 +340,8 @@ class Cosmos3Reasoner:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else _eos_ids(
             self.checkpoint_dir, processor.tokenizer)
         self.max_context = int(max_context)
-        self.cuda_graphs = True  # decode steps on CUDA replay one captured graph (step_graph.GraphedCall)
         self.graph_sampling = True  # greedy picks happen inside the decode step (inside the graph)
         self.pack_projections = True  # decode reads each projection by one GEMV, q/k/v and gate/up packed (packed.py)
-        self._compiled_layer = None  # compile_decode(): torch.compile of decode_layer (opt-in)
         self.special = special_token_ids(processor, strict=False)
         self.cache: StaticKVCache | None = None
 
@@ -401,9 +404,9 @@ class Cosmos3Reasoner:
         """cos/sin ``[N, hd]`` for mRoPE ids ``[3, N]`` (the generator's tables: rope.py)."""
         return rope_tables(positions, self.config, self.dtype, self.device)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, route: str = "auto") -> torch.Tensor:
         x = transformers_rms_norm(self.transformer.norm, h)
-        return project(self.lm_head, x, plain_weight(self.lm_head)).float()  # one row (a decode step): a GEMV
+        return project(self.lm_head, x, plain_weight(self.lm_head), route).float()  # one row (a decode step): a GEMV
 
     def embed(self, prompt: PreparedPrompt) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Input embeddings ``[L, D]`` with vision tokens scattered in; visual positions and deepstack features."""
@@ -429,8 +432,8 @@ class Cosmos3Reasoner:
         return h, pos, layers
 
     @torch.no_grad()
-    def prefill(self, prompt: PreparedPrompt, *, all_logits: bool = False,
-                cache_len: int | None = None) -> torch.Tensor:
+    def prefill(self, prompt: PreparedPrompt, *, all_logits: bool = False, cache_len: int | None = None,
+                options: RuntimeOptions = DEFAULT) -> torch.Tensor:
         """Run the prompt through the tower, fill the static cache ``[:L]``; logits of the last (or every) position."""
         n = prompt.length
         if n == 0:
@@ -446,7 +449,8 @@ class Cosmos3Reasoner:
             q, k, v = rope_qkv(layer, h, cos, sin)
             cache.keys[i, :, :n] = k.transpose(0, 1)
             cache.values[i, :, :n] = v.transpose(0, 1)
-            out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True)
+            out = attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True,
+                            backend=options.attention)
             h = layer_output(layer, h, out[0].transpose(0, 1).reshape(n, -1))
             if i < len(deepstack):  # Qwen3VLTextModel._deepstack_process
                 h = h.index_add(0, visual_pos, deepstack[i])
@@ -455,34 +459,23 @@ class Cosmos3Reasoner:
 
     @torch.no_grad()
     def decode_step(self, token: torch.Tensor, cache_index: torch.Tensor, rope_position: torch.Tensor,
-                    weights: Sequence[LayerWeights] | None = None) -> torch.Tensor:
+                    weights: Sequence[LayerWeights] | None = None, options: RuntimeOptions = DEFAULT) -> torch.Tensor:
         """One token ``[1]`` at cache slot ``cache_index``, mRoPE position ``rope_position`` (0-dim) → logits.
-        ``weights``: ``decode_weights(self.transformer)`` taken for this generation (None: module by module)."""
+        ``weights``: ``decode_weights(self.transformer)`` taken for this generation (None: module by module).
+        ``options.compile``: each layer through one ``torch.compile``d ``decode_layer`` (whole graph: it fuses the
+        norms, RoPE, cache writes, softmax and SiLU·mul around the GEMMs; Nano 123 → 210 tokens/s, Edge 265 → 564
+        on an H200 with the Triton GEMV, BENCHMARKS.md)."""
         cache = self.cache
         h = self.transformer.embed_tokens(token.view(1))
         rope = cache.rope.index_select(1, rope_position.view(1))
         slot = cache_index.view(1)
         mask = cache.positions <= cache_index
-        layer_fn = self._compiled_layer or decode_layer
+        layer_fn = (compiled(decode_layer, aot=False, fullgraph=True, backend=options.compile_backend)
+                    if options.compile else decode_layer)
         for i, layer in enumerate(self.transformer.layers):
             h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask,
-                         weights[i] if weights is not None else None)
-        return self._logits(h)[0]
-
-    def compile_decode(self, enable: bool = True, **compile_kwargs) -> None:
-        """Opt-in (node/CLI ``compile``): ``torch.compile`` (inductor unless ``compile_kwargs`` say otherwise, whole
-        graph) of ``decode_layer`` — one graph for every layer, fusing its norms, RoPE, cache writes, softmax and
-        SiLU·mul around the GEMMs; the CUDA graph (``cuda_graphs``) is captured over it. The first step compiles
-        (2–7 s on an H200); batch-1 decode there, packed projections through the Triton GEMV (gemv.py): Nano
-        123 → 210 tokens/s, Edge 265 → 564 (BENCHMARKS.md run 12)."""
-        if not enable:
-            self._compiled_layer = None
-            return
-        from ..kernels.caches import prepare_compile
-
-        prepare_compile()  # on-disk caches and the recompile limit, in this call's context (caches.py)
-        if self._compiled_layer is None or compile_kwargs:  # else already compiled: keep its traced graph
-            self._compiled_layer = torch.compile(decode_layer, **{"fullgraph": True, **compile_kwargs})
+                         weights[i] if weights is not None else None, options.attention)
+        return self._logits(h, options.gemv)[0]
 
     # ------------------------------------------------------------------ prompts and generation
     def prepare(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
@@ -514,12 +507,18 @@ class Cosmos3Reasoner:
     @torch.no_grad()
     def generate_ids(self, prompt: PreparedPrompt, params: SamplingParams = SamplingParams(), *,
                      should_stop: Callable[[], bool] | None = None,
-                     callback: Callable[[int, int], None] | None = None, check_every: int = 4) -> tuple[list[int], str]:
+                     callback: Callable[[int, int], None] | None = None, check_every: int = 4,
+                     options: RuntimeOptions = DEFAULT) -> tuple[list[int], str]:
         """Token ids after the prompt (eos excluded) and the stop reason. ``should_stop``/``callback(done, total)``
-        are called every ``check_every`` tokens — the only host syncs of the loop."""
+        are called every ``check_every`` tokens — the only host syncs of the loop. ``options``: the run's kernels
+        (runtime.py: attention and GEMV routes, compiled decode layer, CUDA graphs)."""
         params.validate()
+        if options.compile:
+            from ..kernels.compile import prepared
+
+            prepared()
         total = min(params.max_new_tokens, self.max_context - prompt.length)
-        logits = self.prefill(prompt, cache_len=prompt.length + total)
+        logits = self.prefill(prompt, cache_len=prompt.length + total, options=options)
         if prompt.next_position + total > self.cache.max_len:  # the RoPE table covers positions < max_len
             raise ValueError(f"prompt position {prompt.next_position} + {total} new tokens exceeds the cache of "
                              f"{self.cache.max_len}; lower max_new_tokens.")
@@ -533,11 +532,11 @@ class Cosmos3Reasoner:
 
         # each projection (group) read by one GEMV (views over the weights; dropped when this call returns, so a
         # host that moves the weights afterwards frees their old storage)
-        weights = decode_weights(self.transformer) if self.pack_projections else None
+        weights = decode_weights(self.transformer, options.gemv) if self.pack_projections else None
 
         def advance(token: torch.Tensor) -> torch.Tensor:
             """Logits after ``token``; the cursor moves on by one (in place: inside the graph when captured)."""
-            logits = self.decode_step(token, cache_index, rope_position, weights)
+            logits = self.decode_step(token, cache_index, rope_position, weights, options)
             cache_index.add_(1)
             rope_position.add_(1)
             return logits
@@ -554,7 +553,7 @@ class Cosmos3Reasoner:
         # (only with the whole tower resident: a model manager streaming weights from the CPU cannot be captured).
         # Greedy picks are part of the step; a random draw stays outside (its generator state is not captured).
         resident = all(p.device == device for p in tower_module(self.transformer, "text").parameters())
-        graphs = self.cuda_graphs and device.type == "cuda" and resident
+        graphs = options.cuda_graphs and device.type == "cuda" and resident
         in_step = params.temperature == 0 and self.graph_sampling
         fn = advance_greedy if in_step else advance
         step_fn = GraphedCall(fn) if graphs else fn
@@ -588,10 +587,11 @@ class Cosmos3Reasoner:
     def generate(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
                  params: SamplingParams = SamplingParams(), should_stop: Callable[[], bool] | None = None,
                  callback: Callable[[int, int], None] | None = None,
-                 system_prompt: str | None = None) -> ReasonerOutput:
+                 system_prompt: str | None = None, options: RuntimeOptions = DEFAULT) -> ReasonerOutput:
         """Answer / caption / expand: render, prefill, decode, detokenize (``expand`` returns the JSON object)."""
         prepared = self.prepare(prompt, task=task, image=image, video=video, fps=fps, system_prompt=system_prompt)
-        ids, reason = self.generate_ids(prepared, params, should_stop=should_stop, callback=callback)
+        ids, reason = self.generate_ids(prepared, params, should_stop=should_stop, callback=callback,
+                                        options=options)
         text = self.processor.tokenizer.decode(ids, skip_special_tokens=True)
         return ReasonerOutput(postprocess(task, text), ids, prepared.length, reason)
 

@@ -60,12 +60,11 @@ class DistilledSchedule:
         return len(self.sigmas)
 
     def check(self, *, steps: int | None, guidance: float | None, shift: float | None = None,
-              schedule: str = defaults.SCHEDULE, negative_prompt: str | None = None, sound: bool = False,
-              who: str = "generate") -> None:
+              schedule: str = defaults.SCHEDULE, negative_prompt: str | None = None, sound: bool = False) -> None:
         """Refuse, with one clear message, every request value this checkpoint fixes (never overridden silently):
         another step count, guidance ≠ 1, a shift, the karras schedule, a negative prompt, sound. ``None``
         means "not given". Messages name the node input first and the CLI flag in parentheses."""
-        head = f"{who}: {{}}, but checkpoint {self.name!r} is distilled"
+        head = f"{{}}, but checkpoint {self.name!r} is distilled"
         fixed = f"samples on a fixed schedule (distilled_sigmas in {MODULAR_INDEX})"
         if steps is not None and steps != self.steps:
             raise ValueError(

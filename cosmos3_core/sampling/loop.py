@@ -10,13 +10,27 @@ of the modular ``Cosmos3DenoiseLoopWrapper``; what differs (batched branches, ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
 from .plan import SamplePlan
 
 StepCallback = Callable[[int, int, torch.Tensor], None]
+
+
+class Denoiser(Protocol):
+    """What the loop runs each step: ``Cosmos3Transformer`` (model/transformer.py), and the parallel denoisers that
+    keep its contract (parallel/denoiser.py across ranks, parallel/devices.py across two local GPUs). One pass for
+    ``len(text)`` guidance branches × the batch, rows branch-major; ``options`` the run's ``RuntimeOptions``."""
+
+    config: Any
+    dtype: torch.dtype
+    device: torch.device
+
+    def denoise_step(self, latents: torch.Tensor, timestep: torch.Tensor, text: Sequence[Any], layout: Any,
+                     sound: torch.Tensor | None = None, action: torch.Tensor | None = None,
+                     options: Any = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -26,15 +40,14 @@ class SampleResult:
     action: torch.Tensor | None = None  # [N, Ta, action_dim] action latents (padded), fp32
 
 
-def run(plan: SamplePlan, model, callback: StepCallback | None = None) -> dict[str, torch.Tensor]:
+def run(plan: SamplePlan, model: Denoiser, callback: StepCallback | None = None) -> dict[str, torch.Tensor]:
     """Denoise every stream of ``plan`` with ``model.denoise_step``; returns the final values by stream name."""
     x = {s.name: s.init for s in plan.streams}
     on_device = plan.timesteps.to(plan.device)
     total = plan.steps
     for i, guidance in enumerate(plan.guidance):
-        out = model.denoise_step(
-            x["vision"], on_device[i], guidance.text, guidance.layout, sound=x.get("sound"), action=x.get("action")
-        )
+        out = model.denoise_step(x["vision"], on_device[i], guidance.text, guidance.layout, sound=x.get("sound"),
+                                 action=x.get("action"), options=plan.options)
         preview = None
         for stream in plan.streams:
             if stream.stepper is None:

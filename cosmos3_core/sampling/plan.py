@@ -41,52 +41,53 @@ from ..model.layout import GenLayout, build_layout, patch_grid, select_branch
 from .schedulers import Stepper
 from ..model.text_kv import TextKV
 from ..model.towers import step_memory_required
+from ..runtime import DEFAULT, RuntimeOptions
 
 
 # ---------------------------------------------------------------------------------------------- request checks
-def check_clip(num_frames, height, width, fps, who: str = "generate") -> None:
+def check_clip(num_frames, height, width, fps) -> None:
     """Clip-shape rules of the Wan2.2 VAE (4×16×16) with one clear message per violation."""
     stride = defaults.VAE_SPATIAL_STRIDE
     if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1 or (num_frames - 1) % 4:
         fixed = max(1, (int(num_frames) - 1) // 4 * 4 + 1) if isinstance(num_frames, (int, float)) else 93
         raise ValueError(
-            f"{who}: num_frames={num_frames!r} must be 1 (an image) or 4k+1 (video: 5, 9, …, 93, 121, 189); try {fixed}."
+            f"num_frames={num_frames!r} must be 1 (an image) or 4k+1 (video: 5, 9, …, 93, 121, 189); try {fixed}."
         )
     if num_frames > defaults.MAX_FRAMES:
-        raise ValueError(f"{who}: num_frames={num_frames} is above the limit of {defaults.MAX_FRAMES} frames.")
+        raise ValueError(f"num_frames={num_frames} is above the limit of {defaults.MAX_FRAMES} frames.")
     for name, value in (("height", height), ("width", width)):
         if isinstance(value, bool) or not isinstance(value, int) or value < stride or value % stride:
             fixed = max(stride, int(value) // stride * stride) if isinstance(value, (int, float)) else 480
-            raise ValueError(f"{who}: {name}={value!r} must be a positive multiple of {stride}; try {fixed}.")
+            raise ValueError(f"{name}={value!r} must be a positive multiple of {stride}; try {fixed}.")
         if value > defaults.MAX_SIZE:
-            raise ValueError(f"{who}: {name}={value} is above the limit of {defaults.MAX_SIZE} pixels.")
+            raise ValueError(f"{name}={value} is above the limit of {defaults.MAX_SIZE} pixels.")
     if not (isinstance(fps, (int, float)) and math.isfinite(fps) and defaults.MIN_FPS <= fps <= defaults.MAX_FPS):
-        raise ValueError(f"{who}: fps={fps!r} must be a number from {defaults.MIN_FPS:g} to {defaults.MAX_FPS:g} "
+        raise ValueError(f"fps={fps!r} must be a number from {defaults.MIN_FPS:g} to {defaults.MAX_FPS:g} "
                          f"(e.g. {defaults.FPS:g}).")
 
 
-def check_sampling(*, seed, steps, guidance, schedule, shift, guidance_interval, batch_size, who: str) -> None:
+def check_sampling(*, seed, steps, guidance, schedule, shift, guidance_interval, batch_size) -> None:
     """Every check of the sampling arguments (values, not the clip shape), one message per mistake."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= defaults.MAX_SEED:
-        raise ValueError(f"{who}: seed={seed!r} must be an integer from 0 to 2**64-1.")
+        raise ValueError(f"seed={seed!r} must be an integer from 0 to 2**64-1.")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= defaults.MAX_STEPS):
-        raise ValueError(f"{who}: steps={steps!r} must be an integer from 1 to {defaults.MAX_STEPS} "
+        raise ValueError(f"steps={steps!r} must be an integer from 1 to {defaults.MAX_STEPS} "
                          f"(the defaults: {defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for an image).")
     if guidance is not None and not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= defaults.MAX_GUIDANCE):
-        raise ValueError(f"{who}: guidance (cfg)={guidance!r} must be a number from 0 to {defaults.MAX_GUIDANCE:g} "
+        raise ValueError(f"guidance (cfg)={guidance!r} must be a number from 0 to {defaults.MAX_GUIDANCE:g} "
                          f"(1 = no guidance; the default is {defaults.GUIDANCE:g}).")
     if schedule not in defaults.SCHEDULES:
-        raise ValueError(f"{who}: schedule={schedule!r} is not one of {list(defaults.SCHEDULES)}.")
+        raise ValueError(f"schedule={schedule!r} is not one of {list(defaults.SCHEDULES)}.")
     if shift is not None and not (isinstance(shift, (int, float)) and math.isfinite(shift) and 0 < shift <= defaults.MAX_SHIFT):
-        raise ValueError(f"{who}: shift={shift!r} must be a number above 0 and at most {defaults.MAX_SHIFT:g} "
+        raise ValueError(f"shift={shift!r} must be a number above 0 and at most {defaults.MAX_SHIFT:g} "
                          "(or unset: by resolution, 720p 10, 480p 5, 256p 3).")
     if guidance_interval is not None:
         low, high = guidance_interval
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (low, high)) or not 0 <= low <= high <= 1000:
-            raise ValueError(f"{who}: guidance_interval={list(guidance_interval)!r} must be LOW HIGH with "
+            raise ValueError(f"guidance_interval={list(guidance_interval)!r} must be LOW HIGH with "
                              "0 <= LOW <= HIGH <= 1000 (timesteps; e.g. 800 1000 drops the negative branch late).")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= defaults.MAX_BATCH_SIZE:
-        raise ValueError(f"{who}: batch_size={batch_size!r} must be an integer from 1 to {defaults.MAX_BATCH_SIZE}.")
+        raise ValueError(f"batch_size={batch_size!r} must be an integer from 1 to {defaults.MAX_BATCH_SIZE}.")
 
 
 # ---------------------------------------------------------------------------------------------- plan parts
@@ -148,6 +149,7 @@ class SamplePlan:
     memory_required: int  # bytes one step needs beyond the generation tower's weights
     num_tokens: int  # generation tokens of one branch
     batch_size: int = 1
+    options: RuntimeOptions = DEFAULT  # the run's kernels (runtime.py), handed to the model's step
 
     @property
     def steps(self) -> int:
@@ -192,7 +194,7 @@ def make_plan(
     generators: Sequence[torch.Generator] | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
-    who: str = "sample",
+    options: RuntimeOptions = DEFAULT,
 ) -> SamplePlan:
     """Assemble the plan of one run from checked arguments (see ``Cosmos3Pipeline.plan`` for the user-facing checks).
 
@@ -201,13 +203,13 @@ def make_plan(
     device = torch.device(device)
     use_cfg = guidance != 1.0
     if use_cfg and uncond is None:
-        raise ValueError(f"{who}: guidance != 1 needs the negative prompt's text K/V (uncond).")
+        raise ValueError(f"guidance != 1 needs the negative prompt's text K/V (uncond).")
     t_lat = int(latent_shape[2])
     clean_frames = sorted({int(i) for i in clean_frames})
     actions_noisy = action is not None and len(set(action.clean)) < int(action.values.shape[0])
     if clean_frames and len(clean_frames) >= t_lat and not actions_noisy:  # inverse dynamics: only actions are noisy
         raise ValueError(
-            f"{who}: the condition keeps {len(clean_frames)} clean latent frames but a "
+            f"the condition keeps {len(clean_frames)} clean latent frames but a "
             f"{defaults.pixel_frames(t_lat)}-frame clip has only {t_lat}; nothing would be generated (the prompt and "
             "seed would be ignored). Lower clean_latent_frames (CLI: condition on a shorter clip) or raise num_frames."
         )
@@ -231,7 +233,7 @@ def make_plan(
                               None if generators is None else generators[k]) for k in range(batch_size)]
     noise = [torch.cat(parts) for parts in zip(*per_item)]  # each [N, ...]
     streams = [vision_stream(latent_shape, noise[0], vision_stepper, x0=x0, clean_frames=clean_frames,
-                             reanchor=reanchor_vision, device=device, who=who)]
+                             reanchor=reanchor_vision, device=device)]
     if sound_len:
         streams.append(Stream("sound", noise[1].to(device), vision_stepper.fork()))
     if action is not None:
@@ -246,14 +248,14 @@ def make_plan(
     num_tokens = layout.num_tokens
     return SamplePlan(
         streams=tuple(streams), guidance=per_step, sigmas=vision_stepper.sigmas.cpu(), timesteps=timesteps,
-        device=device, num_tokens=num_tokens, batch_size=batch_size,
+        device=device, num_tokens=num_tokens, batch_size=batch_size, options=options,
         memory_required=step_memory_required(config, num_tokens, list(layout.text_lengths) * batch_size, dtype),
     )
 
 
 def vision_stream(latent_shape: Sequence[int], noise: torch.Tensor, stepper: Stepper, *,
                   x0: torch.Tensor | None = None, clean_frames: Sequence[int] = (), reanchor: bool = False,
-                  device: torch.device | str = "cpu", who: str = "sample") -> Stream:
+                  device: torch.device | str = "cpu") -> Stream:
     """The video latent stream: ``mask·x0 + (1−mask)·noise`` with the clean conditioning frames of ``x0`` (which may
     hold only the leading latent frames), re-anchored to them after every step when ``reanchor`` (a stochastic
     scheduler re-noises every position)."""
@@ -265,7 +267,7 @@ def vision_stream(latent_shape: Sequence[int], noise: torch.Tensor, stepper: Ste
     if x0 is not None:
         if x0.shape[2] <= max(clean_frames, default=-1) or tuple(x0.shape[3:]) != tuple(latent_shape[3:]):
             raise ValueError(
-                f"{who}: conditioning latents {tuple(x0.shape)} do not cover clean frames {clean_frames} of a latent "
+                f"conditioning latents {tuple(x0.shape)} do not cover clean frames {clean_frames} of a latent "
                 f"{tuple(latent_shape)}; encode the condition at the clip's width and height."
             )
         frames = min(x0.shape[2], t_lat)

@@ -86,11 +86,11 @@ def load_tokenizer(checkpoint_dir):
         raise ValueError(f"load_tokenizer: could not load the tokenizer in {tok_dir}: {e}") from e
 
 
-def _read_json(path: Path, who: str) -> Any:
+def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{who}: {path} is not valid JSON ({e}).") from e
+        raise ValueError(f"{path} is not valid JSON ({e}).") from e
 
 
 def default_negative_prompt(checkpoint_dir, filename: str = "negative_prompt.json") -> str:
@@ -105,7 +105,7 @@ def default_negative_prompt(checkpoint_dir, filename: str = "negative_prompt.jso
     path = Path(checkpoint_dir) / "assets" / filename
     if not path.is_file():
         return ""
-    value = _read_json(path, "default_negative_prompt")
+    value = _read_json(path)
     if isinstance(value, dict) and isinstance(value.get("negative_prompt"), str):
         return value["negative_prompt"]
     if isinstance(value, str):
@@ -118,7 +118,7 @@ def default_use_system_prompt(checkpoint_dir) -> bool:
     path = Path(checkpoint_dir) / "model_index.json"
     if not path.is_file():
         return True
-    value = _read_json(path, "default_use_system_prompt")
+    value = _read_json(path)
     flag = value.get("default_use_system_prompt", True) if isinstance(value, dict) else True
     if not isinstance(flag, bool):
         raise ValueError(f"default_use_system_prompt: {path} has default_use_system_prompt={flag!r}; "
@@ -269,11 +269,11 @@ def encode_prompts(tokenizer, prompt: str, negative_prompt: str | None = None, *
     cond_text = apply_templates(prompt, **common)
     uncond_text = apply_templates(negative_prompt, negative=True, **common)
     return branch_ids(tokenizer, cond_text, uncond_text, system_prompt, max_tokens,
-                      who="encode_prompts", after="templates and chat formatting", fix="shorten it (or raise max_tokens)")
+                      after="templates and chat formatting", fix="shorten it (or raise max_tokens)")
 
 
 def branch_ids(tokenizer, cond_text: str, uncond_text: str, system_prompt: str | None, max_tokens: int, *,
-               who: str, after: str, fix: str) -> PromptIds:
+               after: str, fix: str) -> PromptIds:
     """Both branches' ids as the reference packs them: the chat-formatted text, then ``[eos, <|vision_start|>]``;
     a branch longer than ``max_tokens`` is refused, naming it."""
     eos, vision_start = _special_ids(tokenizer)
@@ -281,5 +281,5 @@ def branch_ids(tokenizer, cond_text: str, uncond_text: str, system_prompt: str |
     uncond = _chat_ids(tokenizer, uncond_text, system_prompt) + [eos, vision_start]
     for name, ids in (("prompt", cond), ("negative_prompt", uncond)):
         if len(ids) > max_tokens:
-            raise ValueError(f"{who}: {name} is {len(ids)} tokens after {after}, over the limit of {max_tokens}; {fix}.")
+            raise ValueError(f"{name} is {len(ids)} tokens after {after}, over the limit of {max_tokens}; {fix}.")
     return PromptIds(cond=cond, uncond=uncond, cond_text=cond_text, uncond_text=uncond_text)

@@ -72,12 +72,11 @@ class Cosmos3VAE(torch.nn.Module):
         self.spatial_scale = int(cfg.scale_factor_spatial)
         self.temporal_scale = int(cfg.scale_factor_temporal)
         self.patch_size = cfg.patch_size
-        self._frame_decoders: dict[tuple[bool, bool], WanFrameDecoder] = {}  # by (compile, channels_last)
-        self.compile_backend = "inductor"  # torch.compile backend of the compiled frame decoder
+        self._frame_decoders: dict[tuple, WanFrameDecoder] = {}  # by (compile, backend, channels_last)
 
-    def frame_decoder(self, compile: bool = False) -> WanFrameDecoder:
+    def frame_decoder(self, compile: bool = False, compile_backend: str = "inductor") -> WanFrameDecoder:
         """The per-latent-frame decoder over ``self.vae.decoder`` (``compile``: torch.compile'd steady state, with
-        ``compile_backend``).
+        ``compile_backend``; one decoder per setting, kept, so its compiled stages are made once).
 
         On CUDA it keeps activations and convolution weights channels-last (vae_decoder.py): on the H200 at 720p/189f
         (bf16) that decodes in 5.61 s at an 8.4 GiB peak compiled against 6.42 s at 9.3 GiB with the default layout,
@@ -86,10 +85,11 @@ class Cosmos3VAE(torch.nn.Module):
         Compiled on CUDA, the stages' height and width are dynamic: one compile serves every size and every tile
         (H200, BENCHMARKS.md run 16: 480p then 720p compiled once in 65 s against 36 + 32 s static, decoding in
         the same 1.21 / 5.60 s). On the CPU they stay static (inductor's CPU kernels lose speed with dynamic sizes)."""
-        key = (compile, self.device.type == "cuda")
+        cuda = self.device.type == "cuda"
+        key = (compile, compile_backend if compile else None, cuda)
         if key not in self._frame_decoders:
-            self._frame_decoders[key] = WanFrameDecoder(self.vae.decoder, compile=key[0], channels_last=key[1],
-                                                        compile_backend=self.compile_backend, dynamic_size=key[1])
+            self._frame_decoders[key] = WanFrameDecoder(self.vae.decoder, compile=compile, channels_last=cuda,
+                                                        compile_backend=compile_backend, dynamic_size=cuda)
         return self._frame_decoders[key]
 
     # ------------------------------------------------------------------ properties / stats
@@ -101,7 +101,7 @@ class Cosmos3VAE(torch.nn.Module):
     def device(self) -> torch.device:
         return next(self.vae.parameters()).device
 
-    def _stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel (mean, inv_std) shaped [1,C,1,1,1], built in the VAE dtype exactly like the pipeline."""
         dtype, device = self.dtype, self.device
         mean = torch.tensor(self.vae.config.latents_mean, dtype=dtype)
@@ -110,12 +110,12 @@ class Cosmos3VAE(torch.nn.Module):
 
     def normalize(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw VAE latents (what ComfyUI's LATENT holds) → the normalized latents the transformer works in."""
-        mean, inv_std = self._stats()
+        mean, inv_std = self.stats()
         return ((raw.to(device=mean.device, dtype=mean.dtype) - mean) * inv_std).float()
 
     def denormalize(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalized latents → raw VAE latents ``z / inv_std + mean`` (the pipeline's decode input), float32."""
-        mean, inv_std = self._stats()
+        mean, inv_std = self.stats()
         return (latents.to(device=mean.device, dtype=mean.dtype) / inv_std + mean).float()
 
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int, int]:
@@ -155,7 +155,7 @@ class Cosmos3VAE(torch.nn.Module):
                 mu = self.vae.encode(video.to(device=self.device, dtype=self.dtype)).latent_dist.mode()
         finally:
             self.vae.use_tiling = was_tiling
-        mean, inv_std = self._stats()
+        mean, inv_std = self.stats()
         return ((mu - mean) * inv_std).float()
 
     # ------------------------------------------------------------------ decode
@@ -172,6 +172,7 @@ class Cosmos3VAE(torch.nn.Module):
         out_device="cpu",
         tile_on_oom: bool = True,
         compile: bool = False,
+        compile_backend: str = "inductor",
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Normalized latents ``[1,C,T,h,w]`` (or ``[C,T,h,w]``, any float dtype) -> frames ``[F,H,W,3]`` fp32 in [0,1].
@@ -184,7 +185,8 @@ class Cosmos3VAE(torch.nn.Module):
         larger than one tile, exactly as ``AutoencoderKLWan._decode``. An untiled decode that runs out of GPU memory
         is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
         card what else is resident decides, and tiling needs about half the activations (BENCHMARKS.md).
-        ``compile=True`` runs every latent frame after the first through ``torch.compile`` (static shapes: the first
+        ``compile=True`` runs every latent frame after the first through ``torch.compile`` (``compile_backend``; the run's
+        ``RuntimeOptions``; static shapes: the first
         decode at a new size, or tile size, compiles for a while; later ones reuse it). ``out``: a float32 tensor of
         ``decoded_shape(latents)`` to decode into instead of a new one on ``out_device`` (frames
         ``[0, num_pixel_frames(done))`` of it are final when ``on_chunk(done, total)`` is called — until an untiled
@@ -201,7 +203,7 @@ class Cosmos3VAE(torch.nn.Module):
         if chunk_latent_frames < 1:
             raise ValueError(f"Cosmos3VAE.decode: chunk_latent_frames must be >= 1, got {chunk_latent_frames}.")
         _, _, t_lat, h_lat, w_lat = latents.shape
-        mean, inv_std = self._stats()
+        mean, inv_std = self.stats()
         z = latents.to(device=self.device, dtype=self.dtype) / inv_std + mean  # raw VAE latents, VAE dtype
 
         shape = self.decoded_shape(latents)
@@ -210,9 +212,9 @@ class Cosmos3VAE(torch.nn.Module):
         elif tuple(out.shape) != shape or out.dtype != torch.float32:
             raise ValueError(f"Cosmos3VAE.decode: out must be a float32 tensor of shape {shape} for these latents, "
                              f"got {out.dtype} {tuple(out.shape)}.")
-        decoder = self.frame_decoder(compile)
+        decoder = self.frame_decoder(compile, compile_backend)
         for tiled in (True,) if tile else (False, True) if tile_on_oom else (False,):
-            grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tiled else None
+            grid = self.tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tiled else None
             try:
                 self._decode_into(out, z, grid, chunk_latent_frames, on_chunk, decoder=decoder)
                 return out
@@ -255,7 +257,7 @@ class Cosmos3VAE(torch.nn.Module):
                 pix = self._decode_frames(x, start, stop, cache, decoder)
             else:
                 pix = self._decode_frames_tiled(x, start, stop, caches, grid, decoder)
-            pix = self._postprocess(pix)  # [f,H,W,3] fp32 on the VAE device
+            pix = self.postprocess(pix)  # [f,H,W,3] fp32 on the VAE device
             n = pix.shape[0]
             if staged:
                 if len(buffers) < 2:
@@ -300,12 +302,12 @@ class Cosmos3VAE(torch.nn.Module):
         return out.clamp(-1.0, 1.0)
 
     @staticmethod
-    def _postprocess(pix: torch.Tensor) -> torch.Tensor:
+    def postprocess(pix: torch.Tensor) -> torch.Tensor:
         """[1,3,f,H,W] decoder output -> [f,H,W,3] fp32 in [0,1] (the pipeline casts to fp32, then denormalizes)."""
         return (pix[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)
 
     # ------------------------------------------------------------------ tiling (AutoencoderKLWan.tiled_decode)
-    def _tile_grid(self, h_lat: int, w_lat: int, size: int | None, stride: int | None) -> dict | None:
+    def tile_grid(self, h_lat: int, w_lat: int, size: int | None, stride: int | None) -> dict | None:
         vae = self.vae
         size_h = size or vae.tile_sample_min_height
         size_w = size or vae.tile_sample_min_width
@@ -333,10 +335,10 @@ class Cosmos3VAE(torch.nn.Module):
 
     def _decode_frames_tiled(self, z: torch.Tensor, start: int, stop: int, caches: dict, g: dict,
                              decoder: WanFrameDecoder) -> torch.Tensor:
-        tiles = {ij: self._decode_tile(z, ij, start, stop, caches[ij], g, decoder) for ij in g["tiles"]}
-        return self._stitch_tiles(tiles, g)
+        tiles = {ij: self.decode_tile(z, ij, start, stop, caches[ij], g, decoder) for ij in g["tiles"]}
+        return self.stitch_tiles(tiles, g)
 
-    def _decode_tile(self, z: torch.Tensor, ij: tuple[int, int], start: int, stop: int, cache: list,
+    def decode_tile(self, z: torch.Tensor, ij: tuple[int, int], start: int, stop: int, cache: list,
                      g: dict, decoder: WanFrameDecoder | None = None) -> torch.Tensor:
         """Latent frames [start, stop) of tile ``ij`` through the decoder with the tile's running cache (a list,
         ``[]`` before the tile's first frame)."""
@@ -348,7 +350,7 @@ class Cosmos3VAE(torch.nn.Module):
             outs.append(decoder(tile, cache, k == 0))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
-    def _stitch_tiles(self, tiles: dict, g: dict) -> torch.Tensor:
+    def stitch_tiles(self, tiles: dict, g: dict) -> torch.Tensor:
         """Decoded tiles (keyed by their latent corner) → blended frames, as ``AutoencoderKLWan.tiled_decode``."""
         vae = self.vae
         rows = [[tiles[(i, j)] for j in g["cols"]] for i in g["rows"]]
@@ -383,7 +385,7 @@ class Cosmos3VAE(torch.nn.Module):
         dtype = dtype or self.dtype
         itemsize = torch.empty((), dtype=dtype).element_size()
         h_lat, w_lat = int(latent_shape[-2]), int(latent_shape[-1])
-        grid = self._tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tile else None
+        grid = self.tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tile else None
         if grid is None:
             active = cached = h_lat * w_lat
         else:

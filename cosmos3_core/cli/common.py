@@ -1,0 +1,296 @@
+"""What every CLI mode shares: the arguments → ``Request`` step, the pre-load file checks, the one timed load, the
+step counter, writing outputs (an mp4 encoded while the VAE decodes), and the user-error boundary.
+
+``request_from_args`` reads the input files (image, video, control videos, actions) before anything loads, so a bad
+file is reported in seconds; ``request.resolve`` then decides and checks the whole run, also before the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from .. import defaults
+from ..config import DTYPES, CheckpointError
+from ..request import Request
+from ..runtime import RuntimeOptions
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def add_run_options(p: argparse.ArgumentParser, *, attention_help: str) -> None:
+    """The flags of ``RuntimeOptions`` and placement shared by the generation and reasoner CLIs."""
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the hot layers (GPU; faster after a one-off warm-up, kept on disk)")
+    p.add_argument("--attention", choices=("auto", "sdpa", "flash4"), default="auto", help=attention_help)
+
+
+def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
+    return RuntimeOptions(attention=args.attention, compile=bool(args.compile))
+
+
+def request_from_args(args: argparse.Namespace) -> Request:
+    """The ``Request`` the flags describe, with its input files read (each missing or unreadable one reported by
+    its flag)."""
+    from .. import media
+
+    check_input_paths(args)
+    image = media.read_image(args.image) if args.image else None
+    video = media.read_video(args.video)[0] if args.video else None
+    controls = None
+    if args.control:
+        controls = {key: media.read_video(path)[0] for key, path in parse_controls(args.control).items()}
+    action = action_request(args, image, video) if args.action_mode is not None else None
+    if action is not None:
+        image = video = None  # the action request carries its frames
+    interval = tuple(args.guidance_interval) if args.guidance_interval else None
+    prompts = args.prompt if isinstance(args.prompt, str) else list(args.prompt)
+    return Request(
+        prompt=prompts[0] if isinstance(prompts, list) and len(prompts) == 1 else prompts,
+        negative_prompt=args.negative_prompt, num_frames=args.num_frames, height=args.height, width=args.width,
+        fps=args.fps, seed=args.seed, steps=args.steps, guidance=args.guidance, schedule=args.schedule,
+        shift=args.shift, sound=args.sound, guidance_interval=interval,
+        use_system_prompt=True if args.use_system_prompt else None, image=image, video=video,
+        frames_per_chunk=args.frames_per_chunk, conditional_frames=args.conditional_frames, one_pass=args.one_pass,
+        controls=controls, control_guidance=args.control_guidance, action=action, options=runtime_options(args),
+    )
+
+
+def action_request(args: argparse.Namespace, image, video):
+    """The ``ActionRequest`` of ``--action-mode`` and its flags; an actions file's own ``domain_name`` (what
+    ``--actions-out`` writes) fills ``--domain-name`` when that is not given, and must agree with it when it is."""
+    from ..modes import action as act
+
+    raw_actions, meta = (act.load_actions_with_metadata(args.actions) if args.actions else (None, {}))
+    domain = args.domain_name
+    if meta.get("domain_name") is not None:
+        if domain is None:
+            domain = meta["domain_name"]
+        elif domain != meta["domain_name"]:
+            raise ValueError(f"--domain-name {domain}: the actions file {args.actions} was recorded for "
+                             f"{meta['domain_name']!r}; give --domain-name {meta['domain_name']} or other actions.")
+    if domain is None:
+        raise ValueError(f"--action-mode {args.action_mode} needs --domain-name (the embodiment), one of "
+                         f"{list(act.DOMAINS)}.")
+    return act.ActionRequest(mode=args.action_mode, chunk_size=args.chunk_size, domain_name=domain,
+                             resolution_tier=args.resolution_tier, raw_actions=raw_actions, image=image, video=video,
+                             view_point=None if args.view_point == "none" else args.view_point)
+
+
+def parse_controls(items: list[str]) -> dict[str, Path]:
+    from ..modes.transfer import CONTROL_KEYS
+
+    controls = {}
+    for item in items:
+        key, sep, path = item.partition("=")
+        if not sep or not key or not path:
+            raise ValueError(f"--control {item!r}: expected KEY=FILE.mp4 with KEY one of {', '.join(CONTROL_KEYS)}, "
+                             "e.g. --control edge=edges.mp4.")
+        if key not in CONTROL_KEYS:
+            raise ValueError(f"--control {item!r}: {key!r} is not a Cosmos3 Transfer control; use one of "
+                             f"{', '.join(CONTROL_KEYS)}.")
+        if key in controls:
+            raise ValueError(f"--control {key} is given twice; give each control key once.")
+        if not Path(path).is_file():
+            raise ValueError(f"--control {key}={path}: no such file.")
+        controls[key] = Path(path)
+    return controls
+
+
+# ---------------------------------------------------------------------------------------------- files
+def check_input_paths(args: argparse.Namespace) -> Path:
+    """``--checkpoint`` is a folder, ``--device`` exists, every input file exists; returns the checkpoint path."""
+    from ..sampling.prompt import check_text
+
+    ckpt = Path(args.checkpoint)
+    for text in [args.prompt] if isinstance(args.prompt, str) else args.prompt:  # windows: once per window
+        check_text(text, "--prompt")
+    if getattr(args, "negative_prompt", None) is not None:
+        check_text(args.negative_prompt, "--negative-prompt")
+    if not ckpt.is_dir():
+        what = "does not exist" if not ckpt.exists() else "is not a folder"
+        raise ValueError(f"--checkpoint {ckpt} {what}; give the downloaded Cosmos3 checkpoint folder.")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible; use --device cpu.")
+    for name in ("image", "video", "actions"):
+        path = getattr(args, name, None)
+        if path is not None and not Path(path).is_file():
+            what = "is a folder, not a file" if Path(path).is_dir() else "does not exist"
+            raise ValueError(f"--{name} {path} {what}.")
+    return ckpt
+
+
+def check_output(path: str | None, flag: str, suffixes: tuple[str, ...], what: str) -> None:
+    """``path`` (when given) ends in one of ``suffixes`` and can be written."""
+    if path is None:
+        return
+    if Path(path).suffix.lower() not in suffixes:
+        raise ValueError(f"{flag} {path}: {what}; give a name ending in {' or '.join(suffixes)}.")
+    check_writable(Path(path), flag)
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """``path`` can be written: not a folder, and its nearest existing parent is a folder we can create files in
+    (missing folders below it are created at write time)."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name inside it.")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; choose another output path.")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot write in {parent} ({exc.strerror}); choose a writable folder.") from None
+
+
+@contextmanager
+def removed_if_unfinished(path):
+    """Deletes ``path`` when the block fails or is interrupted, so no half-written file is left behind."""
+    try:
+        yield
+    except BaseException:
+        Path(path).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------- running
+def load_pipeline(args: argparse.Namespace, timings: dict[str, float], *, sound: bool, device=None):
+    """The one timed load of the checkpoint (``timings["model_load"]``)."""
+    from ..pipeline import Cosmos3Pipeline
+
+    start = time.perf_counter()
+    pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=device or args.device,
+                                with_sound=sound)
+    timings["model_load"] = time.perf_counter() - start
+    return pipe
+
+
+def print_progress(step: int, total: int, _preview=None) -> None:
+    """The CLIs' step counter on stderr (a sampling callback)."""
+    print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+
+
+def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, float]) -> None:
+    """Write the clip (and ``--latents-out`` / ``--frames-out``); fills the ``preprocess, inference, to_cpu,
+    encode`` timings.
+
+    ``out`` not decoded yet (``decode=False``): the sound is decoded first, then the video, and an mp4 is encoded
+    while the video decodes — each chunk of frames goes to the encoder's thread as soon as it is on the host
+    (``media.BackgroundVideoWriter``), so ``inference`` includes the decode and ``encode`` is what is left of the
+    encoding after it. A decoded ``out`` (the parallel CLI) is written as it is."""
+    from .. import media
+
+    timings["preprocess"] = out.timings["preprocess"]
+    timings["inference"] = out.timings["inference"] + out.timings.get("decode", 0.0)
+    with removed_if_unfinished(args.out):
+        writer = None
+        if out.frames is None:
+            start = time.perf_counter()
+            writer = decode_while_encoding(args, pipe, run, out)
+            timings["inference"] += time.perf_counter() - start
+        start = time.perf_counter()
+        frames = out.frames.cpu().numpy()
+        waveform = out.waveform.cpu().numpy() if out.waveform is not None else None
+        timings["to_cpu"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if writer is not None:
+            writer.close()
+        elif run.num_frames == 1:
+            media.write_png(args.out, frames[0])
+        else:
+            media.write_video(args.out, frames, run.fps, audio=waveform)
+    if args.latents_out:
+        from safetensors.torch import save_file
+
+        tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
+        if out.sound_latent is not None:
+            tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
+        Path(args.latents_out).parent.mkdir(parents=True, exist_ok=True)
+        with removed_if_unfinished(args.latents_out):
+            save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
+    if args.frames_out:
+        from safetensors.torch import save_file
+
+        with removed_if_unfinished(args.frames_out):
+            save_file({"frames": out.frames.float().cpu().contiguous()}, args.frames_out,
+                      metadata={"format": "frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
+    timings["encode"] = time.perf_counter() - start
+
+
+def decode_while_encoding(args: argparse.Namespace, pipe, run, out):
+    """Decode ``out``'s sound and video into it (``out.waveform``, ``out.frames``); for an mp4, returns the
+    ``BackgroundVideoWriter`` that has been encoding the frames as they decoded, still to be closed. ``None``: a PNG,
+    or a decode that ran out of memory and started again tiled (its first frames were already encoded from the
+    untiled attempt), whose file the caller writes from the whole clip afterwards."""
+    from .. import media
+
+    latents = out.latents
+    shape = pipe.vae.decoded_shape(latents)
+    compile_args = dict(compile=run.options.compile, compile_backend=run.options.compile_backend)
+    if out.sound_latent is not None:  # first: the mp4 declares its audio track before any frame
+        out.waveform = pipe.decode_sound(out.sound_latent, shape[0], run.fps)
+    out.frames = torch.empty(shape, dtype=torch.float32)
+    if run.num_frames == 1:
+        pipe.vae.decode(latents, out=out.frames, **compile_args)
+        return None
+    writer = media.BackgroundVideoWriter(args.out, run.fps, shape[2], shape[1], audio=out.waveform)
+    sent = 0  # frames handed to the encoder; -1 once the decode started again
+
+    def encode_decoded(done: int, _total: int) -> None:
+        nonlocal sent
+        ready = pipe.vae.num_pixel_frames(done)
+        if 0 <= sent < ready:
+            writer.append(out.frames[sent:ready])
+            sent = ready
+        elif ready <= sent:
+            sent = -1
+
+    try:
+        pipe.vae.decode(latents, out=out.frames, on_chunk=encode_decoded, **compile_args)
+    except BaseException:
+        writer.abort()
+        raise
+    if sent < 0:
+        writer.abort()
+        return None
+    return writer
+
+
+def run_reporting_user_errors(run_fn, args: argparse.Namespace):
+    """``(True, run_fn(args))``, or ``(False, None)`` after printing one ``error:`` line for a user mistake
+    (bad argument, missing or damaged file) — never a traceback for those. Ctrl-C prints one line and exits with
+    status 130 (the shell's convention for SIGINT). Shared by the package's CLIs."""
+    try:
+        return True, run_fn(args)
+    except (ValueError, FileNotFoundError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False, None
+    except KeyboardInterrupt:
+        print("\ninterrupted (Ctrl-C); nothing more was written.", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def print_timings(timings: dict[str, float], out: str) -> None:
+    for name in ("model_load", "preprocess", "inference", "to_cpu", "encode"):
+        print(f"{name:>10}: {timings.get(name, 0.0):8.2f} s")
+    print(f"wrote {out}")
+
+
+DEFAULT_FRAMES_HELP = (f"default {defaults.NUM_FRAMES}; more than one clip ({defaults.NUM_FRAMES}) runs as windows "
+                       "(--one-pass: one clip); with --control: the control videos' length (this caps it)")
+
+
+def checkpoint_config(checkpoint: str):
+    from ..config import Cosmos3Config
+
+    return Cosmos3Config.from_checkpoint(checkpoint)
