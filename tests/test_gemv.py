@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _INTERPRETED = r"""
 import json, sys, torch
-from cosmos3_core import gemv as g
+from cosmos3_core.kernels import gemv as g
 kernel, out = g._kernel(), []
 for n, k, block_n, block_k, dtype in json.loads(sys.argv[1]):
     torch.manual_seed(n * 7 + k)
