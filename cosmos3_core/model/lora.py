@@ -12,11 +12,11 @@ the patched weight is ``W + strength · s · ΔW``):
   writes them; ``alpha_pattern``/``rank_pattern`` matched like PEFT, by module-name suffix) or, for PEFT's own
   ``adapter_model.safetensors``, the ``adapter_config.json`` beside it; else ``1``. kohya/LyCORIS LoCon
   ``<m>.lora_down.weight`` / ``lora_up.weight`` with a per-layer ``alpha`` tensor: ``s = alpha / r``.
-* **LoKr** (LyCORIS ``LokrModule``, the format SimpleTuner trains Cosmos3 with), ``ΔW = kron(W1, W2)``:
+* **LoKr** (LyCORIS 4.1.3 ``modules/lokr.py``, the format SimpleTuner trains Cosmos3 with), ``ΔW = kron(W1, W2)``:
   ``W1 = lokr_w1`` or ``lokr_w1_a · lokr_w1_b``; ``W2 = lokr_w2`` or ``lokr_w2_a · lokr_w2_b`` or, Tucker,
   ``lokr_w2_aᵀ · lokr_t2 · lokr_w2_b``. ``s = alpha / r`` with ``r`` the rank of the factorised side; ``1`` when
   both sides are full matrices (LyCORIS ignores alpha then).
-* **LoHa** (LyCORIS ``LohaModule``), ``ΔW = (hada_w1_a · hada_w1_b) ⊙ (hada_w2_a · hada_w2_b)`` (Tucker:
+* **LoHa** (LyCORIS ``modules/loha.py``), ``ΔW = (hada_w1_a · hada_w1_b) ⊙ (hada_w2_a · hada_w2_b)`` (Tucker:
   ``hada_wi_aᵀ · hada_ti · hada_wi_b``), ``s = alpha / r``, ``r`` = rows of ``hada_w1_b``.
 
 For LoCon, LoKr and LoHa a missing or zero ``alpha`` means ``alpha = r`` (``s = 1``), as LyCORIS and kohya define it.
@@ -223,7 +223,8 @@ def _resolve(groups: dict, shapes: Mapping, name: str) -> dict[str, tuple[str, b
         flat_names[flat] = None if flat in flat_names else module  # None: two layers share the flat spelling
     out, unknown = {}, []
     for key, flat in sorted(groups):
-        module = flat_names.get(key) if flat else (key if key in shapes else None)
+        # a flat key is resolved by its spelling; a dotted one directly (or by spelling, for prefix-less flat keys)
+        module = flat_names.get(key) if flat else (key if key in shapes else flat_names.get(key))
         if module is None:
             unknown.append(key)
         elif module in out:
