@@ -1,6 +1,6 @@
 """One action-mode generation (policy / forward dynamics / inverse dynamics) end to end, timed per stage.
 
-Full size (default, CUDA): Nano-shaped random bf16 weights (``bench_generation.NANO``, action head included) stand in
+Full size (default, CUDA): Nano-shaped random bf16 weights (``common.NANO``, action head included) stand in
 for the checkpoint — the step cost is the real one, the output is noise. The Wan2.2 VAE is full size with random
 weights; the tokenizer is the tiny checkpoint's (the action caption is ~60 tokens either way). Stages: VAE encode of
 the conditioning frames, text prefill (the JSON action caption), the denoising loop (30 steps, cfg 1 → one branch),
@@ -37,8 +37,8 @@ def sync(device: str) -> None:
 
 
 def build_full_pipeline(device: str, tmp: Path):
-    """Nano-size random-weight pipeline on ``device`` (bf16), reusing bench_generation's builders."""
-    from bench_generation import NANO, make_components, random_bf16_weights
+    """Nano-size random-weight pipeline on ``device`` (bf16), reusing common.py's builders."""
+    from common import NANO, make_components, random_bf16_weights
     from diffusers import Cosmos3OmniTransformer
 
     from cosmos3_core.vae.audio import Cosmos3SoundDecoder

@@ -58,7 +58,7 @@ def main() -> None:
         pipe = Cosmos3Pipeline.load(build_tiny_checkpoint(tmp / "tiny", seed=0), dtype=torch.float32, device="cpu")
         shapes = {"tiny": (64, 96, 9)}
     else:
-        from bench_generation import COND_TOKENS, LONG_PROMPT, build_models, make_components  # noqa: F401
+        from common import COND_TOKENS, LONG_PROMPT, build_models, make_components  # noqa: F401
 
         from cosmos3_core.vae.audio import Cosmos3SoundDecoder
         from cosmos3_core.vae.video import Cosmos3VAE
@@ -92,7 +92,7 @@ def main() -> None:
             per_run = STEPS * row[f"{best}_step_s_batch{n}"] + n * decode_s
             row[f"results_per_s_batch{n}"] = round(n / per_run, 3)
         if ref is not None:
-            from bench_generation import reference_inputs
+            from common import reference_inputs
 
             ids = text.cond.token_ids.tolist()
             neg = text.uncond.token_ids.tolist()

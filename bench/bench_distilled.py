@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generation import LONG_PROMPT, NANO, WAN22_VAE, gib, random_bf16_weights  # noqa: E402
+from common import LONG_PROMPT, NANO, WAN22_VAE, gib, random_bf16_weights  # noqa: E402
 
 SHAPES = {"i2v_720p_189f": (720, 1280, 189, True), "t2i_1024": (1024, 1024, 1, False)}
 TINY_SHAPES = {"i2v_720p_189f": (64, 96, 9, True), "t2i_1024": (64, 64, 1, False)}

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_generation import RESOLUTIONS, WAN22_VAE, sync  # noqa: E402
+from common import RESOLUTIONS, WAN22_VAE, sync  # noqa: E402
 
 
 def build_vae(tiny: bool, tmp: Path):

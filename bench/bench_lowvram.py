@@ -33,7 +33,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from bench_generation import LONG_PROMPT, NANO, RESOLUTIONS, WAN22_VAE, gib  # noqa: E402
+from common import LONG_PROMPT, NANO, RESOLUTIONS, WAN22_VAE, gib  # noqa: E402
 
 CONTEXT_GIB = 0.5  # what a real card's CUDA context and driver keep of its nominal size
 

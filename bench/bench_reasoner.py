@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generation import NANO, random_bf16_weights  # noqa: E402
+from common import NANO, random_bf16_weights  # noqa: E402
 
 EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_attention_heads=16,
             num_key_value_heads=8, head_dim=128, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,

@@ -1,6 +1,6 @@
 """Wan2.2 VAE decode speed, memory and agreement: diffusers' per-frame decoder loop vs ``WanFrameDecoder`` variants.
 
-Full-size random-weight Wan2.2 VAE (bench_generation.WAN22_VAE), bf16, CUDA. Per resolution and variant: one short
+Full-size random-weight Wan2.2 VAE (common.WAN22_VAE), bf16, CUDA. Per resolution and variant: one short
 warm-up (``--warmup-frames`` latent frames: the eager first frame, then steady frames, which is where a compiled
 variant compiles; reported as ``warmup_s``), then ``--repeats`` timed whole-clip decodes (``--repeats-720p`` at
 720p), ``torch.cuda.synchronize`` timing, median reported. Every variant decodes the same latents one latent frame
@@ -52,7 +52,7 @@ def build_vae(tiny: bool, device, dtype):
         vae = _build_vae(0, torch.Generator().manual_seed(0))
     else:
         from diffusers import AutoencoderKLWan
-        from bench_generation import WAN22_VAE
+        from common import WAN22_VAE
 
         vae = AutoencoderKLWan(**WAN22_VAE)
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)

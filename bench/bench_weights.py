@@ -59,7 +59,7 @@ def store_linear_weights(pipe, storage: torch.dtype) -> None:
 
 
 def run_case(handle, mm, shape, vram_gib, steps: int, cuda: bool) -> dict:
-    from bench_generation import LONG_PROMPT
+    from common import LONG_PROMPT
 
     pipe = handle.pipeline
     h, w, frames = shape
@@ -174,7 +174,7 @@ def main() -> None:
                                             else comfy.ops.disable_weight_init.Linear)
                 store_linear_weights(pipe, storage)
                 handle = handle_cls.from_pipeline("nano-random", files, torch.bfloat16, pipe)
-                from bench_generation import RESOLUTIONS
+                from common import RESOLUTIONS
 
                 cases = {c: (RESOLUTIONS[CASES[c][0]], CASES[c][1]) for c in args.cases.split(",")}
             init_s = round(time.perf_counter() - t0, 1)
