@@ -11,7 +11,8 @@ plan and step 1), and ``first_step_new_modules`` the modules first imported up t
 one after another on one new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a
 restart (e.g. of ComfyUI).
 
-    python3 bench/bench_first_run.py --shapes 256p,480p --processes 2 --out bench/results_first_run.json
+    python3 bench/bench_first_run.py --shapes 256p,480p --processes 2 --preload --out bench/results/first_run.json
+    python3 bench/bench_first_run.py --shapes t2i --processes 2 --preload --out bench/results/first_run_t2i.json
     python3 bench/bench_first_run.py --tiny --shapes 256p --processes 2 --out /tmp/first_run_tiny.json  # CPU check
 
 ``--profile-first`` runs each process's first sampling up to the end of step 1 under ``cProfile`` and records the

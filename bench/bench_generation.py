@@ -10,6 +10,12 @@ runs for ``--e2e-diffusers`` shapes. Results go to a JSON file (BENCHMARKS.md's 
 
     python bench/bench_generation.py --compile --resolutions t2i,256p,480p --e2e t2i,256p,480p \
         --e2e-diffusers t2i,256p --out bench/results/generation_e2e.json
+    python bench/bench_generation.py --compile --skip-reference --resolutions "" --e2e 720p \
+        --out bench/results/generation_720p.json
+    python bench/bench_generation.py --compile --skip-reference --resolutions "" --e2e t2i \
+        --out bench/results/generation_t2i.json
+    python bench/bench_generation.py --routes --resolutions t2i,256p,480p,720p --e2e-diffusers t2i,256p,480p \
+        --e2e t2i,256p,480p,720p --out bench/results/generation_routes.json     # per-route steps, diffusers at 480p
 
 ``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs two fresh
 processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
@@ -477,7 +483,7 @@ def bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name: str, results: d
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default="bench/results/generation.json")
+    p.add_argument("--out", required=True, help="results JSON")
     p.add_argument("--resolutions", default="256p,480p,720p")
     p.add_argument("--e2e", default="480p")
     p.add_argument("--e2e-diffusers", default="")

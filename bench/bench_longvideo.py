@@ -7,7 +7,7 @@ Flat peaks over the windows are the claim to check: nothing but the last decoded
 
 Weights: common.py's random bf16 Nano transformer and full-size Wan2.2 VAE / AVAE.
 
-    python bench/bench_longvideo.py --out bench/results_longvideo.json            # 30 s 480p, 20 s 720p, GPU
+    python bench/bench_longvideo.py --steps 2 --out bench/results/longvideo.json  # 30 s 480p, 20 s 720p, GPU
     python bench/bench_longvideo.py --tiny --out /tmp/lv.json                     # the tiny checkpoint, CPU check
 """
 
@@ -110,7 +110,7 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="bench/results_longvideo.json")
+    p.add_argument("--out", required=True, help="results JSON")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"any of {', '.join(SHAPES)}")
     p.add_argument("--steps", type=int, default=35, help="denoising steps per window (peak memory does not depend on it)")
     p.add_argument("--sound", action="store_true", help="also generate (and stream) each window's sound track")

@@ -4,12 +4,12 @@ Run once per layout under torchrun; each run appends one JSON line (per-stage se
 ``--out``. The 1-GPU line (``--nproc-per-node 1``, no flags) is the baseline of the scaling efficiencies that
 ``--render`` prints (speed-up ÷ GPUs, per stage)::
 
-    torchrun --nproc-per-node 1 bench/bench_parallel.py --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 2 bench/bench_parallel.py --cfg-parallel --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 2 bench/bench_parallel.py --ulysses 2 --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 4 bench/bench_parallel.py --cfg-parallel --ulysses 2 --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 4 bench/bench_parallel.py --ulysses 4 --out bench/results_parallel.jsonl
-    python bench/bench_parallel.py --render bench/results_parallel.jsonl
+    torchrun --nproc-per-node 1 bench/bench_parallel.py --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 2 bench/bench_parallel.py --cfg-parallel --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 2 bench/bench_parallel.py --ulysses 2 --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 4 bench/bench_parallel.py --cfg-parallel --ulysses 2 --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 4 bench/bench_parallel.py --ulysses 4 --out bench/results/parallel.jsonl
+    python bench/bench_parallel.py --render bench/results/parallel.jsonl
 
 Every rank builds the same weights (seeded, on its own GPU), as common.py builds them for one GPU: Nano's
 geometry, bf16, the Wan2.2 VAE at its released widths. Defaults: 1280×720, 189 frames, 35 steps, guidance 6,

@@ -29,7 +29,7 @@ warm-up, later steps are replays) — each against the same route's eager run, a
 change itself); ``top1_equal_graph`` per step; ``top2_margin`` of current eager (how near-tied random weights are).
 ``capture_warnings``: CUDA-graph captures that failed (the step then ran uncaptured; should be empty).
 
-    python bench/bench_reasoner.py --out reasoner.json [--families edge,nano] [--new-tokens 256]
+    python bench/bench_reasoner.py --out bench/results/reasoner.json [--families edge,nano] [--new-tokens 256]
     python bench/bench_reasoner.py --tiny --out /tmp/reasoner_tiny.json     # CPU, tiny checkpoint: checks the script
 """
 
@@ -246,7 +246,7 @@ def bench_family(family: str, args, device: torch.device) -> dict:
 def main() -> None:
     global STEADY_FROM
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default="reasoner.json")
+    p.add_argument("--out", required=True, help="results JSON")
     p.add_argument("--families", default="edge,nano")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt-words", type=int, default=400)

@@ -15,7 +15,8 @@ torch.compile'd; ``cl``/``cl_compiled`` — the same with channels_last_3d activ
 ``Cosmos3VAE.decode`` (the user path: post-processing to fp32 frames on the CPU) at the first resolution, eager and
 compiled.
 
-    python bench/bench_vae.py --out bench/results/vae.json                 # H200: 720p,480p,256p; < 6 min
+    python bench/bench_vae.py --resolutions 720p --e2e --out bench/results/vae_diffusers_720p.json
+    python bench/bench_vae.py --resolutions 480p,256p --variants diffusers,eager,compiled --out bench/results/vae_small.json
     python bench/bench_vae.py --resolutions 720p --variants compiled,cl,cl_compiled --e2e --out bench/results/vae_720p.json
     python bench/bench_vae.py --tiny --out /tmp/vae_tiny.json              # CPU check of the same code (~2 min)
 
