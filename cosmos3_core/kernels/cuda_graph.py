@@ -1,8 +1,8 @@
 """CUDA-graph replay of ``Cosmos3Transformer.denoise_step``: one captured graph per (layout, text K/V, shapes),
 and ``GraphedCall`` for any fixed-shape step (the reasoner's decode step over its static KV cache).
 
-Replaying a step as one graph removes kernel-launch and Python cost, and nothing else. Measured on an H200 (run 8,
-BENCHMARKS.md): the reasoner's batch-1 decode step is launch-bound and gains 4.6–6.5× (Nano 21.5 → 99.7 tokens/s, Edge
+Replaying a step as one graph removes kernel-launch and Python cost, and nothing else. Measured on an H200
+(docs/benchmark-log.md): the reasoner's batch-1 decode is launch-bound and gains 4.6–6.5× (Nano 21.5 → 99.7 tok/s, Edge
 32 → 210); the guided denoise step is not (T2I 1280×720: 27 TFLOP a step, 46–48 ms compiled against a 35 ms matmul
 floor) and gains 48.1 → 46.0 ms at T2I and nothing from 256p up, so it stays opt-in. Same kernels, same order: the
 results equal the un-captured step (relative difference 0.0 on the H200).

@@ -6,7 +6,7 @@ copy of its weight with one scale per output channel, and each call quantizes it
 then runs ``torch._scaled_mm`` (Hopper FP8 tensor cores, bf16 output). The text tower, norms, the attention core,
 the modality heads and the time embedder stay bf16/fp32 (an 8-bit attention kernel of ours, INT8 scores and FP8
 values in Triton, measured 1.6x *slower* than cuDNN's bf16 attention on the H200 and was dropped). Outputs differ
-from exact mode at FP8 rounding level; BENCHMARKS.md reports the quality check (first-step x0 cosine, latent cosine
+from exact mode at FP8 rounding level; docs/benchmark-log.md has the quality check (first-step x0 cosine, latent cosine
 and PSNR of decoded frames on the same seed, calibrated against bf16 rounding alone).
 
 ``enable_fp8(model)`` swaps the modules in place (the bf16 originals are kept, so ``disable_fp8`` restores exact

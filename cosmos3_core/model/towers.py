@@ -1,6 +1,6 @@
 """The two towers of a loaded ``Cosmos3Transformer`` as separate modules, and memory estimates for a model manager.
 
-A Cosmos3 checkpoint holds two full weight sets per layer (architecture.md §5): the understanding (text) tower —
+A Cosmos3 checkpoint holds two full weight sets per layer (docs/architecture.md): the understanding (text) tower —
 ``embed_tokens``, ``to_q/to_k/to_v/to_out``, ``norm_q/norm_k``, ``k_norm_und_for_gen``, ``mlp``,
 ``input_layernorm``, ``post_attention_layernorm``, ``norm``, ``lm_head`` — and the generation tower — the
 ``add_*`` projections, ``to_add_out``, ``norm_added_*``, ``mlp_moe_gen``, the ``*_moe_gen`` norms,
@@ -73,7 +73,7 @@ class PinnedHostCopy:
     """Pinned CPU copies of a module's parameters, for a tower that leaves the GPU and comes back.
 
     Inference never changes the weights, so ``offload()`` only re-points every parameter at its host copy (no
-    transfer: measured ~0 s against 10–14 s for ``.to("cpu")`` of Nano's 14 GB text tower, BENCHMARKS.md) and
+    transfer: measured ~0 s against 10–14 s for ``.to("cpu")`` of Nano's 14 GB text tower, docs/benchmark-log.md) and
     ``load(device)`` copies them back with non-blocking transfers from pinned memory (~25 GB/s instead of ~1.5).
     Costs one host copy of the weights (a loader can read the checkpoint straight into it). Parameters shared with
     a full model (``tower_module``) move for the model too.

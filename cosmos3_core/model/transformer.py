@@ -240,7 +240,7 @@ class Cosmos3Transformer(nn.Module):
     def compile_generation_layers(self, enable: bool = True, *, fullgraph: bool = False) -> None:
         """Opt-in: ``torch.compile`` the generation layer (one graph shared by every layer: the layer's weights are
         graph inputs). Fuses the norms, RoPE and activations — measured 1.29–1.37× per step at 480p/256p on an H200
-        (BENCHMARKS.md). Same math, but fused kernels round intermediates differently, so outputs differ from eager
+        (docs/benchmark-log.md). Same math, but fused kernels round differently, so outputs differ from eager
         at bf16 rounding level. The compiled function is kept, so switching back on does not recompile.
 
         Shapes are static except the prompt lengths (the text K/V's length dimension is dynamic): one graph per
@@ -259,7 +259,7 @@ class Cosmos3Transformer(nn.Module):
         self._compiled_layer = self._compiled_fn if enable else None
 
     def use_cuda_graphs(self, enable: bool = True) -> None:
-        """Opt-in: replay each guided step as one CUDA graph (``step_graph.py``). Measured on an H200 (run 8): T2I
+        """Opt-in: replay each guided step as one CUDA graph (cuda_graph.py). On an H200 (docs/benchmark-log.md): T2I
         48.1 → 46.0 ms per compiled step, no gain from 256p up; it mainly hides FlashAttention-4's per-call host cost.
         Needs every generation weight resident on the GPU (no weight streaming) and no sequence parallelism.
         Disabling frees the captured graphs and their activation pool."""

@@ -237,7 +237,7 @@ def decode_weights(transformer: Cosmos3Transformer) -> list[LayerWeights]:
     """Per text-tower layer, the weights a batch-1 decode step reads with one GEMV each (gemv.py): ``to_q/to_k/to_v``
     and (SiLU MLP) ``gate_proj/up_proj`` packed into one matrix each (packed.py: views over the layer's own weights,
     packing them in place the first time), ``to_out``, ``up_proj`` (relu² MLP) and ``down_proj`` as stored; None
-    where a module cannot be read that way (it then runs itself). BENCHMARKS.md has the measured effect."""
+    where a module cannot be read that way (it then runs itself). docs/benchmark-log.md has the measured effect."""
     out = []
     for layer in transformer.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -474,7 +474,7 @@ class Cosmos3Reasoner:
         graph) of ``decode_layer`` — one graph for every layer, fusing its norms, RoPE, cache writes, softmax and
         SiLU·mul around the GEMMs; the CUDA graph (``cuda_graphs``) is captured over it. The first step compiles
         (2–7 s on an H200); batch-1 decode there, packed projections through the Triton GEMV (gemv.py): Nano
-        123 → 210 tokens/s, Edge 265 → 564 (BENCHMARKS.md run 12)."""
+        123 → 210 tokens/s, Edge 265 → 564 (BENCHMARKS.md)."""
         if not enable:
             self._compiled_layer = None
             return
