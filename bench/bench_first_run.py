@@ -1,6 +1,6 @@
 """What a run costs the first time, over the same run warm: the CLI's path in fresh processes on one compile cache.
 
-Each process builds full-size random bf16 Nano (bench_generation.build_ours), the full-size Wan2.2 VAE and sound
+Each process builds full-size random bf16 Nano (common.build_ours), the full-size Wan2.2 VAE and sound
 decoder, then per shape runs what ``Cosmos3Pipeline.generate(compile=True)`` runs — prefill of a 1,500-token prompt
 pair, 35 compiled guided steps, compiled VAE decode, audio decode — twice. "first-run overhead" = first wall time −
 second; both towers stay resident (no text-tower move). For sampling (``sample``: what ``generate(decode=False)`` runs)
@@ -11,7 +11,8 @@ plan and step 1), and ``first_step_new_modules`` the modules first imported up t
 one after another on one new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a
 restart (e.g. of ComfyUI).
 
-    python3 bench/bench_first_run.py --shapes 256p,480p --processes 2 --out bench/results_first_run.json
+    python3 bench/bench_first_run.py --shapes 256p,480p --processes 2 --preload --out bench/results/first_run.json
+    python3 bench/bench_first_run.py --shapes t2i --processes 2 --preload --out bench/results/first_run_t2i.json
     python3 bench/bench_first_run.py --tiny --shapes 256p --processes 2 --out /tmp/first_run_tiny.json  # CPU check
 
 ``--profile-first`` runs each process's first sampling up to the end of step 1 under ``cProfile`` and records the
@@ -35,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_generation import (LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, _compile_stats, build_ours,  # noqa: E402
-                              fresh_processes, make_components, sync)
+from common import (LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, build_ours, compile_stats,  # noqa: E402
+                    fresh_processes, make_components, sync)
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -48,12 +49,12 @@ def _delta(before: dict, after: dict) -> dict:
 
 
 def _timed_stage(fn):
-    before = _compile_stats()
+    before = compile_stats()
     sync()
     start = time.perf_counter()
     out = fn()
     sync()
-    return out, dict(s=round(time.perf_counter() - start, 2), **_delta(before, _compile_stats()))
+    return out, dict(s=round(time.perf_counter() - start, 2), **_delta(before, compile_stats()))
 
 
 def _python_profile(prof) -> dict:

@@ -4,13 +4,18 @@ Both sides use the *same* weights (ours is loaded from diffusers' state dict, sh
 lengths (cond ≈ 1,500 tokens like a JSON-upsampled prompt, uncond ≈ 60) and bf16. Per resolution it times one
 guided denoising step — ours: one batched two-branch ``denoise_step`` over cached text K/V; diffusers: its
 pipeline's two full ``Cosmos3OmniTransformer.forward`` passes — and reports seconds, the ratio, achieved TFLOP/s
-(gen-tower FLOP model of shared/reference/performance.md §3: linear + attention core, both branches) and peak GPU
-memory. End to end (text prefill, 35 guided steps, VAE decode, audio decode) runs for the shapes given with
-``--e2e``; diffusers' end-to-end pipeline runs for ``--e2e-diffusers`` shapes. Results go to a JSON file;
-``--render FILE.json`` writes BENCHMARKS.md from it.
+(``common.step_flops``: linear + attention core, both branches) and peak GPU memory. End to end (text prefill, 35
+guided steps, VAE decode, audio decode) runs for the shapes given with ``--e2e``; diffusers' end-to-end pipeline
+runs for ``--e2e-diffusers`` shapes. Results go to a JSON file (BENCHMARKS.md's per-shape tables read them).
 
-    python bench/bench_generation.py --out results.json --resolutions 256p,480p,720p --e2e 480p --e2e-diffusers 480p
-    python bench/bench_generation.py --render results.json > BENCHMARKS.md
+    python bench/bench_generation.py --compile --resolutions t2i,256p,480p --e2e t2i,256p,480p \
+        --e2e-diffusers t2i,256p --out bench/results/generation_e2e.json
+    python bench/bench_generation.py --compile --skip-reference --resolutions "" --e2e 720p \
+        --out bench/results/generation_720p.json
+    python bench/bench_generation.py --compile --skip-reference --resolutions "" --e2e t2i \
+        --out bench/results/generation_t2i.json
+    python bench/bench_generation.py --routes --resolutions t2i,256p,480p,720p --e2e-diffusers t2i,256p,480p \
+        --e2e t2i,256p,480p,720p --out bench/results/generation_routes.json     # per-route steps, diffusers at 480p
 
 ``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs two fresh
 processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
@@ -18,7 +23,7 @@ and reports, per process and shape, the compile warm-up (first compiled step min
 AOT-autograd cache hits and misses and the steady compiled step. ``--tiny`` runs the same code on the CPU with a
 tiny random model (a check that it runs, not a measurement):
 
-    python bench/bench_generation.py --warm-start t2i,480p --out warm_start.json [--tiny]
+    python bench/bench_generation.py --warm-start t2i,480p --out /tmp/warm_start.json [--tiny]
 """
 
 from __future__ import annotations
@@ -29,8 +34,6 @@ import gc
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,118 +41,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-RESOLUTIONS = {"t2i": (720, 1280, 1), "256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
-TINY_RESOLUTIONS = {"t2i": (64, 96, 1), "256p": (32, 64, 17), "480p": (48, 80, 9), "720p": (64, 96, 17)}  # --tiny
-COND_TOKENS, UNCOND_TOKENS = 1500, 60
+from common import (COND_TOKENS, LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, UNCOND_TOKENS, build_models,  # noqa: E402
+                    build_tiny_ours, compile_stats, fresh_processes, gib, make_components, reference_inputs,
+                    step_flops, sync, timed)
+
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
 FP8 = False  # --fp8: also time the approximate FP8-GEMM fast mode
 SKIP_REFERENCE = False  # --skip-reference: time ours only (diffusers' numbers taken from an earlier run)
 HOST_COPY = None  # the text tower's pinned host copy, made once
 ROUTES = False  # --routes: time ours per variant (eager/compiled × SDPA/FlashAttention-4 × CUDA graph)
-NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-            num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
-            action_gen=True, action_dim=64,
-            rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
-WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                 attn_scales=[], temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
-                 out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
-                 latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
-
-
-def sync() -> None:
-    if torch.cuda.is_initialized():  # --tiny runs on the CPU
-        torch.cuda.synchronize()
-
-
-def gib(n: int) -> float:
-    return round(n / 2**30, 2)
-
-
-def timed(fn, warmup: int = 1, iters: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / iters
-
-
-def step_flops(num_tokens: int, text_lengths: list[int]) -> float:
-    """Gen-tower FLOPs of one step over all branches: linear + attention core (performance.md §3 convention)."""
-    d, f, h, kv, hd, layers = 4096, 12288, 32, 8, 128, 36
-    linear = 2 * layers * (d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f)
-    total = 0.0
-    for text in text_lengths:
-        total += num_tokens * linear + 4 * h * hd * num_tokens * (num_tokens + text) * layers
-    return total
-
-
-def random_bf16_weights(model: torch.nn.Module, device: str) -> torch.nn.Module:
-    """Materialize a meta-built Cosmos3 transformer on ``device`` in bf16 with seeded random weights (norm weights
-    ≈ 1, the rest N(0, 0.02)); the time embedder stays fp32 as in real checkpoints."""
-    model = model.to(torch.bfloat16).to_empty(device=device)
-    g = torch.Generator(device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1 and "norm" in name:
-                p.copy_(1.0 + 0.05 * torch.randn(p.shape, generator=g, device=device))
-            else:
-                p.normal_(0.0, 0.02, generator=g)
-    model.time_embedder.float()
-    return model.eval().requires_grad_(False)
-
-
-OURS_SKIP = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")  # generation needs none
-
-
-def meta_ours() -> torch.nn.Module:
-    """Our full-size Nano transformer on the meta device (no storage yet)."""
-    from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.model.transformer import Cosmos3Transformer
-
-    with torch.device("meta"):
-        return Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=OURS_SKIP)
-
-
-def build_ours(device: str) -> torch.nn.Module:
-    """Our full-size Nano alone, seeded random bf16 weights (no diffusers model beside it)."""
-    return random_bf16_weights(meta_ours(), device)
-
-
-def build_models(device: str):
-    from diffusers import Cosmos3OmniTransformer
-
-    with torch.device("meta"):
-        ref = Cosmos3OmniTransformer(**NANO)
-    ref = random_bf16_weights(ref, device)
-    ours = meta_ours()
-    state = {k: v for k, v in ref.state_dict().items() if not k.startswith(OURS_SKIP)}
-    ours.load_state_dict(state, strict=True, assign=True)
-    return ref, ours.eval().requires_grad_(False)
-
-
-def reference_inputs(ref, ids: list[int], latents: torch.Tensor, fps: float, timestep: int):
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline as P
-    import types
-
-    pipe = types.SimpleNamespace(transformer=ref, vae_scale_factor_temporal=4)
-    dev = latents.device
-    text = P._prepare_text_segment(pipe, ids, dev)
-    vis = P._prepare_vision_segment(pipe, latents, False, text["vision_start_temporal_offset"], fps,
-                                    text["und_len"], dev, [])
-    return dict(
-        input_ids=text["input_ids"], text_indexes=text["text_indexes"],
-        position_ids=torch.cat([text["text_mrope_ids"], vis["vision_mrope_ids"]], dim=1), und_len=text["und_len"],
-        sequence_length=text["und_len"] + vis["num_vision_tokens"], vision_tokens=[latents.to(torch.bfloat16)],
-        vision_token_shapes=vis["vision_token_shapes"], vision_sequence_indexes=vis["vision_sequence_indexes"],
-        vision_mse_loss_indexes=vis["vision_mse_loss_indexes"],
-        vision_timesteps=torch.full((vis["num_noisy_vision_tokens"],), timestep, device=dev),
-        vision_noisy_frame_indexes=vis["vision_noisy_frame_indexes"], return_dict=False,
-    )
 
 
 def time_ours(ours, step) -> tuple[float, int, dict]:
@@ -337,22 +239,6 @@ def bench_gemm_fusion(name: str, results: dict) -> None:
     print("gemm fusion", name, out, flush=True)
 
 
-def make_components(device: str, tmp: Path):
-    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
-
-    from cosmos3_core.sampling.prompt import load_tokenizer
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-
-    files = build_tiny_checkpoint(tmp / "files", variant="nano", seed=0)  # tokenizer, scheduler, model_index
-    vae = AutoencoderKLWan(**WAN22_VAE).to(device=device, dtype=torch.bfloat16).eval().requires_grad_(False)
-    audio = Cosmos3AVAEAudioTokenizer().to(device).eval().requires_grad_(False)
-    audio.register_to_config(encoder_enabled=False)
-    return files, vae, audio, load_tokenizer(files)
-
-
-LONG_PROMPT = " ".join(["a red robot walks down a busy city street at night while the camera follows"] * 100)
-
-
 def best_route(results: dict, name: str) -> tuple[str, bool, bool]:
     """(attention backend, compile, CUDA graph) of the fastest variant measured at this shape in this run."""
     routes = results["steps"].get(name, {}).get("routes", {})
@@ -476,34 +362,6 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
     print("loop", name, row, flush=True)
 
 
-def build_tiny_ours() -> torch.nn.Module:
-    """A tiny random fp32 model on the CPU (cosmos3_core/testing/tiny.py's geometry and init) for ``--tiny``."""
-    from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.testing.tiny import randomize_transformer_, transformer_config
-    from cosmos3_core.model.transformer import Cosmos3Transformer
-
-    config = Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000, action=False))
-    model = Cosmos3Transformer(config, skip_modules=("lm_head",))
-    with torch.no_grad():
-        randomize_transformer_(model, torch.Generator().manual_seed(0))
-    return model.eval().requires_grad_(False)
-
-
-def _compile_stats() -> dict:
-    """Cache counters and compile-time totals so far in this process (compare two snapshots)."""
-    from torch._dynamo.utils import compilation_time_metrics, counters
-
-    times = {k: sum(compilation_time_metrics.get(name, [])) for k, name in
-             (("compile_s", "_compile.compile_inner"), ("dynamo_tracing_s", "bytecode_tracing"))}
-    return dict(
-        phases={k: sum(v) for k, v in compilation_time_metrics.items()},
-        fxgraph_cache_hit=counters["inductor"]["fxgraph_cache_hit"],
-        fxgraph_cache_miss=counters["inductor"]["fxgraph_cache_miss"],
-        autograd_cache_hit=counters["aot_autograd"]["autograd_cache_hit"],
-        autograd_cache_miss=counters["aot_autograd"]["autograd_cache_miss"],
-        graphs=counters["stats"]["unique_graphs"], **times)
-
-
 def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
     """In this (fresh) process, per shape in order: the first compiled step as a user's first run pays it (Dynamo,
     inductor or its on-disk caches, FlashAttention-4's JIT), the steady compiled step, the compile counters and
@@ -528,13 +386,13 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
         latents = torch.randn(shape, generator=g).to(device)
         t = torch.tensor(900, device=device)
         step = lambda latents=latents, t=t, layout=layout: ours.denoise_step(latents, t, kvs, layout)  # noqa: E731
-        before = _compile_stats()
+        before = compile_stats()
         start = time.perf_counter()
         step()
         sync()
         first = time.perf_counter() - start
         steady = timed(step, warmup=1, iters=3)
-        after = _compile_stats()
+        after = compile_stats()
         compiled = step().vision.float()
         ours.compile_generation_layers(False)
         eager = step().vision.float()
@@ -548,29 +406,6 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
             rel_vs_eager=float(f"{((compiled - eager).norm() / eager.norm()).item():.2e}"))
         print("probe", name, res["shapes"][name], flush=True)
     Path(out_path).write_text(json.dumps(res, indent=1))
-
-
-def fresh_processes(argv: list[str], count: int, results: dict, out_path: str) -> None:
-    """Run ``python argv… --out <file>`` ``count`` times, one fresh process after another, on one new, empty
-    ``COSMOS3_CACHE_DIR`` (the compile settings the environment held are dropped so that every cache lands there);
-    each process's JSON, with its wall time, is appended to ``results["processes"]`` and ``results`` written to
-    ``out_path`` after each process."""
-    cache = Path(tempfile.mkdtemp(prefix="cosmos3-fresh-processes-"))
-    drop = ("TORCHINDUCTOR_", "TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE", "TORCH_COMPILE")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["COSMOS3_CACHE_DIR"] = str(cache)
-    results.setdefault("processes", [])
-    try:
-        for _ in range(count):
-            probe = cache / "process.json"
-            start = time.perf_counter()
-            subprocess.run([sys.executable, *argv, "--out", str(probe)], env=env, check=True, timeout=560)
-            run = json.loads(probe.read_text())
-            run["process_wall_s"] = round(time.perf_counter() - start, 1)
-            results["processes"].append(run)
-            Path(out_path).write_text(json.dumps(results, indent=1))
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
 
 
 def warm_start(names: str, out_path: str, tiny: bool) -> None:
@@ -648,7 +483,7 @@ def bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name: str, results: d
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default="bench_results.json")
+    p.add_argument("--out", required=True, help="results JSON")
     p.add_argument("--resolutions", default="256p,480p,720p")
     p.add_argument("--e2e", default="480p")
     p.add_argument("--e2e-diffusers", default="")
@@ -665,7 +500,6 @@ def main() -> None:
                    help="two fresh --probe-warmup processes at these shapes on one new empty cache dir, then exit")
     p.add_argument("--loop", default="", help="compiled 35-step loop vs isolated step vs GPU busy vs CUDA graphs")
     p.add_argument("--tiny", action="store_true", help="--probe-warmup/--warm-start on the CPU with a tiny model")
-    p.add_argument("--render", default=None, help="render BENCHMARKS.md from a results JSON and exit")
     args = p.parse_args()
     if args.warm_start:
         warm_start(args.warm_start, args.out, args.tiny)
@@ -673,11 +507,6 @@ def main() -> None:
     if args.probe_warmup:  # the product's compile settings, untouched
         torch.backends.cuda.matmul.allow_tf32 = False
         probe_warmup(args.probe_warmup.split(","), args.out, args.tiny)
-        return
-    if args.render:
-        from render_benchmarks import render
-
-        print(render(json.loads(Path(args.render).read_text())))
         return
     import diffusers
     import transformers

@@ -5,9 +5,9 @@ the streaming mp4 writer, and records per window: denoising seconds, decode+writ
 allocated during the window (the peak is reset between windows) and the host's resident memory after the window.
 Flat peaks over the windows are the claim to check: nothing but the last decoded tail crosses a window boundary.
 
-Weights: bench_generation.py's random bf16 Nano transformer and full-size Wan2.2 VAE / AVAE (its helpers).
+Weights: common.py's random bf16 Nano transformer and full-size Wan2.2 VAE / AVAE.
 
-    python bench/bench_longvideo.py --out bench/results_longvideo.json            # 30 s 480p, 20 s 720p, GPU
+    python bench/bench_longvideo.py --steps 2 --out bench/results/longvideo.json  # 30 s 480p, 20 s 720p, GPU
     python bench/bench_longvideo.py --tiny --out /tmp/lv.json                     # the tiny checkpoint, CPU check
 """
 
@@ -49,7 +49,7 @@ def load_pipeline(tiny: bool, device: str, tmp: Path):
 
         path = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=True, seed=0)
         return Cosmos3Pipeline.load(path, dtype=torch.float32, device=device)
-    from bench_generation import build_models, make_components
+    from common import build_models, make_components
 
     from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
@@ -80,8 +80,8 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
 
     path = out_dir / f"{name}.mp4"
     prompt = "a red robot walks down a busy city street at night while the camera follows"
-    if device == "cuda":  # ≈1,500 tokens, like a JSON-upsampled prompt (bench_generation's)
-        from bench_generation import LONG_PROMPT as prompt
+    if device == "cuda":  # ≈1,500 tokens, like a JSON-upsampled prompt (common.LONG_PROMPT)
+        from common import LONG_PROMPT as prompt
     request = LongVideoRequest(prompt=prompt,
                                num_frames=total, frames_per_chunk=chunk, height=h, width=w, steps=steps,
                                seed=0, sound=sound)
@@ -110,7 +110,7 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="bench/results_longvideo.json")
+    p.add_argument("--out", required=True, help="results JSON")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"any of {', '.join(SHAPES)}")
     p.add_argument("--steps", type=int, default=35, help="denoising steps per window (peak memory does not depend on it)")
     p.add_argument("--sound", action="store_true", help="also generate (and stream) each window's sound track")

@@ -4,16 +4,16 @@ Run once per layout under torchrun; each run appends one JSON line (per-stage se
 ``--out``. The 1-GPU line (``--nproc-per-node 1``, no flags) is the baseline of the scaling efficiencies that
 ``--render`` prints (speed-up ÷ GPUs, per stage)::
 
-    torchrun --nproc-per-node 1 bench/bench_parallel.py --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 2 bench/bench_parallel.py --cfg-parallel --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 2 bench/bench_parallel.py --ulysses 2 --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 4 bench/bench_parallel.py --cfg-parallel --ulysses 2 --out bench/results_parallel.jsonl
-    torchrun --nproc-per-node 4 bench/bench_parallel.py --ulysses 4 --out bench/results_parallel.jsonl
-    python bench/bench_parallel.py --render bench/results_parallel.jsonl
+    torchrun --nproc-per-node 1 bench/bench_parallel.py --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 2 bench/bench_parallel.py --cfg-parallel --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 2 bench/bench_parallel.py --ulysses 2 --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 4 bench/bench_parallel.py --cfg-parallel --ulysses 2 --out bench/results/parallel.jsonl
+    torchrun --nproc-per-node 4 bench/bench_parallel.py --ulysses 4 --out bench/results/parallel.jsonl
+    python bench/bench_parallel.py --render bench/results/parallel.jsonl
 
-Every rank builds the same weights (seeded, on its own GPU), as bench_generation.py does for one GPU: Nano's
+Every rank builds the same weights (seeded, on its own GPU), as common.py builds them for one GPU: Nano's
 geometry, bf16, the Wan2.2 VAE at its released widths. Defaults: 1280×720, 189 frames, 35 steps, guidance 6,
-bench_generation.py's long prompt and the checkpoint's default negative prompt. ``--tiny`` runs the tiny test checkpoint in fp32 at
+common.py's long prompt and the checkpoint's default negative prompt. ``--tiny`` runs the tiny test checkpoint in fp32 at
 64×96×9, 2 steps, on the CPU with gloo: it only checks that the script starts and finishes (no timing value).
 Set ``NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1`` on the lent H200 machines.
 """
@@ -42,7 +42,7 @@ def build_pipeline(tiny: bool, device: torch.device, tmp: Path):
     if tiny:
         files = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=False, seed=0)
         return Cosmos3Pipeline.load(files, dtype=torch.float32, device=device, with_sound=False)
-    from bench_generation import build_ours, make_components
+    from common import build_ours, make_components
 
     from cosmos3_core.vae.video import Cosmos3VAE
 
@@ -71,7 +71,7 @@ def main() -> None:
     if args.tiny:
         args.height, args.width, args.num_frames, args.steps = 64, 96, 9, 2
 
-    from bench_generation import LONG_PROMPT
+    from common import LONG_PROMPT
 
     from cosmos3_core.parallel.mesh import init_parallel
     from cosmos3_core.parallel.run import generate

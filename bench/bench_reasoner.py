@@ -29,7 +29,7 @@ warm-up, later steps are replays) — each against the same route's eager run, a
 change itself); ``top1_equal_graph`` per step; ``top2_margin`` of current eager (how near-tied random weights are).
 ``capture_warnings``: CUDA-graph captures that failed (the step then ran uncaptured; should be empty).
 
-    python bench/bench_reasoner.py --out reasoner.json [--families edge,nano] [--new-tokens 256]
+    python bench/bench_reasoner.py --out bench/results/reasoner.json [--families edge,nano] [--new-tokens 256]
     python bench/bench_reasoner.py --tiny --out /tmp/reasoner_tiny.json     # CPU, tiny checkpoint: checks the script
 """
 
@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generation import NANO, random_bf16_weights  # noqa: E402
+from common import NANO, random_bf16_weights  # noqa: E402
 
 EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_attention_heads=16,
             num_key_value_heads=8, head_dim=128, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
@@ -246,7 +246,7 @@ def bench_family(family: str, args, device: torch.device) -> dict:
 def main() -> None:
     global STEADY_FROM
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default="reasoner.json")
+    p.add_argument("--out", required=True, help="results JSON")
     p.add_argument("--families", default="edge,nano")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt-words", type=int, default=400)

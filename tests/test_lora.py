@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from cosmos3_core.model.lora import LoraError, check_fits, read_lora
+from cosmos3_core.model.lora import LoraError, read_lora
 from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from test_transformer_parity import reference_step, ours_step, rel_err
 from test_workflows import load_api, prepared_executor, shrink_api
@@ -56,10 +56,10 @@ def shapes(tmp_path_factory):
 
 
 def test_reader_scales_and_fits(shapes, tmp_path):
-    lora = read_lora(write_lora(tmp_path / "a.safetensors", shapes, rank=4, alpha=8.0))
-    assert sorted(lora) == sorted(TARGETS) and all(p.rank == 4 and p.scale == 2.0 for p in lora.values())
-    check_fits(lora, shapes, "a.safetensors")
-    plain = read_lora(write_lora(tmp_path / "b.safetensors", shapes, metadata=False))
+    lora = read_lora(write_lora(tmp_path / "a.safetensors", shapes, rank=4, alpha=8.0), shapes)
+    assert sorted(lora) == sorted(TARGETS)
+    assert all(p.kind == "lora" and p.tensors["down"].shape[0] == 4 and p.scale == 2.0 for p in lora.values())
+    plain = read_lora(write_lora(tmp_path / "b.safetensors", shapes, metadata=False), shapes)
     assert all(p.scale == 1.0 for p in plain.values())  # PEFT's lora_alpha = r when nothing says otherwise
 
 
@@ -68,7 +68,7 @@ def test_lora_for_another_model_is_refused(shapes, tmp_path):
     path = write_lora(tmp_path / "sdxl.safetensors", other, targets=("down_blocks.0.attentions.0.proj_in",))
     with pytest.raises(LoraError, match=r"sdxl.safetensors does not fit this checkpoint: 1 of its 1 modules.*"
                                         r"down_blocks.0.attentions.0.proj_in.*another model"):
-        check_fits(read_lora(path), shapes, "sdxl.safetensors")
+        read_lora(path, shapes)
 
 
 def test_rank_mismatch_and_wrong_size_are_refused(shapes, tmp_path):
@@ -77,11 +77,11 @@ def test_rank_mismatch_and_wrong_size_are_refused(shapes, tmp_path):
     bad = tmp_path / "rank.safetensors"
     save_file({f"transformer.{m}.lora_A.weight": torch.zeros(4, in_f),
                f"transformer.{m}.lora_B.weight": torch.zeros(out_f, 8)}, str(bad))
-    with pytest.raises(LoraError, match=rf"rank mismatch at {m}: lora_A \(4, {in_f}\) and lora_B \({out_f}, 8\)"):
-        read_lora(bad)
+    with pytest.raises(LoraError, match=rf"rank mismatch at {m}: down \(4, {in_f}\), up \({out_f}, 8\)"):
+        read_lora(bad, shapes)
     wrong = write_lora(tmp_path / "edge.safetensors", {**shapes, m: (out_f, in_f * 2)}, targets=(m,))
     with pytest.raises(LoraError, match=rf"{m} is \[{out_f}, {in_f}\] in this checkpoint.*another Cosmos3 size"):
-        check_fits(read_lora(wrong), shapes, "edge.safetensors")
+        read_lora(wrong, shapes)
 
 
 def test_corrupt_and_unsupported_files_are_refused(shapes, tmp_path):
@@ -89,11 +89,15 @@ def test_corrupt_and_unsupported_files_are_refused(shapes, tmp_path):
     corrupt = tmp_path / "corrupt.safetensors"
     corrupt.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
     with pytest.raises(LoraError, match="corrupt.safetensors cannot be read .*download it again"):
-        read_lora(corrupt)
+        read_lora(corrupt, shapes)
     dora = write_lora(tmp_path / "dora.safetensors", shapes, targets=TARGETS[:1],
                       extra={f"transformer.{TARGETS[0]}.lora_magnitude_vector": torch.ones(3)})
     with pytest.raises(LoraError, match="DoRA"):
-        read_lora(dora)
+        read_lora(dora, shapes)
+    half = tmp_path / "half.safetensors"
+    save_file({f"transformer.{TARGETS[0]}.lora_A.weight": torch.zeros(4, shapes[TARGETS[0]][1])}, str(half))
+    with pytest.raises(LoraError, match=rf"{TARGETS[0]} has no lora_B/lora_up weight; the file is incomplete"):
+        read_lora(half, shapes)
 
 
 # -------------------------------------------------------------------------------------------- node + ComfyUI
@@ -216,7 +220,8 @@ def test_bad_lora_through_the_node_names_node_file_and_fix(host, lora_setup):
 
 
 def test_lora_on_fp8_stored_weights_runs(host, lora_setup):
-    """ComfyUI patches FP8-stored weights too (it computes the patch in fp32 and rounds back to FP8)."""
+    """ComfyUI patches FP8-stored weights too (it computes the patch in fp32 and rounds back to FP8); strength 0
+    on FP8 is tests/test_lora_formats.py's."""
     g = lora_graph(1.0)
     (loader,) = [k for k, v in g.items() if v["class_type"] == "Cosmos3Loader"]
     g[loader]["inputs"]["weight_dtype"] = "fp8_e4m3fn"

@@ -3,13 +3,13 @@
 Mirrors what diffusers 0.42.1 ``Cosmos3AttnProcessor`` runs through its ``native`` backend:
 ``scaled_dot_product_attention(q, k, v, is_causal=..., enable_gqa=True)`` with scale 1/√head_dim.
 Grouped-query attention (32 query heads over 8 key/value heads on Nano) stays grouped: measured on an H200 with
-torch 2.11 (bench/results_run2.json), SDPA's default dispatch runs ``enable_gqa`` on cuDNN attention at the same
+torch 2.11 (docs/benchmark-log.md), SDPA's default dispatch runs ``enable_gqa`` on cuDNN attention at the same
 speed as with the key/value heads expanded (720p: 57.1 vs 57.2 ms, 578 TFLOP/s; FlashAttention-2 363), so expanding
 them would only cost copies and memory.
 
 **FlashAttention-4** (the optional PyPI package ``flash-attn-4``, ``flash_attn.cute.flash_attn_func``; its
 CuTe-DSL Hopper kernel) computes the same exact softmax attention ~1.16× faster than cuDNN on our shapes (H200,
-BENCHMARKS.md). It is used when all of these hold, else SDPA: the backend is ``"flash4"``, or ``"auto"`` with at
+docs/benchmark-log.md). It is used when all of these hold, else SDPA: the backend is ``"flash4"``, or ``"auto"`` with at
 least ``FLASH4_MIN_QUERIES`` query tokens (the run's ``RuntimeOptions.attention``, runtime.py: the CLI's
 ``--attention`` / the nodes' ``attention`` input), the package imports, the tensors are CUDA bf16/fp16 on an sm90 (Hopper) GPU, ``head_dim`` is
 64/96/128, the query heads are a multiple of the key/value heads and there is no ``mask``. Forcing ``"flash4"`` where
@@ -19,7 +19,7 @@ instead of breaking the graph at every layer.
 
 **Causal text attention** (each prompt's prefill, generator and reasoner) runs through SDPA on CUDA with cuDNN left
 out (FlashAttention-2, else the math kernel): cuDNN builds an execution plan for every new shape, and every new
-prompt is a new length. Measured on an H200 (BENCHMARKS.md run 13, Nano, a guidance pair of ~1,400 + ~65 tokens): the
+prompt is a new length. Measured on an H200 (docs/benchmark-log.md, Nano, a guidance pair of ~1,400 + ~65 tokens): the
 pair's prefill at a length not seen before took 0.19–0.22 s with cuDNN against 0.05–0.06 s repeated; with
 FlashAttention-2 0.055–0.063 s new, 0.054 s repeated. Same exact softmax attention, another kernel's rounding.
 
@@ -31,7 +31,7 @@ broadcastable to ``[B, H, Sq, Sk]``, True = attend) serves the reasoner's static
 query heads viewed as ``[KV, groups]`` against the un-expanded cache instead of ``repeat_kv``'s copies: each
 (head, key) product is the same, only the copy of the whole cache per layer and token (``groups``×: 4 on Nano, 2 on
 Edge) disappears, and it is a handful of small kernels (two batched GEMMs and a softmax) instead of SDPA's masked
-kernel (H200, BENCHMARKS.md run 10: batch-1 decode Nano 96.8 → 107.6 tokens/s, Edge 143 → 223). Backend
+kernel (H200, docs/benchmark-log.md: batch-1 decode Nano 96.8 → 107.6 tokens/s, Edge 143 → 223). Backend
 ``"sdpa"`` keeps SDPA for it too: with a mask on CUDA the grouped K/V heads are then expanded, since the fused SDPA
 kernels reject ``enable_gqa`` together with a mask.
 """

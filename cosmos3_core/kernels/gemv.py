@@ -83,7 +83,7 @@ def _triton_ready(index: int) -> bool:
 
 # (N, K) → (block_n, block_k, num_warps): the fastest of 38 launch configurations for each decode GEMV of the three
 # text towers, timed on an H200 as the decode runs them (one weight per layer back to back in a CUDA graph;
-# bench/probe_gemv.py → bench/results_probe_gemv.json). Weight bandwidth there, ours vs cuBLAS, in TB/s.
+# a one-off probe, docs/benchmark-log.md "Batch-1 GEMV"). Weight bandwidth there, ours vs cuBLAS, in TB/s.
 TUNED = {
     (4096, 2048): (4, 512, 4),  # Edge q/k/v packed: 2.77 vs 2.34
     (2048, 2048): (4, 1024, 8),  # Edge to_out: 2.11 vs 1.38

@@ -2,7 +2,7 @@
 
 A batch-1 decode step is a chain of matrix-vector products, each bound by reading its weight once. Reading the
 text tower's ``to_q``/``to_k``/``to_v`` (and the SiLU MLP's ``gate_proj``/``up_proj``) as one ``[Σ out, in]``
-matrix is one GEMV instead of three (two). Measured on an H200 (BENCHMARKS.md, full-size bf16): cuBLAS reads each
+matrix is one GEMV instead of three (two). On an H200 (docs/benchmark-log.md, full-size bf16): cuBLAS reads each
 of Edge's 4 MB ``to_k``/``to_v`` matrices at 0.34 TB/s (a 12 µs launch-and-tail floor), so one token's projections
 take 1.81 ms split and 1.14 ms packed (Nano: 4.45 → 3.93 ms); the compiled, graphed decode goes 361 → 511 tokens/s
 (Edge) and 169 → 191 (Nano).

@@ -3,7 +3,7 @@ of tracing them again.
 
 ``torch.compile``'s own on-disk caches (``caches.py``) hold the kernels, but every new process still runs Dynamo
 over the function to rebuild the graph and its guards before it can look them up: 1.4–1.5 s for the VAE decoder's
-six stage graphs at 256p on an H200 (BENCHMARKS.md, run 15), more than the kernels' cache load. torch's AOT compile
+six stage graphs at 256p on an H200 (docs/benchmark-log.md), more than the kernels' cache load. torch's AOT compile
 (``torch.compile(fn, fullgraph=True).aot_compile(example)``, ``save_compiled_function``,
 ``torch.compiler.load_compiled_function``; experimental, present from torch 2.11) serializes the traced bytecode,
 its guards and the compiled graph with its kernels. Loading one takes about 0.1 s.

@@ -1,17 +1,35 @@
-"""LoRA files for Cosmos3: read a PEFT-format safetensors file and map it onto the transformer's linear layers.
+"""LoRA-family files for Cosmos3: read LoRA, LoKr and LoHa safetensors files as trainers save them, map their keys
+onto the transformer's linear layers (diffusers module names, the same as this core's parameters:
+``layers.3.self_attn.add_q_proj``, ``layers.3.mlp_moe_gen.down_proj``, ``proj_in``, ...) and compute each layer's
+weight change.
 
-Mirrors what diffusers 0.42.1 ``PeftAdapterMixin.load_lora_adapter`` accepts for ``Cosmos3OmniTransformer``
-(``loaders/peft.py``, ``utils/peft_utils.py``): keys ``[transformer.]<module>.lora_A.weight`` (``[r, in]``) and
-``<module>.lora_B.weight`` (``[out, r]``), where ``<module>`` is the diffusers module name — the same names as this
-core's parameters (``layers.3.self_attn.add_q_proj``, ``layers.3.mlp_moe_gen.down_proj``, ...). The scale of each
-pair is ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``) from the file's ``lora_adapter_metadata``
-(PEFT ``LoraConfig`` fields, ``transformer.``-prefixed as diffusers writes them; ``alpha_pattern``/``rank_pattern``
-matched like PEFT, by module-name suffix), else ``1`` (PEFT's default ``lora_alpha = r`` when nothing says otherwise).
+Formats, each with the definition it follows (``s`` is the layer's scale, ``strength`` the user's multiplier;
+the patched weight is ``W + strength · s · ΔW``):
 
-The result is a plain mapping module name → ``LoraPair``; applying it (``W + strength·scale·B·A``) is the host's
-business: ComfyUI patches the weights through its ModelPatcher (``nodes/lora.py``).
-Every problem is one ``LoraError`` naming the file, the offending keys and the fix: unknown modules (a LoRA for
-another model), ranks that disagree between A and B or shapes that do not fit the layer, unreadable files, DoRA.
+* **LoRA**, ``ΔW = up · down``: PEFT/diffusers ``<m>.lora_A[.default].weight`` ``[r, in]`` + ``<m>.lora_B…``
+  ``[out, r]`` (diffusers 0.42.1 ``load_lora_adapter``), ``s = lora_alpha / r`` (``/ sqrt(r)`` with ``use_rslora``)
+  from the file's ``lora_adapter_metadata`` (PEFT ``LoraConfig`` fields, ``transformer.``-prefixed as diffusers
+  writes them; ``alpha_pattern``/``rank_pattern`` matched like PEFT, by module-name suffix) or, for PEFT's own
+  ``adapter_model.safetensors``, the ``adapter_config.json`` beside it; else ``1``. kohya/LyCORIS LoCon
+  ``<m>.lora_down.weight`` / ``lora_up.weight`` with a per-layer ``alpha`` tensor: ``s = alpha / r``.
+* **LoKr** (LyCORIS 4.1.3 ``modules/lokr.py``, the format SimpleTuner trains Cosmos3 with), ``ΔW = kron(W1, W2)``:
+  ``W1 = lokr_w1`` or ``lokr_w1_a · lokr_w1_b``; ``W2 = lokr_w2`` or ``lokr_w2_a · lokr_w2_b`` or, Tucker,
+  ``lokr_w2_aᵀ · lokr_t2 · lokr_w2_b``. ``s = alpha / r`` with ``r`` the rank of the factorised side; ``1`` when
+  both sides are full matrices (LyCORIS ignores alpha then).
+* **LoHa** (LyCORIS ``modules/loha.py``), ``ΔW = (hada_w1_a · hada_w1_b) ⊙ (hada_w2_a · hada_w2_b)`` (Tucker:
+  ``hada_wi_aᵀ · hada_ti · hada_wi_b``), ``s = alpha / r``, ``r`` = rows of ``hada_w1_b``.
+
+For LoCon, LoKr and LoHa a missing or zero ``alpha`` means ``alpha = r`` (``s = 1``), as LyCORIS and kohya define it.
+Key prefixes: ``transformer.``, ``base_model.model.``, ``diffusion_model.`` (dotted module names) and ``lora_unet_``,
+``lycoris_``, ``lora_transformer_`` (dots written as underscores, resolved against the checkpoint's layer names).
+One file may mix formats layer by layer (LyCORIS presets do). Other adapter formats (DoRA, OFT/BOFT, GLoRA, IA3,
+full diffs, ...) are refused by name.
+
+``read_lora`` returns module name → ``LoraPatch``; ``LoraPatch.delta()`` is ``s · ΔW`` and ``merge_lora`` adds
+``strength · s · ΔW`` into a core model's weights (the library path). ComfyUI computes the same deltas itself
+through its weight adapters (``nodes/lora.py``). Every problem is one ``LoraError`` naming the file, the offending
+key or value and the fix: unreadable files, non-finite tensors, bad alpha/rank values, unknown formats, keys for
+layers this checkpoint lacks, shapes that do not fit.
 """
 
 from __future__ import annotations
@@ -19,14 +37,45 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-PREFIXES = ("transformer.", "base_model.model.")
+DOTTED_PREFIXES = ("transformer.", "base_model.model.", "diffusion_model.")
+FLAT_PREFIXES = ("lora_unet_", "lycoris_", "lora_transformer_")
 METADATA_KEY = "lora_adapter_metadata"
+SUPPORTED = ("LoRA (PEFT/diffusers lora_A/lora_B, kohya/LyCORIS lora_down/lora_up), LyCORIS LoKr (lokr_*) and "
+             "LyCORIS LoHa (hada_*)")
+
+# key suffix → (format, part)
+PARTS = {
+    "lora_A.weight": ("lora", "down"), "lora_B.weight": ("lora", "up"),
+    "lora_A.default.weight": ("lora", "down"), "lora_B.default.weight": ("lora", "up"),
+    "lora_down.weight": ("lora", "down"), "lora_up.weight": ("lora", "up"),
+    **{f"lokr_{p}": ("lokr", p) for p in ("w1", "w1_a", "w1_b", "w2", "w2_a", "w2_b", "t2")},
+    **{f"hada_{p}": ("loha", p) for p in ("w1_a", "w1_b", "w2_a", "w2_b", "t1", "t2")},
+    "alpha": (None, "alpha"),
+}
+# key suffix → the format it belongs to, for the formats refused by name
+UNSUPPORTED = {
+    "dora_scale": "DoRA (dora_scale)", "lora_magnitude_vector": "DoRA (PEFT lora_magnitude_vector)",
+    "lora_magnitude_vector.weight": "DoRA (PEFT lora_magnitude_vector)",
+    "oft_blocks": "OFT/BOFT (LyCORIS oft_blocks)", "rescale": "OFT/BOFT (LyCORIS rescale)",
+    "oft_r": "OFT (PEFT oft_r)", "oft_R": "OFT (oft_R)", "boft_R": "BOFT (PEFT boft_R)", "boft_s": "BOFT (PEFT boft_s)",
+    **{f"{p}.weight": "GLoRA" for p in ("a1", "a2", "b1", "b2", "bm")},
+    "on_input": "IA3 (LyCORIS)", "ia3_l": "IA3 (PEFT ia3_l)", "ia3_l.weight": "IA3 (PEFT ia3_l)",
+    "diff": "full weight difference (diff)", "diff_b": "full bias difference (diff_b)",
+    "set_weight": "weight replacement (set_weight)",
+    "w_norm": "norm-layer tuning (w_norm)", "b_norm": "norm-layer tuning (b_norm)",
+    "lora_mid.weight": "LoCon Tucker (lora_mid, for convolutions)", "lokr_t1": "LoKr Tucker t1 (for convolutions)",
+    "lora_embedding_A": "PEFT embedding LoRA", "lora_embedding_B": "PEFT embedding LoRA",
+    "vera_lambda_b": "VeRA", "vera_lambda_d": "VeRA",
+    "lambda_layer": "T-LoRA", "q_layer.weight": "T-LoRA", "p_layer.weight": "T-LoRA",
+}
+_SUFFIXES = sorted([*PARTS, *UNSUPPORTED], key=len, reverse=True)
 
 
 class LoraError(ValueError):
@@ -34,100 +83,349 @@ class LoraError(ValueError):
 
 
 @dataclass(frozen=True)
-class LoraPair:
-    down: torch.Tensor  # lora_A [r, in]
-    up: torch.Tensor  # lora_B [out, r]
-    scale: float  # lora_alpha / r (or / sqrt(r) for rsLoRA)
+class LoraPatch:
+    """One linear layer's adapter: ``kind`` ("lora" | "lokr" | "loha"), its tensors by part name (lora: ``up``,
+    ``down``; lokr: ``w1``/``w1_a``/``w1_b``, ``w2``/``w2_a``/``w2_b``/``t2``; loha: ``w1_a``, ``w1_b``, ``w2_a``,
+    ``w2_b``[, ``t1``, ``t2``]; Tucker cores squeezed to 2-D), the scale ``s`` and the file's key for messages."""
+
+    kind: str
+    tensors: Mapping[str, torch.Tensor]
+    scale: float
+    key: str
 
     @property
-    def rank(self) -> int:
-        return int(self.down.shape[0])
+    def shape(self) -> tuple[int, int]:
+        """The ``[out, in]`` weight this patch changes."""
+        t = self.tensors
+        if self.kind == "lora":
+            return int(t["up"].shape[0]), int(t["down"].shape[1])
+        if self.kind == "loha":
+            return _side_shape(t, 1)
+        (a, c), (b, d) = _side_shape(t, 1), _side_shape(t, 2)
+        return a * b, c * d
+
+    def factor(self, i: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """LoKr's ``W1``/``W2`` or LoHa's ``i``-th Hadamard factor, unscaled."""
+        return _side({k: v.to(dtype) for k, v in self.tensors.items()}, i)
+
+    def delta(self, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+        """``s · ΔW`` as an ``[out, in]`` tensor."""
+        t = {k: v.to(device=device, dtype=dtype) for k, v in self.tensors.items()}
+        if self.kind == "lora":
+            dw = t["up"] @ t["down"]
+        elif self.kind == "loha":
+            dw = _side(t, 1) * _side(t, 2)
+        else:
+            dw = torch.kron(_side(t, 1), _side(t, 2))
+        return dw * self.scale
 
 
-def _strip(key: str) -> str:
-    for prefix in PREFIXES:
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
+def _side(t: Mapping[str, torch.Tensor], i: int) -> torch.Tensor:
+    """LoKr's W1/W2 or LoHa's i-th Hadamard factor: ``w{i}``, ``w{i}_a · w{i}_b`` or, Tucker,
+    ``w{i}_aᵀ · t{i} · w{i}_b`` (``[r, m]ᵀ · [r, r] · [r, n]``)."""
+    if f"w{i}" in t:
+        return t[f"w{i}"]
+    a, b, core = t[f"w{i}_a"], t[f"w{i}_b"], t.get(f"t{i}")
+    return a @ b if core is None else a.t() @ core @ b
 
 
-def _metadata(raw: dict | None, name: str) -> dict:
-    if not raw or METADATA_KEY not in raw:
+def _side_shape(t: Mapping[str, torch.Tensor], i: int) -> tuple[int, int]:
+    if f"w{i}" in t:
+        return int(t[f"w{i}"].shape[0]), int(t[f"w{i}"].shape[1])
+    a, b = t[f"w{i}_a"], t[f"w{i}_b"]
+    return int(a.shape[1] if f"t{i}" in t else a.shape[0]), int(b.shape[1])
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+def _split(key: str) -> tuple[str, str, bool] | None:
+    """``key`` → (module key, suffix, flat naming) or None when no known suffix ends it."""
+    for suffix in _SUFFIXES:
+        if key.endswith("." + suffix):
+            module = key[: -len(suffix) - 1]
+            for prefix in DOTTED_PREFIXES:
+                if module.startswith(prefix):
+                    return module[len(prefix):], suffix, False
+            for prefix in FLAT_PREFIXES:
+                if module.startswith(prefix):
+                    return module[len(prefix):], suffix, True
+            return module, suffix, False
+    return None
+
+
+def _number(value, what: str, name: str, positive_int: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and positive_int:
+        ok = float(value).is_integer() and value > 0
+    if not ok:
+        kind = "a positive integer" if positive_int else "a finite number"
+        raise LoraError(f"LoRA {name}: {what} is {value!r} ({type(value).__name__}); it must be {kind}. The file's "
+                        "adapter settings are damaged — fix that value or save the LoRA again.")
+    return float(value)
+
+
+def _peft_config(raw: dict | None, path: Path, name: str) -> dict:
+    """PEFT LoraConfig fields (r, lora_alpha, use_rslora, alpha_pattern, rank_pattern), validated."""
+    values, where = None, METADATA_KEY
+    if raw and METADATA_KEY in raw:
+        try:
+            values = json.loads(raw[METADATA_KEY])
+        except json.JSONDecodeError as exc:
+            raise LoraError(f"LoRA {name}: its {METADATA_KEY} is not JSON ({exc}); the file is damaged.") from exc
+    elif path.name == "adapter_model.safetensors" and (path.parent / "adapter_config.json").is_file():
+        where = "adapter_config.json"
+        try:
+            values = json.loads((path.parent / where).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LoraError(f"LoRA {name}: the {where} beside it cannot be read ({exc}); fix or delete it.") from exc
+    if values is None:
         return {}
-    try:
-        values = json.loads(raw[METADATA_KEY])
-    except json.JSONDecodeError as exc:
-        raise LoraError(f"LoRA {name}: its {METADATA_KEY} is not JSON ({exc}); the file is damaged.") from exc
-    return {_strip(k): v for k, v in values.items()}
+    if not isinstance(values, dict):
+        raise LoraError(f"LoRA {name}: its {where} is not a JSON object; the file is damaged.")
+    if where == METADATA_KEY:  # diffusers writes "<prefix>.<LoraConfig field>"
+        values = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in values.items()}
+    elif values.get("peft_type", "LORA") != "LORA":
+        raise LoraError(f"LoRA {name} is a PEFT {values['peft_type']} adapter ({where}); supported: {SUPPORTED}.")
+    out = {}
+    for field, positive_int in (("r", True), ("lora_alpha", False)):
+        if values.get(field) is not None:
+            out[field] = _number(values[field], f"{field} in its {where}", name, positive_int)
+    for field, positive_int in (("rank_pattern", True), ("alpha_pattern", False)):
+        patterns = values.get(field) or {}
+        if not isinstance(patterns, dict):
+            raise LoraError(f"LoRA {name}: {field} in its {where} is {patterns!r}; it must map module names to "
+                            "numbers. Fix that value or save the LoRA again.")
+        out[field] = {k: _number(v, f"{field}[{k!r}] in its {where}", name, positive_int) for k, v in patterns.items()}
+    out["use_rslora"] = bool(values.get("use_rslora"))
+    if values.get("use_dora"):
+        raise LoraError(f"LoRA {name} is a DoRA adapter (use_dora in its {where}); supported: {SUPPORTED}.")
+    return out
 
 
 def _pattern_value(patterns: dict, module: str, default):
     for pattern, value in (patterns or {}).items():
-        if module == pattern or module.endswith("." + pattern) or re.fullmatch(pattern.lstrip("^"), module):
+        if module == pattern or module.endswith("." + pattern):
             return value
+        try:
+            if re.fullmatch(pattern.lstrip("^"), module):
+                return value
+        except re.error:  # not a regular expression: only the suffix match above applies
+            pass
     return default
 
 
-def read_lora(path: str | Path) -> dict[str, LoraPair]:
-    """module name → ``LoraPair`` for every pair in a PEFT-format LoRA safetensors file (no model needed)."""
+def _resolve(groups: dict, shapes: Mapping, name: str) -> dict[str, tuple[str, bool]]:
+    """checkpoint module name → its group ``(module key, flat)`` in the file; unknown modules are one error listing
+    the first few."""
+    flat_names: dict[str, str | None] = {}
+    for module in shapes:
+        flat = module.replace(".", "_")
+        flat_names[flat] = None if flat in flat_names else module  # None: two layers share the flat spelling
+    out, unknown = {}, []
+    for key, flat in sorted(groups):
+        # a flat key is resolved by its spelling; a dotted one directly (or by spelling, for prefix-less flat keys)
+        module = flat_names.get(key) if flat else (key if key in shapes else flat_names.get(key))
+        if module is None:
+            unknown.append(key)
+        elif module in out:
+            raise LoraError(f"LoRA {name}: layer {module} appears twice (as {out[module][0]!r} and {key!r}); "
+                            "the file is damaged.")
+        else:
+            out[module] = (key, flat)
+    if unknown:
+        raise LoraError(
+            f"LoRA {name} does not fit this checkpoint: {len(unknown)} of its {len(groups)} modules are not Cosmos3 "
+            f"linear layers (e.g. {unknown[:3]}); it was trained for another model (or another Cosmos3 size)."
+        )
+    return out
+
+
+def _alpha(parts: dict, key: str, name: str) -> float | None:
+    alpha = parts.pop("alpha", None)
+    if alpha is None:
+        return None
+    if alpha.numel() != 1:
+        raise LoraError(f"LoRA {name}: {key}.alpha has shape {tuple(alpha.shape)}; it must be one number.")
+    value = float(alpha.float().item())
+    return value or None  # 0 means "alpha = rank", as LyCORIS and kohya read it
+
+
+def _matrix(parts: dict, part: str, key: str, name: str, allow_4d: bool = False) -> torch.Tensor:
+    t = parts[part]
+    if allow_4d and t.ndim == 4 and tuple(t.shape[2:]) == (1, 1):
+        t = t[:, :, 0, 0]
+    if t.ndim != 2:
+        raise LoraError(f"LoRA {name}: {key} {part} has shape {tuple(t.shape)}; a linear layer's adapter needs "
+                        "2-D matrices — the file is damaged or made for convolution layers.")
+    return t
+
+
+def _build(kind: str, parts: dict, key: str, module: str, config: dict, name: str) -> LoraPatch:
+    alpha = _alpha(parts, key, name)
+    if kind == "lokr":
+        for side in ("1", "2"):
+            full, pair = f"w{side}" in parts, f"w{side}_a" in parts or f"w{side}_b" in parts
+            if full == pair or (pair and not {f"w{side}_a", f"w{side}_b"} <= set(parts)):
+                raise LoraError(f"LoRA {name}: {key} needs lokr_w{side} or both lokr_w{side}_a and lokr_w{side}_b "
+                                f"(it has {sorted('lokr_' + p for p in parts)}); the file is incomplete.")
+    else:
+        names = ({"down": "lora_A/lora_down", "up": "lora_B/lora_up"} if kind == "lora"
+                 else {p: "hada_" + p for p in ("w1_a", "w1_b", "w2_a", "w2_b", "t1", "t2")})
+        missing = [p for p in (("down", "up") if kind == "lora" else ("w1_a", "w1_b", "w2_a", "w2_b"))
+                   if p not in parts]
+        if kind == "loha" and ("t1" in parts) != ("t2" in parts):
+            missing.append("t2" if "t1" in parts else "t1")
+        if missing:
+            raise LoraError(f"LoRA {name}: {key} has no {', '.join(names[p] for p in missing)} weight; the file is "
+                            "incomplete.")
+    tensors = {p: _matrix(parts, p, key, name, allow_4d=p.startswith("t")) for p in parts}
+
+    def bad(detail: str):
+        shapes = ", ".join(f"{p} {tuple(v.shape)}" for p, v in sorted(tensors.items()))
+        return LoraError(f"LoRA {name}: rank mismatch at {key}: {shapes} ({detail}); the file is damaged or not "
+                         "made for linear layers.")
+
+    if kind == "lora":
+        down, up = tensors["down"], tensors["up"]
+        if down.shape[0] != up.shape[1]:
+            raise bad("lora_A/down is [r, in] and lora_B/up [out, r] with the same r")
+        r = int(down.shape[0])
+        if alpha is not None:
+            scale = alpha / r
+        else:
+            rank = _pattern_value(config.get("rank_pattern"), module, config.get("r", r))
+            alpha = _pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank))
+            scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+    elif kind == "loha":
+        ranks = []
+        for i in ("1", "2"):
+            a, b = tensors[f"w{i}_a"], tensors[f"w{i}_b"]
+            core = tensors.get(f"t{i}")
+            if core is None and a.shape[1] != b.shape[0]:
+                raise bad(f"hada_w{i}_a is [out, r] and hada_w{i}_b [r, in]")
+            if core is not None and not (core.shape[0] == a.shape[0] and core.shape[1] == b.shape[0]):
+                raise bad(f"Tucker: hada_t{i} is [r, r], hada_w{i}_a [r, out], hada_w{i}_b [r, in]")
+            ranks.append(int(b.shape[0]))
+        if _side_shape(tensors, 1) != _side_shape(tensors, 2):
+            raise bad("both Hadamard factors must have the layer's [out, in] shape")
+        scale = (alpha / ranks[0]) if alpha is not None else 1.0
+    else:
+        ranks = []
+        if "w1_a" in tensors:
+            if tensors["w1_a"].shape[1] != tensors["w1_b"].shape[0]:
+                raise bad("lokr_w1_a is [a, r] and lokr_w1_b [r, c]")
+            ranks.append(int(tensors["w1_b"].shape[0]))
+        if "w2_a" in tensors:
+            a, b, core = tensors["w2_a"], tensors["w2_b"], tensors.get("t2")
+            if core is None and a.shape[1] != b.shape[0]:
+                raise bad("lokr_w2_a is [b, r] and lokr_w2_b [r, d]")
+            if core is not None and not (core.shape[0] == a.shape[0] and core.shape[1] == b.shape[0]):
+                raise bad("Tucker: lokr_t2 is [r, r], lokr_w2_a [r, b], lokr_w2_b [r, d]")
+            ranks.append(int(b.shape[0]))
+        elif "t2" in tensors:
+            raise bad("lokr_t2 goes with lokr_w2_a and lokr_w2_b, not with a full lokr_w2")
+        if len(set(ranks)) > 1:
+            raise bad("both factorised sides must share one rank")
+        scale = 1.0 if not ranks or alpha is None else alpha / ranks[0]
+    return LoraPatch(kind, tensors, float(scale), key)
+
+
+def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[str, LoraPatch]:
+    """module name → ``LoraPatch`` for every adapted layer of a LoRA/LoKr/LoHa safetensors file, checked against
+    ``shapes`` (the checkpoint's linear layers: module name → ``(out, in)``)."""
     path = Path(path)
     name = path.name
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             raw_meta = f.metadata()
-            tensors = {_strip(k): f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise LoraError(f"LoRA {name} cannot be read ({exc}); it is damaged or not a safetensors file — "
                         "download it again.") from exc
-    meta = _metadata(raw_meta, name)
-    if meta.get("use_dora") or any(k.endswith("lora_magnitude_vector") for k in tensors):
-        raise LoraError(f"LoRA {name} is a DoRA adapter; only plain LoRA (lora_A/lora_B) is supported.")
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    other = []
     for key, tensor in tensors.items():
-        m = re.fullmatch(r"(.+)\.lora_([AB])(?:\.default)?\.weight", key)
-        if m is None:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise LoraError(f"LoRA {name}: tensor {key} holds {bad} NaN/inf values; the file is damaged (or its "
+                            "training diverged) — download it again or use an earlier checkpoint of that training.")
+    config = _peft_config(raw_meta, path, name)
+    groups: dict[tuple[str, bool], dict[str, torch.Tensor]] = {}
+    kinds: dict[tuple[str, bool], set[str]] = {}
+    refused, other = {}, []
+    for key, tensor in tensors.items():
+        split = _split(key)
+        if split is None:
             other.append(key)
             continue
-        pairs.setdefault(m.group(1), {})[m.group(2)] = tensor
+        module, suffix, flat = split
+        if suffix in UNSUPPORTED:
+            refused.setdefault(UNSUPPORTED[suffix], key)
+            continue
+        kind, part = PARTS[suffix]
+        parts = groups.setdefault((module, flat), {})
+        if part in parts:
+            raise LoraError(f"LoRA {name}: {module} has two {suffix} tensors (e.g. {key}); the file is damaged.")
+        parts[part] = tensor
+        if kind:
+            kinds.setdefault((module, flat), set()).add(kind)
+    if refused:
+        found = "; ".join(f"{fmt}, e.g. {key}" for fmt, key in refused.items())
+        raise LoraError(f"LoRA {name} is in a format Cosmos3 LoRA Loader does not read: {found}. Supported: "
+                        f"{SUPPORTED}.")
     if other:
-        raise LoraError(f"LoRA {name}: {len(other)} keys are not PEFT lora_A/lora_B weights (e.g. {other[:3]}); "
-                        "use a LoRA saved by diffusers/PEFT for Cosmos3.")
-    if not pairs:
-        raise LoraError(f"LoRA {name} holds no lora_A/lora_B weights; it is not a LoRA file.")
+        raise LoraError(f"LoRA {name}: {len(other)} keys are in no LoRA layout this loader reads (e.g. {other[:3]}); "
+                        f"supported: {SUPPORTED}.")
+    if not kinds:
+        raise LoraError(f"LoRA {name} holds no adapter weights; it is not a LoRA file (supported: {SUPPORTED}).")
+    lonely = [m for m in groups if m not in kinds]
+    if lonely:
+        raise LoraError(f"LoRA {name}: {[m for m, _ in lonely][:3]} have an alpha but no weights; the file is "
+                        "incomplete.")
+    mixed = [m for m, k in kinds.items() if len(k) > 1]
+    if mixed:
+        raise LoraError(f"LoRA {name}: {mixed[0][0]} mixes {' and '.join(sorted(kinds[mixed[0]]))} tensors; "
+                        "the file is damaged.")
     out = {}
-    for module, ab in sorted(pairs.items()):
-        if set(ab) != {"A", "B"}:
-            missing = "lora_B" if "A" in ab else "lora_A"
-            raise LoraError(f"LoRA {name}: {module} has no {missing}.weight; the file is incomplete.")
-        down, up = ab["A"], ab["B"]
-        if down.ndim != 2 or up.ndim != 2 or down.shape[0] != up.shape[1]:
+    for module, group in _resolve(groups, shapes, name).items():
+        (kind,) = kinds[group]
+        patch = _build(kind, dict(groups[group]), group[0], module, config, name)
+        if tuple(patch.shape) != tuple(shapes[module]):
+            out_f, in_f = shapes[module]
             raise LoraError(
-                f"LoRA {name}: rank mismatch at {module}: lora_A {tuple(down.shape)} and lora_B {tuple(up.shape)} "
-                "must be [r, in] and [out, r] with the same r; the file is damaged or not a LoRA for linear layers."
+                f"LoRA {name}: {module} is [{out_f}, {in_f}] in this checkpoint but the {kind} patch gives "
+                f"{list(patch.shape)}; it was trained for another Cosmos3 size (Nano/Edge/Super) — use a LoRA made "
+                "for this checkpoint."
             )
-        r = int(down.shape[0])
-        rank = _pattern_value(meta.get("rank_pattern"), module, meta.get("r", r))
-        alpha = _pattern_value(meta.get("alpha_pattern"), module, meta.get("lora_alpha", rank))
-        scale = alpha / math.sqrt(r) if meta.get("use_rslora") else alpha / r
-        out[module] = LoraPair(down, up, float(scale))
+        out[module] = patch
     return out
 
 
-def check_fits(lora: dict[str, LoraPair], weights: dict[str, torch.Size], name: str) -> None:
-    """Every LoRA module must be a linear layer of this checkpoint (``weights``: module → weight shape) and fit it."""
-    unknown = sorted(m for m in lora if m not in weights)
-    if unknown:
-        raise LoraError(
-            f"LoRA {name} does not fit this checkpoint: {len(unknown)} of its {len(lora)} modules are not Cosmos3 "
-            f"linear layers (e.g. {unknown[:3]}); it was trained for another model (or another Cosmos3 size)."
-        )
-    for module, pair in lora.items():
-        out_features, in_features = weights[module]
-        if pair.up.shape[0] != out_features or pair.down.shape[1] != in_features:
-            raise LoraError(
-                f"LoRA {name}: {module} is [{out_features}, {in_features}] in this checkpoint but the LoRA gives "
-                f"lora_B {tuple(pair.up.shape)} · lora_A {tuple(pair.down.shape)}; it was trained for another "
-                "Cosmos3 size (Nano/Edge/Super) — use a LoRA made for this checkpoint."
-            )
+# ------------------------------------------------------------------------------------------------ applying
 
+def linear_shapes(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """module name → ``(out, in)`` for every linear layer of a core (or diffusers) transformer."""
+    return {n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def check_strength(strength: float, what: str = "strength") -> float:
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
+        raise LoraError(f"{what} is {strength!r}; it must be a finite number (1 = as trained, 0 = off).")
+    return float(strength)
+
+
+@torch.no_grad()
+def merge_lora(model: torch.nn.Module, patches: Mapping[str, LoraPatch], strength: float = 1.0) -> None:
+    """``W += strength · s · ΔW`` in place for every patched layer of ``model`` (computed in fp32, stored back in the
+    weight's dtype; a ModelOpt ``scale_weight`` is honoured). Strength 0 leaves the weights untouched. Reload the
+    checkpoint to undo."""
+    strength = check_strength(strength)
+    if strength == 0.0:
+        return
+    for module_name, patch in patches.items():
+        layer = model.get_submodule(module_name)
+        weight = layer.weight
+        scale = getattr(layer, "scale_weight", None)
+        dense = weight.float() * (1.0 if scale is None else scale.float())
+        dense += strength * patch.delta(device=weight.device)
+        if scale is not None:
+            dense /= scale.float()
+        weight.copy_(dense.to(weight.dtype))

@@ -4,7 +4,7 @@ Mirrors diffusers 0.42.1 ``pipeline_cosmos3_omni.get_3d_mrope_ids_text_tokens`` 
 ``get_3d_mrope_ids_vae_tokens`` (position ids) and ``Cosmos3VLTextRotaryEmbedding`` (tables). Positions are
 built on the CPU in float32 with the reference's exact operation order, so they are bit-identical to it.
 
-Layout of one guidance branch (architecture.md §6):
+Layout of one guidance branch (as the reference builds it):
 
 * text ``0..L-1`` on all three axes;
 * the generation stream starts at ``offset = L + 15000`` (``unified_3d_mrope_temporal_modality_margin``); vision,

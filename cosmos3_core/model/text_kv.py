@@ -1,6 +1,6 @@
 """``TextKV``: the per-layer text keys/values the generation tower reads, computed once per prompt.
 
-Why this cache is exact (the argument of architecture.md §7, checked by ``tests/test_transformer_parity.py``):
+Why this cache is exact (the argument of docs/architecture.md, checked by ``tests/test_transformer_parity.py``):
 in the Cosmos3 Mixture-of-Transformers the text (understanding) tokens receive only ``embed_tokens(ids)`` — no
 timestep embedding, no modality embedding — sit at positions ``0..L-1``, and attend causally to text only; no
 text query ever reads a generation key. So every layer's text keys and values depend on the prompt's token ids

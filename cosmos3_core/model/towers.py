@@ -1,6 +1,6 @@
 """The two towers of a loaded ``Cosmos3Transformer`` as separate modules, and memory estimates for a model manager.
 
-A Cosmos3 checkpoint holds two full weight sets per layer (architecture.md §5): the understanding (text) tower —
+A Cosmos3 checkpoint holds two full weight sets per layer (docs/architecture.md): the understanding (text) tower —
 ``embed_tokens``, ``to_q/to_k/to_v/to_out``, ``norm_q/norm_k``, ``k_norm_und_for_gen``, ``mlp``,
 ``input_layernorm``, ``post_attention_layernorm``, ``norm``, ``lm_head`` — and the generation tower — the
 ``add_*`` projections, ``to_add_out``, ``norm_added_*``, ``mlp_moe_gen``, the ``*_moe_gen`` norms,

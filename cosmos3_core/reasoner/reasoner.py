@@ -242,7 +242,7 @@ def decode_weights(transformer: Cosmos3Transformer, route: str = "auto") -> list
     and (SiLU MLP) ``gate_proj/up_proj`` packed into one matrix each (packed.py: views over the layer's own weights,
     packing them in place the first time), ``to_out``, ``up_proj`` (relu² MLP) and ``down_proj`` as stored; None
     where a module cannot be read that way (it then runs itself), all read on the GEMV ``route``
-    (``RuntimeOptions.gemv``). BENCHMARKS.md has the measured effect."""
+    (``RuntimeOptions.gemv``). docs/benchmark-log.md has the measured effect."""
     out = []
     for layer in transformer.layers:
         attn, mlp = layer.self_attn, layer.mlp

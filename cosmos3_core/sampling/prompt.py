@@ -1,7 +1,7 @@
 """Cosmos3 prompt processing: metadata templates, system prompt, chat template, token ids.
 
 Mirrors ``Cosmos3OmniPipeline.tokenize_prompt`` of diffusers 0.42.1 (pipelines/cosmos/pipeline_cosmos3_omni.py,
-non-action modes) token for token; architecture.md §9 describes the steps:
+non-action modes) token for token, in these steps:
 
 1. Metadata sentences are appended with ``_append`` (strip trailing "." from the text, then ``"{text}. {s}"``, or
    just ``s`` for empty text). Video (``num_frames > 1``): duration/FPS then resolution; image: resolution only.

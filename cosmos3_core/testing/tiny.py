@@ -12,7 +12,7 @@ writes a complete folder in the Hugging Face Hub layout of ``nvidia/Cosmos3-Nano
     sound_tokenizer/config.json + diffusion_pytorch_model.safetensors  Cosmos3AVAEAudioTokenizer (Nano only);
                                        decoder-only weights like the Hub (encoder_enabled=false)
     text_tokenizer/tokenizer.json, tokenizer_config.json, chat_template.jinja   WordLevel vocab + Qwen chat template
-    scheduler/scheduler_config.json    the released UniPC Karras config, verbatim (architecture.md §10)
+    scheduler/scheduler_config.json    the released UniPC Karras config, verbatim (SCHEDULER_CONFIG)
     assets/negative_prompt.json        a small structured negative (see below)
 
 The layout is defined by diffusers 0.42.1 ``Cosmos3OmniPipeline`` (pipelines/cosmos/pipeline_cosmos3_omni.py),
@@ -40,7 +40,7 @@ RoPE. The MLP is narrower than Super's 5x (2x) to keep the file small.
 naming that pipeline class and ``Cosmos3DistilledBlocks``, with the configs ``is_distilled`` and
 ``distilled_sigmas`` (``DISTILLED_SIGMAS`` below), each component's loading spec, and a
 ``FlowMatchEulerDiscreteScheduler`` with ``stochastic_sampling`` (the SDE re-noising step) in ``scheduler/``. The
-sigma values are the four a third-party ComfyUI pack ships for these checkpoints (peers.md) — the real files were
+sigma values are the four the adsridhar/ComfyUI fork ships for these checkpoints — the real files were
 not available here; the parity tests only need *a* fixed schedule read from the files.
 
 Deterministic: the same seed gives byte-identical safetensors (global RNG is forked for default inits).
@@ -88,7 +88,7 @@ _CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Released Nano scheduler config (architecture.md §10), written verbatim.
+# Released Nano scheduler config (as cosmos-framework's diffusers converter writes it), written verbatim.
 SCHEDULER_CONFIG = {
     "_class_name": "UniPCMultistepScheduler", "_diffusers_version": "0.42.1",
     "num_train_timesteps": 1000, "prediction_type": "flow_prediction", "use_flow_sigmas": True,

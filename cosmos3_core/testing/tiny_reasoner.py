@@ -2,7 +2,7 @@
 
 ``add_reasoner_parts(checkpoint_dir, variant="nano"|"edge", seed=0)`` extends a folder written by
 ``cosmos3_core.testing.tiny.build_tiny_checkpoint`` with what transformers' reasoner classes read from the dual-use repo
-(architecture.md §1, §13)::
+(docs/architecture.md, "Checkpoint folder")::
 
     config.json                     Cosmos3OmniConfig (Nano) / Cosmos3EdgeConfig (Edge): text tower = the
                                     transformer's understanding tower, vision tower tiny

@@ -22,11 +22,11 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
   every later frame once its conv input has read it: no allocation per frame, and a history never aliases its
   conv input. (Returned as a fresh ``clone`` of the input's last frames instead, a channels-last slice is already
   dense, so inductor drops the clone as a no-op and returns a view that keeps each whole ``[history | frames]``
-  buffer alive until the next frame: 16.3 GiB peak at 720p against 9.5 GiB contiguous, BENCHMARKS.md.)
+  buffer alive until the next frame: 16.3 GiB peak at 720p against 9.5 GiB contiguous, docs/benchmark-log.md.)
 * Channels-last (``channels_last=True``, the default on CUDA): activations *and* the decoder's convolution weights
   in ``channels_last_3d`` (2-D weights ``channels_last``), the layout cuDNN's implicit-GEMM kernels read. With
   contiguous activations cuDNN transposes every conv's input and output (``nchwToNhwc``/``nhwcToNchw``: 18 of
-  127 GPU ms per 720p latent frame compiled, BENCHMARKS.md); with channels-last activations over contiguous
+  127 GPU ms per 720p latent frame compiled, docs/benchmark-log.md); with channels-last activations over contiguous
   weights it transposes the weights on every call instead. Each decoder puts the weights in its own layout when a
   clip (or tile) starts, so a compiled graph always sees the layout it was traced with, whatever a host did to the
   parameters in between (a reload, another decoder).

@@ -80,10 +80,10 @@ class Cosmos3VAE(torch.nn.Module):
 
         On CUDA it keeps activations and convolution weights channels-last (vae_decoder.py): on the H200 at 720p/189f
         (bf16) that decodes in 5.61 s at an 8.4 GiB peak compiled against 6.42 s at 9.3 GiB with the default layout,
-        and in 7.17 s at 7.5 GiB eager (BENCHMARKS.md).
+        and in 7.17 s at 7.5 GiB eager (docs/benchmark-log.md).
 
         Compiled on CUDA, the stages' height and width are dynamic: one compile serves every size and every tile
-        (H200, BENCHMARKS.md run 16: 480p then 720p compiled once in 65 s against 36 + 32 s static, decoding in
+        (H200, docs/benchmark-log.md: 480p then 720p compiled once in 65 s against 36 + 32 s static, decoding in
         the same 1.21 / 5.60 s). On the CPU they stay static (inductor's CPU kernels lose speed with dynamic sizes)."""
         cuda = self.device.type == "cuda"
         key = (compile, compile_backend if compile else None, cuda)
@@ -184,7 +184,7 @@ class Cosmos3VAE(torch.nn.Module):
         pixels, default: the module's ``enable_tiling`` values, 256/192); it only kicks in when the latent is
         larger than one tile, exactly as ``AutoencoderKLWan._decode``. An untiled decode that runs out of GPU memory
         is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
-        card what else is resident decides, and tiling needs about half the activations (BENCHMARKS.md).
+        card what else is resident decides, and tiling needs about half the activations (docs/benchmark-log.md).
         ``compile=True`` runs every latent frame after the first through ``torch.compile`` (``compile_backend``; the run's
         ``RuntimeOptions``; static shapes: the first
         decode at a new size, or tile size, compiles for a while; later ones reuse it). ``out``: a float32 tensor of
@@ -380,7 +380,7 @@ class Cosmos3VAE(torch.nn.Module):
         frame), plus the chunk's output frames. Fitted on an H200, bf16, released Wan2.2 widths
         (decoder_base_dim 256), torch 2.11: 720p untiled 10.13 GiB measured (any T; diffusers' whole-clip decode
         10.17 GiB at T=3), 720p tiled 256/192 5.60 GiB, 480p 4.40 / 2.73 GiB. Rounded up by 10 %. The channels-last
-        decoder on CUDA needs less (720p untiled 6.2 GiB eager, 7.1 GiB compiled, BENCHMARKS.md run 11): there this
+        decoder on CUDA needs less (720p untiled 6.2 GiB eager, 7.1 GiB compiled, docs/benchmark-log.md): there this
         is an upper bound, kept until the other sizes are re-measured."""
         dtype = dtype or self.dtype
         itemsize = torch.empty((), dtype=dtype).element_size()
