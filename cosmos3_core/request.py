@@ -175,8 +175,10 @@ class Resolved:
 
 
 # ---------------------------------------------------------------------------------------------- the resolver
-def resolve(request: Request, checkpoint: CheckpointInfo) -> Resolved:
-    """Every default and every check of ``request`` on ``checkpoint`` (see the module docstring)."""
+def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolved:
+    """Every default and every check of ``request`` on ``checkpoint`` (see the module docstring). Given a folder,
+    the checkpoint is read only after every check that needs none of it passed (a CLI answers a bad fps at once,
+    even for a folder that is not a checkpoint)."""
     r = request
     if not isinstance(r.options, RuntimeOptions):
         raise ValueError(f"options={r.options!r} must be a RuntimeOptions.")
@@ -189,32 +191,35 @@ def resolve(request: Request, checkpoint: CheckpointInfo) -> Resolved:
         check_text(r.negative_prompt, "negative_prompt")
     if r.image is not None and r.video is not None:
         raise ValueError("give either an image (image-to-video) or a video (video-to-video), not both.")
-    if mode != "clip" and checkpoint.distilled is not None:
-        raise ValueError(f"checkpoint {checkpoint.name!r} is distilled (a fixed few-step schedule for one clip); "
-                         f"the {mode} mode needs a base (non-distilled) checkpoint.")
+    interval = _check_sampling_values(r.seed, r.steps, r.guidance, r.schedule, r.shift, r.sound,
+                                      r.guidance_interval, r.batch_size)
+    shape = _MODE_SHAPES[mode](r)  # the mode's own checks that need no checkpoint
+    info = checkpoint if isinstance(checkpoint, CheckpointInfo) else CheckpointInfo.read(checkpoint)
+    if mode != "clip" and info.distilled is not None:
+        raise ValueError(f"checkpoint {info.name!r} is distilled (a fixed few-step schedule for one clip); the "
+                         f"{mode} mode needs a base (non-distilled) checkpoint.")
+    frames, height, width = shape["frames"], shape["height"], shape["width"]
     if mode == "action":
-        return _resolve_action(r, checkpoint, prompts)
-    fps = defaults.FPS if r.fps is None else r.fps
-    if mode == "clip":
-        num_frames = defaults.NUM_FRAMES if r.num_frames is None else r.num_frames
-        check_clip(num_frames, r.height, r.width, fps)
-        if (r.image is not None or r.video is not None) and num_frames == 1:
-            what = "image" if r.image is not None else "video"
-            raise ValueError(
-                f"a conditioning {what} was given with num_frames=1 (text-to-image), where it would be ignored; "
-                f"use num_frames 5 or more (4k+1) to condition a video on it, or drop the {what}."
-            )
-        if r.keep not in ("first", "last"):
-            raise ValueError(f"keep={r.keep!r} must be 'first' or 'last'.")
-        _no_window_arguments(r)
-        sampling = resolve_sampling(checkpoint, num_frames=num_frames, height=r.height, width=r.width, mode=mode,
-                                    **_sampling_args(r))
-        if checkpoint.distilled is not None and r.negative_prompt:
-            checkpoint.distilled.check(steps=None, guidance=None, negative_prompt=r.negative_prompt)
-        return Resolved(mode, prompts, r.negative_prompt, num_frames, r.height, r.width, float(fps),
-                        _system_prompt(r, checkpoint), sampling, r.options, image=r.image, video=r.video,
-                        condition_latent_frames=tuple(r.condition_latent_frames), keep=r.keep)
-    return _resolve_windows(r, checkpoint, prompts, mode, float(fps))
+        check_action_request(r.action, info.config)
+    sampling = _sampling_defaults(info, mode, num_frames=frames, height=height, width=width, seed=r.seed,
+                                  steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
+                                  sound=r.sound, guidance_interval=interval, batch_size=r.batch_size)
+    negative = r.negative_prompt
+    if mode == "clip" and info.distilled is not None and negative:
+        info.distilled.check(steps=None, guidance=None, negative_prompt=negative)
+    if mode == "action":
+        negative = defaults.ACTION_NEGATIVE_PROMPT if negative is None else negative
+        system = defaults.ACTION_USE_SYSTEM_PROMPT if r.use_system_prompt is None else bool(r.use_system_prompt)
+    elif mode == "transfer":
+        system = True if r.use_system_prompt is None else bool(r.use_system_prompt)  # the Transfer text step's
+    else:
+        system = _system_prompt(r, info)
+    return Resolved(mode, prompts, negative, shape["total"], height, width, shape["fps"], system, sampling,
+                    r.options, image=shape.get("image"), video=shape.get("video"),
+                    condition_latent_frames=tuple(r.condition_latent_frames), keep=r.keep,
+                    windows=shape.get("windows"), controls=shape.get("controls"),
+                    control_guidance=float(r.control_guidance),
+                    control_guidance_interval=r.control_guidance_interval, action=r.action)
 
 
 def request_mode(r: Request) -> str:
@@ -255,14 +260,43 @@ def resolve_sampling(checkpoint: CheckpointInfo, *, num_frames: int, height: int
                      schedule: str | None = None, shift: float | None = None, sound: bool = False,
                      guidance_interval: tuple[float, float] | None = None,
                      batch_size: int = defaults.BATCH_SIZE) -> Sampling:
-    """The sampling values of a clip of ``num_frames`` × ``height`` × ``width`` in ``mode`` on ``checkpoint``."""
+    """The sampling values of a clip of ``num_frames`` × ``height`` × ``width`` in ``mode`` on ``checkpoint`` (a
+    sampler's stage of ``resolve``)."""
     schedule = defaults.SCHEDULE if schedule is None else schedule
+    interval = _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidance_interval, batch_size)
+    return _sampling_defaults(checkpoint, mode, num_frames=num_frames, height=height, width=width, seed=seed,
+                              steps=steps, guidance=guidance, schedule=schedule, shift=shift, sound=sound,
+                              guidance_interval=interval, batch_size=batch_size)
+
+
+def check_options(options: RuntimeOptions) -> None:
+    """Refuse runtime options that cannot run on this machine (a forced kernel that is missing), before loading."""
+    if options.attention == "flash4":
+        reason = flash4_unavailable_reason()
+        if reason:
+            raise ValueError(f"attention='flash4': FlashAttention-4 cannot run here ({reason}); use attention 'auto' "
+                             "or 'sdpa' (CLI: --attention auto), or install flash-attn-4 on a Hopper (sm90) GPU.")
+    if options.gemv == "triton":
+        reason = triton_unavailable_reason()
+        if reason:
+            raise ValueError(f"gemv='triton': the Triton GEMV cannot run here ({reason}); use 'auto' or 'torch'.")
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidance_interval, batch_size):
+    """The sampling values on their own (no checkpoint); returns the guidance interval as a pair."""
     if guidance_interval is not None:
         guidance_interval = _pair(guidance_interval, "guidance_interval")
     check_sampling(seed=seed, steps=steps, guidance=guidance, schedule=schedule, shift=shift,
                    guidance_interval=guidance_interval, batch_size=batch_size)
     if not isinstance(sound, bool):
         raise ValueError(f"sound={sound!r} must be true or false.")
+    return guidance_interval
+
+
+def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, height, width, seed, steps, guidance,
+                       schedule, shift, sound, guidance_interval, batch_size) -> Sampling:
+    """What the checkpoint and the mode decide about checked sampling values (see the module docstring)."""
     distilled = checkpoint.distilled
     if distilled is not None:
         distilled.check(steps=steps, guidance=guidance, shift=shift, schedule=schedule, sound=sound)
@@ -280,7 +314,8 @@ def resolve_sampling(checkpoint: CheckpointInfo, *, num_frames: int, height: int
         guidance = defaults.ACTION_GUIDANCE if guidance is None else guidance
         shift = defaults.ACTION_SHIFT if shift is None else shift
     else:
-        steps = defaults.default_steps(num_frames) if steps is None else steps
+        steps = (defaults.STEPS_VIDEO if mode != "clip" else defaults.default_steps(num_frames)) if steps is None \
+            else steps
         guidance = defaults.GUIDANCE if guidance is None else guidance
         shift = defaults.default_shift(height, width) if shift is None else shift
     if guidance_interval is not None and float(guidance) == 1.0:
@@ -290,22 +325,32 @@ def resolve_sampling(checkpoint: CheckpointInfo, *, num_frames: int, height: int
                     batch_size, False)
 
 
-def check_options(options: RuntimeOptions) -> None:
-    """Refuse runtime options that cannot run on this machine (a forced kernel that is missing), before loading."""
-    if options.attention == "flash4":
-        reason = flash4_unavailable_reason()
-        if reason:
-            raise ValueError(f"attention='flash4': FlashAttention-4 cannot run here ({reason}); use attention 'auto' "
-                             "or 'sdpa' (CLI: --attention auto), or install flash-attn-4 on a Hopper (sm90) GPU.")
-    if options.gemv == "triton":
-        reason = triton_unavailable_reason()
-        if reason:
-            raise ValueError(f"gemv='triton': the Triton GEMV cannot run here ({reason}); use 'auto' or 'torch'.")
+# ---------------------------------------------------------------------------------------------- mode shapes
+# Each mode's checks that need no checkpoint, and the clip it generates: {frames, height, width (of one generated
+# clip), total (output frames), fps, ...mode parts}.
+def _clip_shape(r: Request) -> dict:
+    fps = defaults.FPS if r.fps is None else r.fps
+    num_frames = defaults.NUM_FRAMES if r.num_frames is None else r.num_frames
+    check_clip(num_frames, r.height, r.width, fps)
+    if (r.image is not None or r.video is not None) and num_frames == 1:
+        what = "image" if r.image is not None else "video"
+        raise ValueError(
+            f"a conditioning {what} was given with num_frames=1 (text-to-image), where it would be ignored; "
+            f"use num_frames 5 or more (4k+1) to condition a video on it, or drop the {what}."
+        )
+    if r.keep not in ("first", "last"):
+        raise ValueError(f"keep={r.keep!r} must be 'first' or 'last'.")
+    if r.conditional_frames is not None:
+        raise ValueError("conditional_frames applies to windows only; set frames_per_chunk (or give control videos "
+                         "for Transfer), or drop it.")
+    if r.control_guidance != defaults.CONTROL_GUIDANCE:
+        raise ValueError("control_guidance applies to Transfer only; give control videos, or drop it.")
+    return dict(frames=num_frames, total=num_frames, height=r.height, width=r.width, fps=float(fps), image=r.image,
+                video=r.video)
 
 
-# ---------------------------------------------------------------------------------------------- mode parts
-def _resolve_windows(r: Request, checkpoint: CheckpointInfo, prompts: tuple[str, ...], mode: str,
-                     fps: float) -> Resolved:
+def _windows_shape(r: Request) -> dict:
+    fps = defaults.FPS if r.fps is None else r.fps
     chunk = defaults.NUM_FRAMES if r.frames_per_chunk is None else r.frames_per_chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5:
         raise ValueError(f"frames_per_chunk={chunk!r} must be 4k+1 and at least 5 (a window is one Cosmos3 clip, up "
@@ -314,7 +359,7 @@ def _resolve_windows(r: Request, checkpoint: CheckpointInfo, prompts: tuple[str,
         raise ValueError(f"batch_size={r.batch_size!r}: windowed generation and Transfer run one video at a time; "
                          "set batch_size to 1.")
     check_clip(chunk, r.height, r.width, fps)
-    transfer = mode == "transfer"
+    transfer = r.controls is not None
     cf = r.conditional_frames
     if cf is None:
         cf = defaults.TRANSFER_CONDITIONAL_FRAMES if transfer else defaults.LONG_CONDITIONAL_FRAMES
@@ -324,8 +369,15 @@ def _resolve_windows(r: Request, checkpoint: CheckpointInfo, prompts: tuple[str,
             raise ValueError("Transfer (control videos) generates no sound; drop sound (CLI: --sound).")
         if r.image is not None:
             raise ValueError("Transfer takes a seed video, not an image; pass the image as a 1-frame video.")
-        if len(prompts) > 1:
+        if not isinstance(r.prompt, str) and len(r.prompt) > 1:
             raise ValueError("Transfer takes one prompt for the whole video (as the reference); give one prompt.")
+        control_guidance = r.control_guidance
+        if not (isinstance(control_guidance, (int, float)) and not isinstance(control_guidance, bool)
+                and math.isfinite(control_guidance) and 0 <= control_guidance <= defaults.MAX_GUIDANCE):
+            raise ValueError(f"control_guidance={control_guidance!r} must be a number from 0 to "
+                             f"{defaults.MAX_GUIDANCE:g} (1 = the controls as given).")
+        if r.control_guidance_interval is not None:
+            _pair(r.control_guidance_interval, "control_guidance_interval")
         controls = prepare_controls(r.controls, r.height, r.width)
         total = next(iter(controls.values())).shape[2]
         if r.num_frames is not None:
@@ -333,13 +385,8 @@ def _resolve_windows(r: Request, checkpoint: CheckpointInfo, prompts: tuple[str,
                 raise ValueError(f"num_frames={r.num_frames!r} must be a positive integer (a cap on the control "
                                  "videos' length), or unset.")
             total = min(total, r.num_frames)
-        control_guidance = r.control_guidance
-        if not (isinstance(control_guidance, (int, float)) and not isinstance(control_guidance, bool)
-                and math.isfinite(control_guidance) and 0 <= control_guidance <= defaults.MAX_GUIDANCE):
-            raise ValueError(f"control_guidance={control_guidance!r} must be a number from 0 to "
-                             f"{defaults.MAX_GUIDANCE:g} (1 = the controls as given).")
     else:
-        if r.controls is None and r.control_guidance != defaults.CONTROL_GUIDANCE:
+        if r.control_guidance != defaults.CONTROL_GUIDANCE:
             raise ValueError("control_guidance applies to Transfer only; give control videos, or drop it.")
         total = chunk if r.num_frames is None else r.num_frames
         if isinstance(total, bool) or not isinstance(total, int) or total < 5 or (total - 1) % 4:
@@ -349,26 +396,18 @@ def _resolve_windows(r: Request, checkpoint: CheckpointInfo, prompts: tuple[str,
         if total > defaults.MAX_LONG_FRAMES:
             raise ValueError(f"num_frames={total} is above the limit of {defaults.MAX_LONG_FRAMES} frames.")
     geometry = window_geometry(total, chunk, cf)
-    if len(prompts) not in (1, geometry.num_windows):
+    prompts = 1 if isinstance(r.prompt, str) else len(r.prompt)
+    if prompts not in (1, geometry.num_windows):
         raise ValueError(
-            f"{len(prompts)} prompts were given for {geometry.num_windows} windows ({geometry.total_frames} frames "
-            f"in windows of {geometry.chunk_frames} overlapping by {geometry.conditional_frames}); give one prompt, "
+            f"{prompts} prompts were given for {geometry.num_windows} windows ({geometry.total_frames} frames in "
+            f"windows of {geometry.chunk_frames} overlapping by {geometry.conditional_frames}); give one prompt, "
             f"or exactly {geometry.num_windows}."
         )
-    args = _sampling_args(r)
-    args["steps"] = defaults.STEPS_VIDEO if r.steps is None else r.steps
-    sampling = resolve_sampling(checkpoint, num_frames=chunk, height=r.height, width=r.width, mode=mode, **args)
-    if transfer and r.control_guidance_interval is not None:
-        _pair(r.control_guidance_interval, "control_guidance_interval")
-    system = _system_prompt(r, checkpoint) if not transfer else (True if r.use_system_prompt is None
-                                                                 else bool(r.use_system_prompt))
-    return Resolved(mode, prompts, r.negative_prompt, geometry.total_frames, r.height, r.width, fps, system,
-                    sampling, r.options, image=r.image, video=r.video, windows=geometry, controls=controls,
-                    control_guidance=float(r.control_guidance),
-                    control_guidance_interval=r.control_guidance_interval)
+    return dict(frames=chunk, total=geometry.total_frames, height=r.height, width=r.width, fps=float(fps),
+                image=r.image, video=r.video, windows=geometry, controls=controls)
 
 
-def _resolve_action(r: Request, checkpoint: CheckpointInfo, prompts: tuple[str, ...]) -> Resolved:
+def _action_shape(r: Request) -> dict:
     if not isinstance(r.action, ActionRequest):
         raise ValueError(f"action={r.action!r} must be an ActionRequest (cosmos3_core.modes.action).")
     if r.num_frames is not None or (r.height, r.width) != (defaults.HEIGHT, defaults.WIDTH):
@@ -379,23 +418,15 @@ def _resolve_action(r: Request, checkpoint: CheckpointInfo, prompts: tuple[str, 
     if r.guidance_interval is not None:
         raise ValueError("guidance_interval does not apply to an action mode (the action models run without "
                          "guidance by default); drop it.")
-    check_action_request(r.action, checkpoint.config)
     fps = defaults.ACTION_FPS if r.fps is None else r.fps
     check_clip(1, defaults.VAE_SPATIAL_STRIDE, defaults.VAE_SPATIAL_STRIDE, fps)  # the fps (any frame count is fine)
-    sampling = resolve_sampling(checkpoint, num_frames=r.action.num_frames, height=0, width=0, mode="action",
-                                **_sampling_args(r))
-    system = defaults.ACTION_USE_SYSTEM_PROMPT if r.use_system_prompt is None else bool(r.use_system_prompt)
-    negative = defaults.ACTION_NEGATIVE_PROMPT if r.negative_prompt is None else r.negative_prompt
-    return Resolved("action", prompts, negative, r.action.num_frames, 0, 0, float(fps), system, sampling, r.options,
-                    action=r.action)
+    return dict(frames=r.action.num_frames, total=r.action.num_frames, height=0, width=0, fps=float(fps))
+
+
+_MODE_SHAPES = {"clip": _clip_shape, "windows": _windows_shape, "transfer": _windows_shape, "action": _action_shape}
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _sampling_args(r: Request) -> dict:
-    return dict(seed=r.seed, steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift, sound=r.sound,
-                guidance_interval=r.guidance_interval, batch_size=r.batch_size)
-
-
 def _system_prompt(r: Request, checkpoint: CheckpointInfo) -> bool:
     if r.use_system_prompt is None:
         return checkpoint.default_use_system_prompt
@@ -427,14 +458,6 @@ def _prompts(prompt, *, many: bool) -> tuple[str, ...]:
     for p in prompts:
         _check_prompt(p)
     return prompts
-
-
-def _no_window_arguments(r: Request) -> None:
-    if r.conditional_frames is not None:
-        raise ValueError("conditional_frames applies to windows only; set frames_per_chunk (or give control videos "
-                         "for Transfer), or drop it.")
-    if r.control_guidance != defaults.CONTROL_GUIDANCE:
-        raise ValueError("control_guidance applies to Transfer only; give control videos, or drop it.")
 
 
 def _pair(value, name: str) -> tuple[float, float]:

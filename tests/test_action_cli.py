@@ -78,7 +78,7 @@ def test_forward_and_inverse_dynamics(cli, nano, inputs, tmp_path):
 @pytest.mark.parametrize("extra, needle", [
     (["--actions", "x.npy"], "--actions needs --action-mode"),
     (["--action-mode", "policy", "--domain-name", "spaceship", "--image", "IMG"], "domain_name='spaceship'"),
-    (["--action-mode", "policy", "--num-frames", "9", "--image", "IMG"], "--num-frames does not apply"),
+    (["--action-mode", "policy", "--num-frames", "9", "--image", "IMG"], "num_frames / height / width do not apply"),
     (["--action-mode", "inverse_dynamics", "--image", "IMG"], "needs a video"),
     (["--action-mode", "forward_dynamics", "--image", "IMG"], "needs actions"),
     (["--action-mode", "inverse_dynamics", "--video", "CLIP", "--chunk-size", "8"], "set chunk_size=4"),

@@ -149,7 +149,7 @@ def test_unreadable_transformer_config_is_not_reported_as_missing(nano, tmp_path
 @pytest.mark.parametrize("seed", [str(2**64), "-1"])
 def test_seed_outside_uint64_is_refused_by_both_clis(nano, capsys, seed):
     msg = gen_error(nano, capsys, "--seed", seed)
-    assert msg == f"error: generate: seed={seed} must be an integer from 0 to 2**64-1.", msg
+    assert msg == f"error: seed={seed} must be an integer from 0 to 2**64-1.", msg
     msg = one_error(reason.main, ["--checkpoint", str(nano), "--prompt", "hi", "--device", "cpu", "--seed", seed], capsys)
     assert msg == f"error: seed={seed} must be an integer from 0 to 2**64-1.", msg
 
@@ -262,7 +262,7 @@ def not_a_checkpoint(tmp_path):
 @pytest.mark.parametrize("fps", ["1e-9", "0", "nan", "inf", "500"])
 def test_fps_is_checked_before_loading(not_a_checkpoint, capsys, fps):
     msg = gen_error(not_a_checkpoint, capsys, "--fps", fps)
-    assert msg.startswith(f"error: generate: fps={float(fps)!r} must be a number from 1 to 120"), msg
+    assert msg.startswith(f"error: fps={float(fps)!r} must be a number from 1 to 120"), msg
 
 
 def test_unwritable_outputs_are_checked_before_loading(not_a_checkpoint, tmp_path, capsys):
@@ -353,12 +353,12 @@ def test_all_clean_video_to_video_is_refused(nano, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, expected", [
-    (["--guidance", "nan"], "error: generate: guidance (cfg)=nan must be a number from 0 to 20"),  # 2
-    (["--guidance", "inf"], "error: generate: guidance (cfg)=inf must be a number from 0 to 20"),  # 2
-    (["--steps", "0"], "error: generate: steps=0 must be an integer from 1 to 200"),  # 3
-    (["--width", "100000"], "error: generate: width=100000 is above the limit of 4096 pixels."),  # 12
+    (["--guidance", "nan"], "error: guidance (cfg)=nan must be a number from 0 to 20"),  # 2
+    (["--guidance", "inf"], "error: guidance (cfg)=inf must be a number from 0 to 20"),  # 2
+    (["--steps", "0"], "error: steps=0 must be an integer from 1 to 200"),  # 3
+    (["--width", "100000"], "error: width=100000 is above the limit of 4096 pixels."),  # 12
     (["--guidance-interval", "900", "100"],
-     "error: generate: guidance_interval=[900.0, 100.0] must be LOW HIGH with 0 <= LOW <= HIGH <= 1000"),  # 13
+     "error: guidance_interval=[900.0, 100.0] must be LOW HIGH with 0 <= LOW <= HIGH <= 1000"),  # 13
 ])
 def test_sampling_arguments_are_checked_before_loading(not_a_checkpoint, capsys, extra, expected):
     assert gen_error(not_a_checkpoint, capsys, *extra).startswith(expected)

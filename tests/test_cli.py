@@ -78,7 +78,7 @@ def test_i2v_video_without_sound_and_t2i_png(nano, tmp_path):
         (["--num-frames", "10"], "num_frames=10 must be 1 (an image) or 4k+1"),
         (["--image", "/nonexistent.png"], "--image /nonexistent.png does not exist"),
         (["--out", "x.png"], "the output is a .mp4 file"),
-        (["--attention", "flash4"], "--attention flash4: FlashAttention-4 cannot run here"),  # CI: no Hopper GPU
+        (["--attention", "flash4"], "attention='flash4': FlashAttention-4 cannot run here"),  # CI: no Hopper GPU
     ],
 )
 def test_bad_input_gives_one_clear_message(nano, tmp_path, extra, message):
@@ -93,7 +93,7 @@ def test_sound_on_edge_and_missing_checkpoint(edge, tmp_path):
     r = cli("--checkpoint", str(edge), *BASE, "--num-frames", "9", "--sound", "--out", str(tmp_path / "o.mp4"))
     assert r.returncode == 2 and "has no sound_tokenizer/" in r.stderr and "Traceback" not in r.stderr
     r = cli("--checkpoint", str(tmp_path / "nope"), *BASE, "--num-frames", "9", "--out", str(tmp_path / "o.mp4"))
-    assert r.returncode == 2 and "is not a folder" in r.stderr
+    assert r.returncode == 2 and "does not exist; give the downloaded Cosmos3 checkpoint folder" in r.stderr
 
 
 def test_unreadable_video_is_reported(nano, tmp_path):

@@ -49,14 +49,14 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--prompt is given {len(args.prompt)} times; an action run takes one prompt.")
 
 
-def check_outputs(args: argparse.Namespace, run) -> None:
+def check_outputs(args: argparse.Namespace, request) -> None:
     common.check_output(args.out, "--out", (".mp4",), "an action mode writes the generated clip as an .mp4 file")
     common.check_output(args.latents_out, "--latents-out", (".safetensors",),
                         "the latents are written as a .safetensors file")
     common.check_output(args.frames_out, "--frames-out", (".safetensors",),
                         "the frames are written as a .safetensors file")
     if args.actions_out is not None:
-        if run.action.mode == "forward_dynamics":
+        if request.action.mode == "forward_dynamics":
             raise ValueError("--actions-out: forward dynamics predicts no actions (it takes them); drop --actions-out "
                              "or use policy / inverse_dynamics.")
         common.check_output(args.actions_out, "--actions-out", (".npy", ".json"),

@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--frames-out", default=None, help="also save the decoded float frames (.safetensors)")
 
 
-def check_outputs(args: argparse.Namespace, run) -> None:
+def check_outputs(args: argparse.Namespace, request) -> None:
     common.check_output(args.out, "--out", (".mp4",), "a windowed video is written as an .mp4 file")
     for flag, path in (("--latents-out", args.latents_out), ("--frames-out", args.frames_out)):
         common.check_output(path, flag, (".safetensors",), "written as a .safetensors file")

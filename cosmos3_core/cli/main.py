@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 from .. import defaults
-from ..request import CheckpointInfo, resolve
+from ..request import request_mode, resolve
 from . import action, common, long_video, parallel, single
 
 RUNNERS = {"clip": single.run, "windows": long_video.run, "transfer": long_video.run, "action": action.run}
@@ -72,14 +72,14 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     ranks > 0 (rank 0 reports)."""
     action.check_flags(args)
     request = common.request_from_args(args)
-    run = resolve(request, CheckpointInfo.read(args.checkpoint))
-    RUNNERS_CHECK[run.mode](args, run)
+    OUTPUT_CHECKS[request_mode(request)](args, request)  # output paths, before anything is read from the checkpoint
+    run = resolve(request, args.checkpoint)  # the checkpoint's files are read after the checks that need none
     if parallel.wanted(args):
         return parallel.run(args, run)
     return RUNNERS[run.mode](args, run)
 
 
-RUNNERS_CHECK = {"clip": single.check_outputs, "windows": long_video.check_outputs,
+OUTPUT_CHECKS = {"clip": single.check_outputs, "windows": long_video.check_outputs,
                  "transfer": long_video.check_outputs, "action": action.check_outputs}
 
 

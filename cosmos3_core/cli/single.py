@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import defaults
 from ..modes.clip import generate_clip
 from . import common
 
 
-def check_outputs(args: argparse.Namespace, run) -> None:
-    want = ".png" if run.num_frames == 1 else ".mp4"
+def check_outputs(args: argparse.Namespace, request) -> None:
+    want = ".png" if request.num_frames == 1 else ".mp4"
     if not str(args.out).lower().endswith(want):
-        raise ValueError(f"--out {args.out}: with --num-frames {run.num_frames} the output is a {want} file.")
+        frames = defaults.NUM_FRAMES if request.num_frames is None else request.num_frames
+        raise ValueError(f"--out {args.out}: with --num-frames {frames} the output is a {want} file.")
     common.check_writable(Path(args.out), "--out")
     common.check_output(args.latents_out, "--latents-out", (".safetensors",),
                         "the latents are written as a .safetensors file")
