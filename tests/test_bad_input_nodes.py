@@ -201,7 +201,7 @@ def test_replaced_checkpoint_folder_is_loaded_again(host, broken):
     shutil.rmtree(ckpt)
     shutil.copytree(host.base_dir / "models" / "diffusers" / TINY_EDGE, ckpt)  # Nano -> Edge, same name
     # the same graph: with the cached Nano it would succeed; the Edge now loaded has no sound
-    _expect_error(host, copy.deepcopy(g), "Cosmos3KSamplerUniPCDualTower", "sound=True", "checkpoint cosmos3-swapped has no",
+    _expect_error(host, copy.deepcopy(g), "Cosmos3KSamplerUniPCDualTower", "sound=True", "checkpoint 'cosmos3-swapped' has no",
                   "set sound to false")
 
 
@@ -234,7 +234,24 @@ def test_condition_with_one_frame_is_refused(host):
 def test_largest_clip_is_refused_before_sampling(host):
     g = t2i_graph()
     (te,) = nodes_of(g, "Cosmos3TextEncode")
-    g[te]["inputs"].update(width=4096, height=4096, num_frames=1025)
+    g[te]["inputs"].update(width=4096, height=4096, num_frames=1025, one_pass=True)  # one pass: past one clip
     assert host.validate(g)[0]  # inside the widgets' limits
     _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "one denoising step of this clip", "GiB on cpu",
                   "lower width/height or num_frames")
+
+
+@pytest.mark.skipif(not __import__("cosmos3_core.kernels.attention", fromlist=["x"]).flash4_unavailable_reason(),
+                    reason="FlashAttention-4 runs here")
+def test_sampler_attention_flash4_where_it_cannot_run(host):
+    g = t2i_graph()
+    g["3"]["inputs"]["attention"] = "flash4"
+    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "attention='flash4': FlashAttention-4 cannot run here",
+                  "use attention 'auto' or 'sdpa'")
+
+
+def test_text_encode_above_one_clip_points_to_the_long_video_node(host):
+    g = shrink_api(load_api("t2v"))
+    (te,) = nodes_of(g, "Cosmos3TextEncode")
+    g[te]["inputs"]["num_frames"] = 193
+    _expect_error(host, g, "Cosmos3TextEncode", "num_frames=193 is longer than one Cosmos3 clip (189 frames)",
+                  "Cosmos3 Long Video")

@@ -1,7 +1,7 @@
 """GPU code paths vs diffusers 0.42.1 / transformers on the tiny checkpoints: CUDA fp32 and bf16 end to end through
 both attention routes (SDPA and, where ``flash-attn-4`` imports on an sm90 GPU, FlashAttention-4), the attention
-kernels against a float64 softmax, the compiled generation layer, the CUDA-graph step and the CUDA-graph reasoner
-decode. Skipped without CUDA; run on the lent H200 together with ``bench/bench_generation.py``."""
+kernels against a float64 softmax, the compiled generation layer and the CUDA-graph reasoner decode. Skipped without
+CUDA; run on the lent H200 together with ``bench/bench_generation.py``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cosmos3_core.kernels import attention as attn
+from cosmos3_core.runtime import RuntimeOptions
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROUTES = ["sdpa", pytest.param("flash4", marks=pytest.mark.skipif(
@@ -17,9 +18,8 @@ ROUTES = ["sdpa", pytest.param("flash4", marks=pytest.mark.skipif(
 
 @pytest.fixture()
 def route(request):
-    previous = attn.set_attention_backend(request.param)
-    yield request.param
-    attn.set_attention_backend(previous)
+    """The attention route under test (``RuntimeOptions.attention``)."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,10 @@ def rel(a, b) -> float:
 def test_t2av_latents_match_diffusers_on_cuda(checkpoint, dtype, tol, route):
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
-    from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.request import Request
+    from cosmos3_core.runtime import RuntimeOptions
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -52,8 +55,9 @@ def test_t2av_latents_match_diffusers_on_cuda(checkpoint, dtype, tol, route):
                    generator=torch.Generator("cpu").manual_seed(3))
     ours = Cosmos3Pipeline.load(checkpoint, dtype=dtype, device="cuda")
     q, k = torch.empty(1, 4, 8, 128, dtype=dtype, device="cuda"), torch.empty(1, 2, 8, 128, dtype=dtype, device="cuda")
-    assert attn.select_route(q, k) == route  # the tiny checkpoint's real head geometry takes the route under test
-    out = ours.generate(GenerationRequest(**kw, steps=4, guidance=6.0, seed=3, shift=3.0, sound=True), decode=False)
+    assert attn.select_route(q, k, backend=route) == route  # the tiny checkpoint's head geometry takes the route
+    out = generate(ours, Request(**kw, steps=4, guidance=6.0, seed=3, shift=3.0, sound=True,
+                                 options=RuntimeOptions(attention=route)), decode=False)
     assert rel(out.latents, expected.video) <= tol
     wave = ours.decode_sound(out.sound_latent, 9, 24.0)
     assert rel(wave, expected.sound[:, : wave.shape[1]]) <= tol
@@ -78,8 +82,8 @@ def test_attention_routes_match_float64(route, causal):
     text = torch.randn(2, 2, 0 if causal else 77, 128, generator=g).cuda().bfloat16()
     k = torch.cat([text, torch.randn(2, 2, 333, 128, generator=g).cuda().bfloat16()], dim=2)
     v = torch.cat([text, torch.randn(2, 2, 333, 128, generator=g).cuda().bfloat16()], dim=2)
-    assert attn.select_route(q, k) == route
-    got = attn.attention(q, k, v, causal=causal)
+    assert attn.select_route(q, k, backend=route) == route
+    got = attn.attention(q, k, v, causal=causal, backend=route)
     assert got.shape == q.shape and got.dtype == q.dtype
     assert rel(got, reference_attention(q, k, v, causal)) <= 1e-2  # bf16 operands
 
@@ -119,7 +123,7 @@ def test_cuda_attention_route_matches_cpu_gqa():
 
 @pytest.fixture()
 def bf16_step(checkpoint):
-    """A bf16 CUDA model and one guided step's inputs: ``step()`` runs ``denoise_step`` → vision velocity."""
+    """A bf16 CUDA model and one guided step's inputs: ``step(options)`` runs ``denoise_step`` → vision velocity."""
     from cosmos3_core.model.layout import build_layout
     from cosmos3_core.model.loader import load_transformer
 
@@ -129,65 +133,31 @@ def bf16_step(checkpoint):
                           dtype=torch.bfloat16)
     x = torch.randn(1, 48, 3, 4, 6, device="cuda")
     t = torch.tensor(900, device="cuda")
-    return model, lambda: model.denoise_step(x, t, kvs, layout).vision.float()
+    return model, lambda options=RuntimeOptions(): model.denoise_step(x, t, kvs, layout, options=options).vision.float()
 
 
 def test_compiled_generation_layer_matches_eager(bf16_step):
     model, step = bf16_step
     eager = step()
-    model.compile_generation_layers(True)
-    try:
-        compiled = step()
-    finally:
-        model.compile_generation_layers(False)
+    compiled = step(RuntimeOptions(compile=True))
     assert rel(compiled, eager) <= 2e-2  # bf16: fused kernels round intermediates differently
-
-
-def test_fp8_fast_mode_stays_close_to_exact(bf16_step):
-    """Approximate mode: FP8 GEMMs in the generation tower keep the velocity close to bf16 exact mode."""
-    from cosmos3_core.model.fp8 import disable_fp8, enable_fp8
-
-    model, step = bf16_step
-    exact = step()
-    assert enable_fp8(model) == 2 * 7  # 4 attention + 3 MLP projections per layer
-    fast = step()
-    disable_fp8(model)
-    again = step()
-    cos = torch.nn.functional.cosine_similarity(exact.flatten(), fast.flatten(), dim=0)
-    assert cos > 0.99 and rel(fast, exact) > 0  # close, and really a different (FP8) computation
-    assert torch.equal(again, exact)  # disable_fp8 restores exact mode
+    assert torch.equal(step(), eager)  # compile off again: the eager layer, nothing left switched on
 
 
 @pytest.mark.parametrize("route", ROUTES, indirect=True)
 def test_compiled_step_with_route_matches_eager(bf16_step, route):
-    """torch.compile traces through the attention op (a registered custom op for FlashAttention-4)."""
+    """torch.compile traces through the attention op (a registered custom op for FlashAttention-4) in one graph:
+    the saved (AOT) graphs are whole graphs, so a graph break at the attention call would fail the compile."""
+    from cosmos3_core.kernels import precompiled
+    from cosmos3_core.model.transformer import generation_layer_fn
+
     model, step = bf16_step
-    eager = step()
-    torch._dynamo.reset()
-    model._compiled_fn = None
-    model.compile_generation_layers(True, fullgraph=True)  # fullgraph: no graph break at the attention call
-    try:
-        compiled = step()
-    finally:
-        model.compile_generation_layers(False)
-        model._compiled_fn = None
+    eager = step(RuntimeOptions(attention=route))
+    compiled = step(RuntimeOptions(attention=route, compile=True))
     assert rel(compiled, eager) <= 2e-2
-
-
-@pytest.mark.parametrize("route", ROUTES, indirect=True)
-def test_cuda_graph_step_matches_plain_step(bf16_step, route):
-    model, step = bf16_step
-    plain = step()
-    model.use_cuda_graphs(True)
-    try:
-        first = step()  # warm-up run + capture
-        replayed = [step() for _ in range(2)]
-        assert model._graphs.captures == 1  # same layout and text: captured once, then replayed
-    finally:
-        model.use_cuda_graphs(False)
-    for out in [first, *replayed]:
-        assert rel(out, plain) <= 1e-3  # same kernels replayed (bit-equal in practice)
-
+    if precompiled.aot_supported():
+        fn = generation_layer_fn(RuntimeOptions(compile=True))
+        assert not fn._aot_failed and (fn.compiled or fn.loaded)  # whole graphs, saved or loaded
 
 def test_reasoner_cuda_graph_decode_matches_eager(tmp_path):
     from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams
@@ -197,24 +167,18 @@ def test_reasoner_cuda_graph_decode_matches_eager(tmp_path):
     reasoner = Cosmos3Reasoner.load(root, dtype=torch.float32, device="cuda")
     reasoner.eos_token_ids = []
     prompt = reasoner.prepare("describe the robot on the street")
-    reasoner.cuda_graphs = False
-    eager = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24))
-    reasoner.cuda_graphs = True
+    no_graphs = RuntimeOptions(cuda_graphs=False)
+    eager = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24), options=no_graphs)
     graphed = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24))
     assert graphed == eager and len(eager[0]) == 24
     reasoner.graph_sampling = False  # the greedy pick outside the captured step
     assert reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24)) == eager
     reasoner.graph_sampling = True
     penalized = SamplingParams(max_new_tokens=24, repetition_penalty=1.3)
-    reasoner.cuda_graphs = False
-    expected = reasoner.generate_ids(prompt, penalized)
-    reasoner.cuda_graphs = True
+    expected = reasoner.generate_ids(prompt, penalized, options=no_graphs)
     assert reasoner.generate_ids(prompt, penalized) == expected  # the penalty's `seen` updated inside the graph
-    reasoner.compile_decode()  # inductor's fused decode layer, captured inside the graph
-    try:
-        assert reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24)) == eager
-    finally:
-        reasoner.compile_decode(False)
+    # inductor's fused decode layer, captured inside the graph
+    assert reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=24), options=RuntimeOptions(compile=True)) == eager
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -248,34 +212,29 @@ def test_reasoner_bf16_decode_through_the_triton_gemv(tmp_path):
     reasoner.eos_token_ids = []
     prompt = reasoner.prepare("describe the robot on the street")
 
-    def teacher_forced(tokens=(5, 9, 2, 7)):
-        reasoner.prefill(prompt, cache_len=prompt.length + len(tokens))
-        weights = decode_weights(reasoner.transformer)
+    def teacher_forced(route, tokens=(5, 9, 2, 7)):
+        options = RuntimeOptions(gemv=route)
+        reasoner.prefill(prompt, cache_len=prompt.length + len(tokens), options=options)
+        weights = decode_weights(reasoner.transformer, route)
         return torch.stack([reasoner.decode_step(torch.tensor([t], device="cuda"),
                                                  torch.tensor(prompt.length + i, device="cuda"),
-                                                 torch.tensor(prompt.next_position + i, device="cuda"), weights)
+                                                 torch.tensor(prompt.next_position + i, device="cuda"), weights,
+                                                 options)
                             for i, t in enumerate(tokens)])
 
-    previous = gemv.set_gemv_route("torch")
-    try:
-        cublas = teacher_forced()
-        gemv.set_gemv_route("triton")
-        assert rel(teacher_forced(), cublas) <= 1e-2
-        eager_ids = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=16))
-        reasoner.compile_decode()
-        try:
-            compiled_ids = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=16))
-        finally:
-            reasoner.compile_decode(False)
-        assert len(compiled_ids[0]) == 16
-        assert compiled_ids[0][:4] == eager_ids[0][:4]  # fused rounding may part tied random logits later on
-        with torch.inference_mode():  # as under ComfyUI: weights loaded and decoded as inference tensors
-            host = Cosmos3Reasoner.load(root, dtype=torch.bfloat16, device="cuda")
-            host.eos_token_ids = []
-            assert host.generate_ids(host.prepare("describe the robot on the street"),
-                                     SamplingParams(max_new_tokens=16)) == eager_ids
-    finally:
-        gemv.set_gemv_route(previous)
+    cublas = teacher_forced("torch")
+    assert rel(teacher_forced("triton"), cublas) <= 1e-2
+    triton = RuntimeOptions(gemv="triton")
+    eager_ids = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=16), options=triton)
+    compiled_ids = reasoner.generate_ids(prompt, SamplingParams(max_new_tokens=16),
+                                         options=RuntimeOptions(gemv="triton", compile=True))
+    assert len(compiled_ids[0]) == 16
+    assert compiled_ids[0][:4] == eager_ids[0][:4]  # fused rounding may part tied random logits later on
+    with torch.inference_mode():  # as under ComfyUI: weights loaded and decoded as inference tensors
+        host = Cosmos3Reasoner.load(root, dtype=torch.bfloat16, device="cuda")
+        host.eos_token_ids = []
+        assert host.generate_ids(host.prepare("describe the robot on the street"),
+                                 SamplingParams(max_new_tokens=16), options=triton) == eager_ids
 
 
 def test_distilled_i2v_matches_diffusers_on_cuda(tmp_path):
@@ -285,7 +244,9 @@ def test_distilled_i2v_matches_diffusers_on_cuda(tmp_path):
     from diffusers import ModularPipeline
     from PIL import Image
 
-    from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.request import Request
     from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -299,7 +260,7 @@ def test_distilled_i2v_matches_diffusers_on_cuda(tmp_path):
     ref.to("cuda")
     expected = ref(**kw, generator=torch.Generator("cpu").manual_seed(3), output_type="latent").get("videos")
     ours = Cosmos3Pipeline.load(ckpt, dtype=torch.float32, device="cuda")
-    out = ours.generate(GenerationRequest(**kw, seed=3), decode=False)
+    out = generate(ours, Request(**kw, seed=3), decode=False)
     assert rel(out.latents, expected) <= 1e-4
 
 

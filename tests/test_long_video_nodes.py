@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 import comfy_host
+from cosmos3_core.kernels.attention import flash4_unavailable_reason
 from test_workflows import check_mp4, load_api, nodes_of, output_files, prepared_executor, shrink_api
 
 pytestmark = pytest.mark.comfy
@@ -89,6 +90,8 @@ def test_interrupt_in_window_two_keeps_a_playable_file_of_window_one(host):
     (dict(conditional_frames=9), "conditional_frames=9 must be smaller than frames_per_chunk=9"),
     (dict(prompt="a fox\n---\nthe fox sleeps"), "2 prompts were given for 3 windows"),
     (dict(num_frames=0), "num_frames=0 means 'the control videos' length', but no control video is connected"),
+    pytest.param(dict(attention="flash4"), "Cosmos3LongVideo: attention='flash4': FlashAttention-4 cannot run here",
+                 marks=pytest.mark.skipif(not flash4_unavailable_reason(), reason="FlashAttention-4 runs here")),
 ])
 def test_bad_input_is_one_clear_message(host, change, message):
     graph = shrink_api(load_api("long_t2v"), prefix="cosmos3_tests/long_bad")

@@ -1,0 +1,128 @@
+"""``request.resolve``: one request, every default and every check decided once, by mode and by checkpoint.
+
+The defaults asserted here are the reference's (diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__``: guidance 6, 35
+video / 50 image steps, flow shift by tier; the modular Transfer pipeline: one conditional frame, no negative
+prompt, the Transfer system prompt; the modular action examples: 5 fps, 30 steps, guidance 1, shift 10, no system
+prompt; the distilled pipeline: the checkpoint's schedule, guidance 1) and the pack's documented windowing (a clip
+above 189 frames runs as 189-frame windows overlapping by 5 frames, unless one pass is asked for).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosmos3_core import defaults
+from cosmos3_core.modes.action import ActionRequest
+from cosmos3_core.request import CheckpointInfo, Request, resolve, resolve_clip
+from cosmos3_core.testing.tiny import build_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def nano(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_request"), variant="nano", sound=True, seed=1)
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge_request"), variant="edge", sound=False, seed=2)
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("super_4step"), variant="super", sound=False, seed=3,
+                                 distilled=True)
+
+
+def test_clip_defaults_follow_the_reference(nano):
+    run = resolve(Request(prompt="a car"), nano)
+    s = run.sampling
+    assert (run.mode, run.num_frames, run.height, run.width, run.fps) == ("clip", 189, 720, 1280, 24.0)
+    assert (s.steps, s.guidance, s.shift, s.schedule, s.distilled) == (35, 6.0, 10.0, "flow_shift", False)
+    image = resolve(Request(prompt="a car", num_frames=1, height=480, width=832), nano)
+    assert (image.sampling.steps, image.sampling.shift) == (50, 5.0)
+    info = CheckpointInfo.read(nano)
+    assert run.use_system_prompt is info.default_use_system_prompt is True and run.negative_prompt is None
+
+
+def test_long_clips_run_as_windows_by_default(nano):
+    run = resolve(Request(prompt="a car", num_frames=381, height=480, width=832), nano)
+    g = run.windows
+    assert run.mode == "windows" and (g.chunk_frames, g.conditional_frames, g.total_frames) == (189, 5, 381)
+    assert g.num_windows == 3 and run.sampling.steps == 35
+    assert resolve(Request(prompt="a car", num_frames=189, height=480, width=832), nano).mode == "clip"
+    one = resolve(Request(prompt="a car", num_frames=381, height=480, width=832, one_pass=True), nano)
+    assert one.mode == "clip" and one.windows is None and one.num_frames == 381
+    with pytest.raises(ValueError, match="num_frames=383 must be 4k\\+1"):
+        resolve(Request(prompt="a car", num_frames=383, height=480, width=832), nano)
+
+
+def test_a_text_encode_above_one_clip_points_to_windows(nano):
+    info = CheckpointInfo.read(nano)
+    with pytest.raises(ValueError, match="num_frames=381 is longer than one Cosmos3 clip .*Cosmos3 Long Video"):
+        resolve_clip("a car", None, num_frames=381, height=480, width=832, fps=24.0, checkpoint=info)
+    resolve_clip("a car", None, num_frames=381, height=480, width=832, fps=24.0, checkpoint=info, one_pass=True)
+
+
+def test_transfer_defaults(nano):
+    controls = {"edge": np.zeros((9, 32, 48, 3), np.float32)}
+    run = resolve(Request(prompt="a car", controls=controls, height=32, width=48, frames_per_chunk=5), nano)
+    assert run.mode == "transfer" and run.windows.conditional_frames == defaults.TRANSFER_CONDITIONAL_FRAMES == 1
+    assert run.num_frames == 9 and run.use_system_prompt is True and run.negative_prompt is None
+    with pytest.raises(ValueError, match="Transfer .* generates no sound"):
+        resolve(Request(prompt="a car", controls=controls, height=32, width=48, sound=True), nano)
+
+
+def test_action_defaults(nano):
+    request = ActionRequest(mode="policy", chunk_size=4, domain_name="bridge_orig_lerobot", resolution_tier=256,
+                            image=np.zeros((64, 96, 3), np.float32))
+    run = resolve(Request(prompt="pick up the cup", action=request), nano)
+    s = run.sampling
+    assert (run.mode, run.fps, s.steps, s.guidance, s.shift) == ("action", 5.0, 30, 1.0, 10.0)
+    assert run.use_system_prompt is False and run.negative_prompt == ""
+    with pytest.raises(ValueError, match="guidance_interval does not apply to an action mode"):
+        resolve(Request(prompt="x", action=request, guidance=6.0, guidance_interval=(800, 1000)), nano)
+
+
+def test_the_checkpoint_decides_sound_and_the_distilled_schedule(edge, distilled):
+    with pytest.raises(ValueError, match="sound=True, but checkpoint 'edge_request.*' has no sound_tokenizer/"):
+        resolve(Request(prompt="a car", num_frames=9, height=32, width=48, sound=True), edge)
+    run = resolve(Request(prompt="a car", num_frames=1, height=32, width=48), distilled)
+    info = CheckpointInfo.read(distilled)
+    assert (run.sampling.steps, run.sampling.guidance, run.sampling.distilled) == (info.distilled.steps, 1.0, True)
+    with pytest.raises(ValueError, match="guidance_interval=.* has no effect on distilled checkpoint"):
+        resolve(Request(prompt="a car", num_frames=1, height=32, width=48, guidance_interval=(800, 1000)), distilled)
+    with pytest.raises(ValueError, match="is distilled .* the windows mode needs a base"):
+        resolve(Request(prompt="a car", num_frames=13, frames_per_chunk=9, height=32, width=48), distilled)
+
+
+def test_guidance_interval_without_guidance_is_refused_not_ignored(nano):
+    with pytest.raises(ValueError, match="has no effect with guidance 1"):
+        resolve(Request(prompt="a car", num_frames=9, height=32, width=48, guidance=1.0,
+                        guidance_interval=(800, 1000)), nano)
+
+
+def test_checks_that_need_no_checkpoint_come_first(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="^fps=0.0 must be a number"):
+        resolve(Request(prompt="a car", fps=0.0), tmp_path / "empty")
+
+
+def test_cli_windows_a_long_clip_by_default(nano, tmp_path):
+    """``--num-frames 193`` on the CLI: two 189-frame windows (5 frames overlap) streamed into one 193-frame mp4."""
+    out = tmp_path / "long.mp4"
+    r = subprocess.run([sys.executable, "-m", "cosmos3_core.generate", "--checkpoint", str(nano), "--prompt", "a car",
+                        "--num-frames", "193", "--height", "32", "--width", "48", "--steps", "1", "--device", "cpu",
+                        "--dtype", "fp32", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "window 2/2" in r.stderr
+    from cosmos3_core.media import probe_media
+
+    assert probe_media(out)["video_frames"] == 193
