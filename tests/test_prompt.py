@@ -137,7 +137,7 @@ def test_empty_prompt_rejected(tok, bad):
 
 def test_overlong_prompt_rejected(tok):
     long_prompt = " ".join(["cat"] * 5000)
-    with pytest.raises(ValueError, match=r"encode_prompts: prompt is \d+ tokens .* limit of 4096"):
+    with pytest.raises(ValueError, match=r"prompt is \d+ tokens .* limit of 4096"):
         encode_prompts(tok, long_prompt, use_system_prompt=True, **VIDEO)
     ids = encode_prompts(tok, "A cat", "dark", use_system_prompt=True, **VIDEO)
     n = max(len(ids.cond), len(ids.uncond))
