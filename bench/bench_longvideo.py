@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # name: (height, width, total frames, frames per window)
 SHAPES = {"30s_480p": (480, 832, 721, 189), "20s_720p": (720, 1280, 481, 189)}
-TINY_SHAPES = {"tiny_3_windows": (32, 48, 21, 9)}
+TINY_SHAPES = {"tiny_4_windows": (32, 48, 21, 9)}
 
 
 def host_rss_gib() -> float:
