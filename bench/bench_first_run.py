@@ -179,8 +179,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--tiny", action="store_true", help="on the CPU with a tiny model (a check that it runs)")
     p.add_argument("--profile-first", action="store_true",
-                   help="run each process's first sampling up to step 1 under cProfile and record where its host time went "
-                        "(attribution only: the profiler slows that run)")
+                   help="run each process's first sampling up to step 1 under cProfile and record where its host "
+                        "time went (attribution only: the profiler slows that run)")
     p.add_argument("--preload", action="store_true",
                    help="start caches.preload_compiler() before building the model, as Cosmos3Pipeline.load does on "
                         "a machine with CUDA (the bench builds its random model without load())")

@@ -10,8 +10,8 @@ decode, audio decode) runs for the shapes given with ``--e2e``, through the pipe
 ``RuntimeOptions`` per run (``encode_text`` → ``sample`` → ``decode_video`` → ``decode_sound``), both towers
 resident as the CLI keeps them; with ``--compile`` a 1-step run and a 3-frame decode after the prefill warm the
 compiled layer and decoder up (``compile_warmup_s``, ``vae_compile_warmup_s``: ``first_run_overhead_s``, left out of
-``total_warm_s``, the table's figure; ``total_s`` includes them). diffusers' end-to-end pipeline runs for ``--e2e-diffusers`` shapes. Results go to a JSON file
-(BENCHMARKS.md's per-shape tables read them).
+``total_warm_s``, the table's figure; ``total_s`` includes them). diffusers' end-to-end pipeline runs for
+``--e2e-diffusers`` shapes. Results go to a JSON file (BENCHMARKS.md's per-shape tables read them).
 
     python bench/bench_generation.py --compile --resolutions t2i,256p,480p --e2e t2i,256p,480p \
         --e2e-diffusers t2i,256p --out bench/results/generation_e2e.json
