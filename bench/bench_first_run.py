@@ -1,12 +1,15 @@
 """What a run costs the first time, over the same run warm: the CLI's path in fresh processes on one compile cache.
 
 Each process builds full-size random bf16 Nano (common.build_ours), the full-size Wan2.2 VAE and sound
-decoder, then per shape runs what ``Cosmos3Pipeline.generate(compile=True)`` runs — prefill of a 1,500-token prompt
-pair, 35 compiled guided steps, compiled VAE decode, audio decode — twice. "first-run overhead" = first wall time −
-second; both towers stay resident (no text-tower move). For sampling (``sample``: what ``generate(decode=False)`` runs)
-and the VAE decode (``decode``) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache
+decoder, then per shape runs what the CLI's ``generate --compile`` runs — ``modes.dispatch.generate`` of a
+``Request`` with ``RuntimeOptions(compile=True)``: prefill of a 1,500-token prompt pair, 35 compiled guided steps,
+then the compiled VAE decode and the audio decode — twice. "first-run overhead" = first wall time − second; both
+towers stay resident (no text-tower move). For sampling (``sample``: ``generate(..., decode=False)``: resolve,
+prefill, plan, run) and the VAE decode (``decode``: ``decode_video`` with the run's options) apart, each run records its seconds, the graphs Dynamo traced, the inductor cache
 hits / misses and where the compile time went (``torch._dynamo.utils.compilation_time_metrics``, phases ≥ 0.1 s);
-``precompiled`` the graphs saved and loaded whole so far (``cosmos3_core.kernels.precompiled``); ``step_s`` holds each step's seconds, the GPU waited for at every step (the first entry from the run's start: prefill,
+``precompiled`` the graphs saved and loaded whole so far (``cosmos3_core.kernels.precompiled``: the process's
+compiled generation layer, ``generation_layer_fn(RuntimeOptions(compile=True))``, and the VAE's compiled frame
+decoder stages); ``step_s`` holds each step's seconds, the GPU waited for at every step (the first entry from the run's start: prefill,
 plan and step 1), and ``first_step_new_modules`` the modules first imported up to the end of step 1. Processes run
 one after another on one new, empty ``COSMOS3_CACHE_DIR``: process 1 is a machine's first run, the next ones a
 restart (e.g. of ComfyUI).
@@ -107,17 +110,22 @@ class _StepClock:
         self._last = time.perf_counter()
 
 
-def _precompiled_counts(pipe) -> dict:
+def _precompiled_counts(pipe, options) -> dict:
     """Graphs this process saved (compiled) and loaded from disk so far (``cosmos3_core.kernels.precompiled``)."""
-    fns = [f for f in [pipe.transformer._compiled_fn, *pipe.vae.frame_decoder(compile=True).precompiled.values()]
-           if hasattr(f, "loaded")]
+    from cosmos3_core.model.transformer import generation_layer_fn
+
+    decoder = pipe.vae.frame_decoder(compile=True, compile_backend=options.compile_backend)
+    fns = [f for f in [generation_layer_fn(options), *decoder.precompiled.values()] if hasattr(f, "loaded")]
     return dict(compiled=sum(f.compiled for f in fns), loaded=sum(f.loaded for f in fns))
 
 
 def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, preload: bool = False) -> None:
     from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.kernels.caches import preload_compiler
-    from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.request import Request
+    from cosmos3_core.runtime import RuntimeOptions
     from cosmos3_core.vae.video import Cosmos3VAE
 
     t0 = time.perf_counter()
@@ -140,16 +148,17 @@ def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, 
                               seconds=None if preloading.seconds is None else round(preloading.seconds, 2))
     for name in shapes:
         h, w, frames = (TINY_RESOLUTIONS if tiny else RESOLUTIONS)[name]
-        request = GenerationRequest(prompt=LONG_PROMPT, num_frames=frames, height=h, width=w, steps=35, guidance=6.0,
-                                    seed=0, sound=frames > 1, compile=True)
+        options = RuntimeOptions(compile=True)
+        request = Request(prompt=LONG_PROMPT, num_frames=frames, height=h, width=w, steps=35, guidance=6.0, fps=24.0,
+                          seed=0, sound=frames > 1, options=options)
         runs = []
-        for k in range(2):  # generate(): sample (prefill, plan, run), then decode as it does with compile on
+        for k in range(2):  # generate(): sample (resolve, prefill, plan, run), then decode with the run's options
             steps = _StepClock(profile=profile_first and k == 0 and not res["shapes"])  # the process's first
             start = time.perf_counter()
-            sampled, sample = _timed_stage(lambda: pipe.generate(request, steps, decode=False))
+            sampled, sample = _timed_stage(lambda: generate(pipe, request, callback=steps, decode=False))
             if steps.profile is not None:
                 res["first_step_profile"] = steps.profile
-            _, decode = _timed_stage(lambda: pipe.decode_video(sampled.latents, compile=True))
+            _, decode = _timed_stage(lambda: pipe.decode_video(sampled.latents, options=options))
             if sampled.sound_latent is not None:
                 pipe.decode_sound(sampled.sound_latent, frames, request.fps)
             sync()
@@ -158,7 +167,7 @@ def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, 
                              step_s=steps.seconds, first_step_new_modules=steps.new_modules))
         res["shapes"][name] = dict(first=runs[0], second=runs[1],
                                    first_run_overhead_s=round(runs[0]["wall_s"] - runs[1]["wall_s"], 2),
-                                   precompiled=_precompiled_counts(pipe))
+                                   precompiled=_precompiled_counts(pipe, options))
         print("first run", name, res["shapes"][name], flush=True)
     Path(out).write_text(json.dumps(res, indent=1))
 
@@ -170,8 +179,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--tiny", action="store_true", help="on the CPU with a tiny model (a check that it runs)")
     p.add_argument("--profile-first", action="store_true",
-                   help="run each process's first sampling under torch.profiler and record where its host time went "
-                        "(attribution only: the profiler slows that run)")
+                   help="run each process's first sampling up to step 1 under cProfile and record where its host "
+                        "time went (attribution only: the profiler slows that run)")
     p.add_argument("--preload", action="store_true",
                    help="start caches.preload_compiler() before building the model, as Cosmos3Pipeline.load does on "
                         "a machine with CUDA (the bench builds its random model without load())")

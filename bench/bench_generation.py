@@ -4,9 +4,14 @@ Both sides use the *same* weights (ours is loaded from diffusers' state dict, sh
 lengths (cond ≈ 1,500 tokens like a JSON-upsampled prompt, uncond ≈ 60) and bf16. Per resolution it times one
 guided denoising step — ours: one batched two-branch ``denoise_step`` over cached text K/V; diffusers: its
 pipeline's two full ``Cosmos3OmniTransformer.forward`` passes — and reports seconds, the ratio, achieved TFLOP/s
-(``common.step_flops``: linear + attention core, both branches) and peak GPU memory. End to end (text prefill, 35
-guided steps, VAE decode, audio decode) runs for the shapes given with ``--e2e``; diffusers' end-to-end pipeline
-runs for ``--e2e-diffusers`` shapes. Results go to a JSON file (BENCHMARKS.md's per-shape tables read them).
+(``common.step_flops``: linear + attention core, both branches) and peak GPU memory; ``--compile`` adds the step with
+``RuntimeOptions(compile=True)`` (the compiled generation layer). End to end (text prefill, 35 guided steps, VAE
+decode, audio decode) runs for the shapes given with ``--e2e``, through the pipeline's stages with one
+``RuntimeOptions`` per run (``encode_text`` → ``sample`` → ``decode_video`` → ``decode_sound``), both towers
+resident as the CLI keeps them; with ``--compile`` a 1-step run and a 3-frame decode after the prefill warm the
+compiled layer and decoder up (``compile_warmup_s``, ``vae_compile_warmup_s``: ``first_run_overhead_s``, left out of
+``total_warm_s``, the table's figure; ``total_s`` includes them). diffusers' end-to-end pipeline runs for
+``--e2e-diffusers`` shapes. Results go to a JSON file (BENCHMARKS.md's per-shape tables read them).
 
     python bench/bench_generation.py --compile --resolutions t2i,256p,480p --e2e t2i,256p,480p \
         --e2e-diffusers t2i,256p --out bench/results/generation_e2e.json
@@ -16,6 +21,11 @@ runs for ``--e2e-diffusers`` shapes. Results go to a JSON file (BENCHMARKS.md's 
         --out bench/results/generation_t2i.json
     python bench/bench_generation.py --routes --resolutions t2i,256p,480p,720p --e2e-diffusers t2i,256p,480p \
         --e2e t2i,256p,480p,720p --out bench/results/generation_routes.json     # per-route steps, diffusers at 480p
+
+``--routes`` times the step per route (``RuntimeOptions``: eager / compiled × SDPA / FlashAttention-4 where it can
+run; 720p compiled only) with each route's warm-up, peak memory and velocity difference from the first route; the
+end-to-end runs of that invocation then use the fastest route per shape. ``--loop 480p`` splits a compiled 35-step
+loop's time: per step in the loop, the same step alone, and the GPU's busy time per step (torch.profiler).
 
 ``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs two fresh
 processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
@@ -48,77 +58,67 @@ from common import (COND_TOKENS, LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, UNC
                     step_flops, sync, timed)
 
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
-FP8 = False  # --fp8: also time the approximate FP8-GEMM fast mode
 SKIP_REFERENCE = False  # --skip-reference: time ours only (diffusers' numbers taken from an earlier run)
-HOST_COPY = None  # the text tower's pinned host copy, made once
-ROUTES = False  # --routes: time ours per variant (eager/compiled × SDPA/FlashAttention-4 × CUDA graph)
+ROUTES = False  # --routes: time ours per route (eager/compiled × SDPA/FlashAttention-4)
 
 
-def time_ours(ours, step) -> tuple[float, int, dict]:
-    """Eager step time and peak memory, then (per flags) compiled, FP8 and FP8-compiled step times."""
+def time_ours(step) -> tuple[float, int, dict]:
+    """Eager step time and peak memory, then (``--compile``) the compiled step's warm-up and time.
+    ``step(options)`` runs one guided step with those ``RuntimeOptions``."""
+    from cosmos3_core.kernels.compile import prepared
+    from cosmos3_core.runtime import RuntimeOptions
+
     torch.cuda.reset_peak_memory_stats()
-    eager_s = timed(step)
+    eager_s = timed(lambda: step(RuntimeOptions()))
     peak = torch.cuda.max_memory_allocated()
     extra = {}
     if COMPILE:
-        ours.compile_generation_layers(True)
+        compiled = RuntimeOptions(compile=True)
+        prepared()  # the compile settings, as Cosmos3Pipeline.run puts them in place for a compiled run
         start = time.perf_counter()
-        step()
+        step(compiled)
         sync()
-        extra = dict(compile_warmup_s=round(time.perf_counter() - start, 1), ours_compiled_step_s=round(timed(step), 4))
-        ours.compile_generation_layers(False)
-    if FP8:  # approximate fast mode: FP8 GEMMs
-        from cosmos3_core.model.fp8 import disable_fp8, enable_fp8
-
-        torch._dynamo.reset()  # compile afresh for the swapped module types (keeps clear of recompile limits)
-        enable_fp8(ours)
-        extra["ours_fp8_step_s"] = round(timed(step), 4)
-        if COMPILE:
-            ours.compile_generation_layers(True)
-            step()
-            extra["ours_fp8_compiled_step_s"] = round(timed(step), 4)
-            ours.compile_generation_layers(False)
-        disable_fp8(ours)
+        extra = dict(compile_warmup_s=round(time.perf_counter() - start, 1),
+                     ours_compiled_step_s=round(timed(lambda: step(compiled)), 4))
     return eager_s, peak, extra
 
 
-def route_variants(name: str) -> list[tuple[str, str, bool, bool]]:
-    """(label, attention backend, compiled, CUDA graph) to time at this shape; 720p skips the eager ones."""
+def route_variants(name: str) -> list[tuple[str, str, bool]]:
+    """(label, attention route, compiled) to time at this shape; 720p skips the eager ones."""
     from cosmos3_core.kernels.attention import flash4_unavailable_reason
 
     flash4 = not flash4_unavailable_reason()
     big = name == "720p"
-    out = [] if big else [("eager_sdpa", "sdpa", False, False)]
-    out.append(("compiled_sdpa", "sdpa", True, False))
+    out = [] if big else [("eager_sdpa", "sdpa", False)]
+    out.append(("compiled_sdpa", "sdpa", True))
     if flash4:
-        out += [] if big else [("eager_flash4", "flash4", False, False)]
-        out.append(("compiled_flash4", "flash4", True, False))
-    if not big:  # CUDA graphs pay where the step is launch-bound; a 6 s step has nothing to gain
-        best = "flash4" if flash4 else "sdpa"
-        out += [(f"eager_{best}_graph", best, False, True), (f"compiled_{best}_graph", best, True, True)]
+        out += [] if big else [("eager_flash4", "flash4", False)]
+        out.append(("compiled_flash4", "flash4", True))
     return out
 
 
-def time_routes(ours, step, name: str) -> dict:
-    """Every variant: first-call warm-up (compile, FlashAttention-4 JIT, graph capture), step time, peak memory,
-    and the relative L2 difference of its vision velocity from eager SDPA (bf16 rounding level expected)."""
-    from cosmos3_core.kernels.attention import set_attention_backend
+def time_routes(step, name: str) -> dict:
+    """Every route: first-call warm-up (compile, FlashAttention-4 JIT), step time, peak memory, and the relative L2
+    difference of its vision velocity from the first route's (bf16 rounding level expected)."""
+    from cosmos3_core.kernels.compile import prepared
+    from cosmos3_core.runtime import RuntimeOptions
 
     iters = 2 if name == "720p" else 5
     out, reference = {}, None
-    for label, backend, compiled, graphs in route_variants(name):
-        set_attention_backend(backend)
-        ours.compile_generation_layers(compiled)
-        ours.use_cuda_graphs(graphs)
+    for label, attention, compiled in route_variants(name):
+        options = RuntimeOptions(attention=attention, compile=compiled)
+        run = lambda options=options: step(options)  # noqa: E731
         try:
+            if compiled:
+                prepared()
             torch.cuda.reset_peak_memory_stats()
             sync()
             start = time.perf_counter()
-            first = step().vision.float()
+            first = run().vision.float()
             sync()
             warmup = time.perf_counter() - start
-            seconds = timed(step, warmup=1, iters=iters)
-            v = step().vision.float()
+            seconds = timed(run, warmup=1, iters=iters)
+            v = run().vision.float()
             reference = v if reference is None else reference
             out[label] = dict(step_s=round(seconds, 4), warmup_s=round(warmup, 2),
                               peak_gib=gib(torch.cuda.max_memory_allocated()),
@@ -126,10 +126,6 @@ def time_routes(ours, step, name: str) -> dict:
                               first_call_rel=float(f"{((first - v).norm() / v.norm()).item():.2e}"))
         except Exception as exc:  # noqa: BLE001 — report the failing variant, keep timing the others
             out[label] = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-        finally:
-            ours.use_cuda_graphs(False)
-            ours.compile_generation_layers(False)
-            set_attention_backend("auto")
         print(name, label, out[label], flush=True)
     return out
 
@@ -151,13 +147,13 @@ def bench_steps(ref, ours, name: str, results: dict, device: str) -> None:
     sync()
     prefill_s = time.perf_counter() - start
     layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device=device, dtype=torch.bfloat16)
-    step = lambda: ours.denoise_step(latents, t, kvs, layout)  # noqa: E731
+    step = lambda options: ours.denoise_step(latents, t, kvs, layout, options=options)  # noqa: E731
     if ROUTES:
-        compiled = dict(routes=time_routes(ours, step, name))
+        compiled = dict(routes=time_routes(step, name))
         first = next(iter(compiled["routes"].values()))
         ours_s, ours_peak = first.get("step_s", float("nan")), int(first.get("peak_gib", 0) * 2**30)
     else:
-        ours_s, ours_peak, compiled = time_ours(ours, step)
+        ours_s, ours_peak, compiled = time_ours(step)
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -239,69 +235,58 @@ def bench_gemm_fusion(name: str, results: dict) -> None:
     print("gemm fusion", name, out, flush=True)
 
 
-def best_route(results: dict, name: str) -> tuple[str, bool, bool]:
-    """(attention backend, compile, CUDA graph) of the fastest variant measured at this shape in this run."""
+def best_route(results: dict, name: str):
+    """The ``RuntimeOptions`` of the fastest route measured at this shape in this run (``--routes``), else
+    ``attention`` auto with ``--compile``'s setting."""
+    from cosmos3_core.runtime import RuntimeOptions
+
     routes = results["steps"].get(name, {}).get("routes", {})
     timed_ok = {k: v["step_s"] for k, v in routes.items() if "step_s" in v}
     if not timed_ok:
-        return "auto", COMPILE, False
+        return RuntimeOptions(compile=COMPILE)
     label = min(timed_ok, key=timed_ok.get)
-    return ("flash4" if "flash4" in label else "sdpa"), label.startswith("compiled"), label.endswith("graph")
+    return RuntimeOptions(attention="flash4" if "flash4" in label else "sdpa", compile=label.startswith("compiled"))
 
 
 def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict, device: str) -> None:
-    from cosmos3_core.kernels.attention import set_attention_backend
+    """One warm run per stage with one ``RuntimeOptions`` (see the module docstring); both towers stay resident."""
     from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.model.towers import PinnedHostCopy, tower_module
     from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
     sound = frames > 1
-    backend, compiled, graphs = best_route(results, name)
-    set_attention_backend(backend)
+    options = best_route(results, name)
     pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
-    text_tower = tower_module(ours, "text")
+    sampling = dict(seed=0, guidance=6.0, sound=sound)
     stages = {}
-    global HOST_COPY
-    if HOST_COPY is None:
-        t1 = time.perf_counter()
-        HOST_COPY = PinnedHostCopy(text_tower)  # once per load (a real load reads the weights into it from disk)
-        results["text_tower_pinned_host_copy_once_s"] = round(time.perf_counter() - t1, 2)
-    host_copy = HOST_COPY
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0)
+    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0, options=options)
     sync()
     stages["prefill_s"] = time.perf_counter() - t0
     prefill_peak = torch.cuda.max_memory_allocated()
-    t1 = time.perf_counter()
-    host_copy.offload()  # the understanding tower leaves the GPU once the K/V exists (pinned copy: no transfer)
-    torch.cuda.empty_cache()
-    sync()
-    stages["text_tower_offload_s"] = time.perf_counter() - t1
     torch.cuda.reset_peak_memory_stats()
-    ours.use_cuda_graphs(graphs)
     t1 = time.perf_counter()
-    if compiled:  # warm the compiled layer and VAE decoder up; one-offs per shape, reported apart from the total
-        warm = pipe.sample(text, seed=0, steps=1, guidance=6.0, sound=sound, compile=True)
+    if options.compile:  # warm the compiled layer and VAE decoder up; one-offs per shape, reported apart from the total
+        warm = pipe.sample(text, options=options, steps=1, **sampling)
         sync()
     stages["compile_warmup_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    if compiled:  # every latent frame after the first runs compiled: three frames trace and build its graphs
-        pipe.decode_video(warm.latents[:, :, :3], compile=True)
+    if options.compile:  # every latent frame after the first runs compiled: three frames trace and build its graphs
+        pipe.decode_video(warm.latents[:, :, :3], options=options)
         sync()
+        del warm
     stages["vae_compile_warmup_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    out = pipe.sample(text, seed=0, steps=35, guidance=6.0, sound=sound, compile=compiled)
+    out = pipe.sample(text, options=options, steps=35, **sampling)
     sync()
     stages["denoise_35_steps_s"] = time.perf_counter() - t1
-    ours.use_cuda_graphs(False)  # frees the captured graphs' activations before the decode
     t1 = time.perf_counter()
-    frames_out = pipe.decode_video(out.latents, compile=compiled)  # as `generate --compile` decodes
+    frames_out = pipe.decode_video(out.latents, options=options)  # as `generate --compile` decodes
     sync()
     stages["vae_decode_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -309,55 +294,46 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     sync()
     stages["audio_decode_s"] = time.perf_counter() - t1
     total = time.perf_counter() - t0
-    overhead = stages["text_tower_offload_s"] + stages["compile_warmup_s"] + stages["vae_compile_warmup_s"]
-    t1 = time.perf_counter()
-    host_copy.load(device)  # back for the next prompt (non-blocking copies from pinned memory)
-    sync()
-    stages["text_tower_reload_s"] = time.perf_counter() - t1
+    overhead = stages["compile_warmup_s"] + stages["vae_compile_warmup_s"]
     results["e2e_ours"][name] = dict(
         {k: round(v, 2) for k, v in stages.items()}, total_s=round(total, 2),
-        total_without_offload_s=round(total - overhead, 2), first_run_overhead_s=round(overhead, 2),
+        total_warm_s=round(total - overhead, 2), first_run_overhead_s=round(overhead, 2),
         peak_prefill_gib=gib(prefill_peak), peak_generation_gib=gib(torch.cuda.max_memory_allocated()),
-        cond_tokens=text.cond.length, compiled=compiled, attention=backend, cuda_graphs=graphs, sound=sound,
+        cond_tokens=text.cond.length, compiled=options.compile, attention=options.attention, sound=sound,
         uncond_tokens=text.uncond.length, frames_shape=list(frames_out.shape), audio_samples=int(wave.shape[1]),
     )
-    set_attention_backend("auto")
     print("e2e ours", name, results["e2e_ours"][name], flush=True)
 
 
 def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> None:
     """Where a compiled 35-step sampling loop's time goes at one shape: wall time per step in the loop, the same
-    step timed alone on the plan's own layout, the GPU's busy time per step in the loop (torch.profiler), and the
-    loop with every step replayed as one CUDA graph (``use_cuda_graphs``; a run captures once: its layout is new)."""
+    step timed alone on the plan's own layout, and the GPU's busy time per step in the loop (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.runtime import RuntimeOptions
     from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
     sound = frames > 1
+    options = RuntimeOptions(compile=True)
     pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
-    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0)
-    run = lambda: pipe.sample(text, seed=0, steps=35, guidance=6.0, sound=sound, compile=True)  # noqa: E731
+    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0, options=options)
+    run = lambda: pipe.sample(text, options=options, seed=0, steps=35, guidance=6.0, sound=sound)  # noqa: E731
     run()  # compile + warm-up
     row = dict(loop_step_ms=round(timed(run, warmup=0, iters=2) * 1e3 / 35, 2))
-    plan = pipe.plan(text, seed=0, steps=35, guidance=6.0, sound=sound)
+    plan = pipe.plan(text, seed=0, steps=35, guidance=6.0, sound=sound, options=options)
     g = plan.guidance[0]
     x = {s.name: s.init for s in plan.streams}
     step = lambda: ours.denoise_step(x["vision"], plan.timesteps[0].to("cuda"), g.text, g.layout,  # noqa: E731
-                                     sound=x.get("sound"))
+                                     sound=x.get("sound"), options=options)
     row["isolated_step_ms"] = round(timed(step, warmup=2, iters=10) * 1e3, 2)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         sync()
     busy = sum(ev.device_time_total for ev in prof.key_averages() if ev.device_type.name == "CUDA")
     row["gpu_busy_per_step_ms_in_loop"] = round(busy / 1e3 / 35, 2)
-    ours.use_cuda_graphs(True)
-    try:
-        row["graph_loop_step_ms"] = round(timed(run, warmup=1, iters=2) * 1e3 / 35, 2)  # each run captures once
-    finally:
-        ours.use_cuda_graphs(False)
     results.setdefault("loop", {})[name] = row
     print("loop", name, row, flush=True)
 
@@ -366,7 +342,9 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
     """In this (fresh) process, per shape in order: the first compiled step as a user's first run pays it (Dynamo,
     inductor or its on-disk caches, FlashAttention-4's JIT), the steady compiled step, the compile counters and
     times it added, and the compiled step's relative difference from the eager one."""
+    from cosmos3_core.kernels.compile import prepared
     from cosmos3_core.model.layout import build_layout
+    from cosmos3_core.runtime import RuntimeOptions
 
     t0 = time.perf_counter()
     device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)
@@ -377,7 +355,8 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
     sync()
     res = dict(setup_s=round(time.perf_counter() - t0, 1), torch=torch.__version__,
                device=torch.cuda.get_device_name() if device == "cuda" else device, shapes={})
-    ours.compile_generation_layers(True)
+    compiled_options, eager_options = RuntimeOptions(compile=True), RuntimeOptions()
+    prepared()
     res["inductor_cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     for name in names:
         h, w, frames = (TINY_RESOLUTIONS if tiny else RESOLUTIONS)[name]
@@ -385,7 +364,8 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
         layout = build_layout(ours.config, [kv.length for kv in kvs], shape[2:], 24.0, device=device, dtype=dtype)
         latents = torch.randn(shape, generator=g).to(device)
         t = torch.tensor(900, device=device)
-        step = lambda latents=latents, t=t, layout=layout: ours.denoise_step(latents, t, kvs, layout)  # noqa: E731
+        step = lambda options=compiled_options, latents=latents, t=t, layout=layout: ours.denoise_step(  # noqa: E731
+            latents, t, kvs, layout, options=options)
         before = compile_stats()
         start = time.perf_counter()
         step()
@@ -394,9 +374,7 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
         steady = timed(step, warmup=1, iters=3)
         after = compile_stats()
         compiled = step().vision.float()
-        ours.compile_generation_layers(False)
-        eager = step().vision.float()
-        ours.compile_generation_layers(True)
+        eager = step(eager_options).vision.float()
         res["shapes"][name] = dict(
             first_compiled_step_s=round(first, 3), compiled_step_s=round(steady, 4),
             compile_warmup_s=round(first - steady, 2),
@@ -416,47 +394,6 @@ def warm_start(names: str, out_path: str, tiny: bool) -> None:
         for name, r in run["shapes"].items():
             print(f"process {i} {name}: warm-up {r['compile_warmup_s']} s, steady {r['compiled_step_s']} s, "
                   f"fxgraph hit/miss {r['fxgraph_cache_hit']}/{r['fxgraph_cache_miss']}", flush=True)
-
-
-def bench_fp8_quality(ours, files, vae, audio, tokenizer, name: str, results: dict) -> None:
-    """FP8 fast mode vs exact bf16 on the same prompt and seed: latent cosine and decoded-frame PSNR after 35
-    steps, and the cosine of the first step's x0 prediction (one model call, no trajectory). Calibration: exact
-    eager vs exact *compiled* — the same math rounded differently (bf16 level) — shows how far 35 steps of this
-    random-weight model carry a rounding-sized difference; FP8 can only be judged against that floor."""
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
-    from cosmos3_core.model.fp8 import disable_fp8, enable_fp8
-    from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.vae.video import Cosmos3VAE
-
-    cos = torch.nn.functional.cosine_similarity
-    h, w, frames = RESOLUTIONS[name]
-    pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
-    text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0)
-    out = {}
-    for mode in ("exact", "exact_compiled", "fp8"):
-        torch._dynamo.reset()
-        if mode == "fp8":
-            enable_fp8(ours)
-        first = []
-        sync()
-        t0 = time.perf_counter()
-        res = pipe.sample(text, seed=0, steps=35, guidance=6.0, compile=mode == "exact_compiled",
-                          callback=lambda step, total, x0, first=first: first.append(x0.float().flatten()) if not first else None)
-        sync()
-        out[mode] = (res.latents.float().flatten(), pipe.decode_video(res.latents), time.perf_counter() - t0, first[0])
-        if mode == "fp8":
-            disable_fp8(ours)
-    report = {}
-    for mode in ("exact_compiled", "fp8"):
-        mse = torch.mean((out["exact"][1] - out[mode][1]) ** 2).item()
-        report[mode] = dict(
-            first_step_x0_cosine=round(cos(out["exact"][3], out[mode][3], dim=0).item(), 5),
-            latent_cosine=round(cos(out["exact"][0], out[mode][0], dim=0).item(), 5),
-            frames_psnr_db=round(10 * torch.log10(torch.tensor(1.0 / max(mse, 1e-12))).item(), 2),
-            seconds_35_steps=round(out[mode][2], 2))
-    report["exact_seconds_35_steps"] = round(out["exact"][2], 2)
-    results.setdefault("fp8_quality", {})[name] = report
-    print("fp8 quality", name, report, flush=True)
 
 
 def bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name: str, results: dict) -> None:
@@ -488,17 +425,15 @@ def main() -> None:
     p.add_argument("--e2e", default="480p")
     p.add_argument("--e2e-diffusers", default="")
     p.add_argument("--compile", action="store_true", help="also time the compiled generation layer")
-    p.add_argument("--fp8", action="store_true", help="also time the FP8-GEMM fast mode")
     p.add_argument("--skip-reference", action="store_true", help="do not time diffusers' step (saves device time)")
-    p.add_argument("--fp8-quality", default="", help="exact vs FP8 on the same seed, 35 steps, at these shapes")
     p.add_argument("--attention", default="", help="attention backend micro-benchmark at these shapes")
     p.add_argument("--gemm-fusion", default="", help="fused vs separate q/k/v and gate/up GEMMs at these shapes")
     p.add_argument("--routes", action="store_true",
-                   help="time eager/compiled x SDPA/FlashAttention-4 x CUDA-graph step variants; e2e uses the best")
+                   help="time the step per route (eager/compiled x SDPA/FlashAttention-4); e2e uses the best")
     p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at these shapes, then exit")
     p.add_argument("--warm-start", default="",
                    help="two fresh --probe-warmup processes at these shapes on one new empty cache dir, then exit")
-    p.add_argument("--loop", default="", help="compiled 35-step loop vs isolated step vs GPU busy vs CUDA graphs")
+    p.add_argument("--loop", default="", help="compiled 35-step loop vs isolated step vs GPU busy time")
     p.add_argument("--tiny", action="store_true", help="--probe-warmup/--warm-start on the CPU with a tiny model")
     args = p.parse_args()
     if args.warm_start:
@@ -518,8 +453,8 @@ def main() -> None:
         diffusers=diffusers.__version__, transformers=transformers.__version__, python=platform.python_version(),
         cond_tokens=COND_TOKENS, uncond_tokens=UNCOND_TOKENS, steps={}, e2e_ours={}, e2e_diffusers={},
     )
-    global COMPILE, FP8, SKIP_REFERENCE, ROUTES
-    COMPILE, FP8, SKIP_REFERENCE, ROUTES = args.compile, args.fp8, args.skip_reference, args.routes
+    global COMPILE, SKIP_REFERENCE, ROUTES
+    COMPILE, SKIP_REFERENCE, ROUTES = args.compile, args.skip_reference, args.routes
     for name in filter(None, args.attention.split(",")):
         bench_attention(name, results)
         Path(args.out).write_text(json.dumps(results, indent=1))
@@ -537,10 +472,7 @@ def main() -> None:
         for name in filter(None, args.e2e_diffusers.split(",")):
             bench_e2e_diffusers(ref, files, vae, audio, tokenizer, name, results)
             Path(args.out).write_text(json.dumps(results, indent=1))
-        for name in filter(None, args.fp8_quality.split(",")):
-            bench_fp8_quality(ours, files, vae, audio, tokenizer, name, results)
-            Path(args.out).write_text(json.dumps(results, indent=1))
-        del ref  # ours keeps only the weights it uses; the text tower can now really leave the GPU
+        del ref  # ours keeps only the weights it uses
         gc.collect()
         torch.cuda.empty_cache()
         for name in filter(None, args.e2e.split(",")):

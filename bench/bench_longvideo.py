@@ -1,7 +1,8 @@
 """Long video (windowed text-to-video, streamed to an mp4): per-window time and peak memory on full-size random Nano.
 
-For each shape it generates the whole video window by window with ``cosmos3_core.modes.long_video.generate_long`` and
-the streaming mp4 writer, and records per window: denoising seconds, decode+write seconds, peak GPU memory
+For each shape it resolves a windowed ``Request`` (``num_frames`` past one clip, ``frames_per_chunk``; eager,
+``RuntimeOptions()``) and generates the whole video window by window with
+``cosmos3_core.modes.long_video.generate_long`` and the streaming mp4 writer as its sink, and records per window: denoising seconds, decode+write seconds, peak GPU memory
 allocated during the window (the peak is reset between windows) and the host's resident memory after the window.
 Flat peaks over the windows are the claim to check: nothing but the last decoded tail crosses a window boundary.
 
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # name: (height, width, total frames, frames per window)
 SHAPES = {"30s_480p": (480, 832, 721, 189), "20s_720p": (720, 1280, 481, 189)}
-TINY_SHAPES = {"tiny_3_windows": (32, 48, 21, 9)}
+TINY_SHAPES = {"tiny_4_windows": (32, 48, 21, 9)}
 
 
 def host_rss_gib() -> float:
@@ -61,8 +62,9 @@ def load_pipeline(tiny: bool, device: str, tmp: Path):
 
 
 def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str, out_dir: Path) -> dict:
-    from cosmos3_core.modes.long_video import LongVideoRequest, generate_long
     from cosmos3_core.media import VideoWriter, probe_media
+    from cosmos3_core.modes.long_video import generate_long
+    from cosmos3_core.request import Request, resolve
 
     h, w, total, chunk = shape
     cuda = device == "cuda"
@@ -82,9 +84,8 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
     prompt = "a red robot walks down a busy city street at night while the camera follows"
     if device == "cuda":  # ≈1,500 tokens, like a JSON-upsampled prompt (common.LONG_PROMPT)
         from common import LONG_PROMPT as prompt
-    request = LongVideoRequest(prompt=prompt,
-                               num_frames=total, frames_per_chunk=chunk, height=h, width=w, steps=steps,
-                               seed=0, sound=sound)
+    run = resolve(Request(prompt=prompt, num_frames=total, frames_per_chunk=chunk, height=h, width=w, steps=steps,
+                          seed=0, sound=sound), pipe.info)
     with VideoWriter(path, 24.0, w, h, audio=sound) as writer:
         def sink(frames, audio):  # runs right after each window's decode: record the window, start the next
             writer.append(frames, audio)
@@ -98,7 +99,7 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
             state["start"] = time.perf_counter()
 
         reset_peak()
-        result = generate_long(pipe, request, [sink], progress=progress, device=device)
+        result = generate_long(pipe, run, [sink], progress=progress, device=device)
     for row, den, dec in zip(windows, result.timings["denoise"], result.timings["decode"]):
         row.update(denoise_s=round(den, 2), decode_and_write_s=round(dec, 2))
     info = probe_media(path)

@@ -356,6 +356,9 @@ def main() -> None:
     args = p.parse_args()
     if args.tiny and not args.weight_storage:
         p.error("--tiny checks the --weight-storage mode; add --weight-storage")
+    if not args.tiny and not torch.cuda.is_available():
+        p.error("the simulated cards and --weight-storage need a CUDA GPU; add --weight-storage --tiny for a CPU "
+                "check of the script")
     args.steps = args.steps or (3 if args.weight_storage else 4)
 
     sys.path.insert(0, str(Path(args.comfyui).resolve()))

@@ -9,7 +9,9 @@ One script, one subcommand per mode; each writes a results JSON (BENCHMARKS.md's
     python bench/bench_modes.py batch --out bench/results/batch.json [--batch 4] [--shapes t2i1024,256p]
     python bench/bench_modes.py action --tiny --out /tmp/action_tiny.json       # likewise distilled / batch --tiny
 
-``action``: one action-mode generation (policy / forward dynamics / inverse dynamics) end to end, timed per stage.
+``action``: one action-mode generation (policy / forward dynamics / inverse dynamics) end to end, timed per stage
+through the action stages of ``cosmos3_core.modes.action`` (``encode`` → ``tokenize`` → ``prefill`` → ``plan``, then
+``Cosmos3Pipeline.run`` and ``decode_video``), eager.
 Nano-shaped random bf16 weights (``common.NANO``, action head included) stand in for the checkpoint — the step cost
 is the real one, the output is noise. The Wan2.2 VAE is full size with random weights; the tokenizer is the tiny
 checkpoint's (the action caption is ~60 tokens either way). Stages: VAE encode of the conditioning frames, text
@@ -22,13 +24,14 @@ text-to-image at 1024x1024. **Stand-in weights**: no Super weights exist here, s
 *Nano-size* transformer with random bf16 weights (hidden 4096, 36 layers — Super is 5120 / 64 layers, so a Super
 step costs ~2.7x this) and a full-size random Wan2.2 VAE; the distilled files (``modular_model_index.json`` with
 ``distilled_sigmas``, the stochastic FlowMatchEuler scheduler, a tokenizer) come from the tiny builder
-(``cosmos3_core.testing.tiny``, ``distilled=True``). The run goes through ``Cosmos3Pipeline.generate`` exactly as the
-CLI does, so the schedule, step count (4) and guidance (1, one branch) are read from those files.
+(``cosmos3_core.testing.tiny``, ``distilled=True``). The run goes through ``modes.dispatch.generate`` of a
+``Request`` (eager) exactly as the CLI does, so the schedule, step count (4) and guidance (1, one branch) are read
+from those files by ``request.resolve``.
 
 ``batch``: N seeds in one run (one forward per step over N items × both branches) vs one at a time. Full-size
 random-weight Nano in bf16, the same weights for diffusers 0.42.1 (its pipeline makes one sample per call: one
 guided step = two ``Cosmos3OmniTransformer.forward`` passes). Per shape it times one guided denoising step for batch
-1 and batch N (ours, eager and compiled) and diffusers' step, and reports results/s for 35 steps plus the VAE decode
+1 and batch N (ours, eager and with ``RuntimeOptions(compile=True)``) and diffusers' step, and reports results/s for 35 steps plus the VAE decode
 of each result (measured once per shape).
 """
 
@@ -95,6 +98,7 @@ def action_tiny_pipeline(tmp: Path):
 
 def action_run(pipe, args, device: str) -> dict:
     from cosmos3_core import defaults
+    from cosmos3_core.modes import action as act
     from cosmos3_core.modes.action import ActionRequest, EMBODIMENT_TO_RAW_ACTION_DIM
 
     h, w = (int(v) for v in args.input.split("x"))
@@ -113,17 +117,16 @@ def action_run(pipe, args, device: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
     device_sync(device)
     t0 = time.perf_counter()
-    condition = pipe.encode_action(request, who="bench")
+    condition = act.encode(pipe, request)
     device_sync(device)
     stages["vae_encode_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    ids = pipe.tokenize_action(condition, "The robot arm picks up the red cup and places it in the bowl.", "",
-                               fps=defaults.ACTION_FPS, use_system_prompt=False)
-    text = pipe.prefill_action_prompts(ids, condition, fps=defaults.ACTION_FPS)
+    ids = act.tokenize(pipe, condition, "The robot arm picks up the red cup and places it in the bowl.", "",
+                       fps=defaults.ACTION_FPS, use_system_prompt=False)
+    text = act.prefill(pipe, ids, condition, fps=defaults.ACTION_FPS)
     device_sync(device)
     stages["prefill_s"] = time.perf_counter() - t1
-    plan = pipe.plan_action(text, condition, seed=0, steps=args.steps, guidance=defaults.ACTION_GUIDANCE,
-                            who="bench")
+    plan = act.plan(pipe, text, condition, seed=0, steps=args.steps, guidance=defaults.ACTION_GUIDANCE)
     t1 = time.perf_counter()
     result = pipe.run(plan)
     device_sync(device)
@@ -214,12 +217,13 @@ def distilled_pipeline(tmp: Path, device: str, tiny: bool):
 
 
 def distilled_run_shape(pipe, name: str, shape, results: dict, device: str, prompt: str) -> None:
-    from cosmos3_core.pipeline import GenerationRequest
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.request import Request
 
     h, w, frames, with_image = shape
     rng = np.random.default_rng(0)
     image = rng.random((h, w, 3), dtype=np.float32) if with_image else None
-    request = GenerationRequest(prompt=prompt, num_frames=frames, height=h, width=w, seed=0, image=image)
+    request = Request(prompt=prompt, num_frames=frames, height=h, width=w, seed=0, image=image)
     steps = []
 
     def on_step(step, total, _preview):
@@ -230,7 +234,7 @@ def distilled_run_shape(pipe, name: str, shape, results: dict, device: str, prom
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    out = pipe.generate(request, callback=on_step)
+    out = generate(pipe, request, callback=on_step)
     total = time.perf_counter() - start
     frames_out = out.frames
     assert steps == list(range(1, pipe.distilled.steps + 1)), steps  # really the checkpoint's fixed schedule
@@ -301,7 +305,9 @@ def batch_main(argv: list[str]) -> None:
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on a tiny checkpoint")
     args = parser.parse_args(argv)
 
+    from cosmos3_core.kernels.compile import prepared
     from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.runtime import RuntimeOptions
 
     tmp = Path(tempfile.mkdtemp())
     device = "cpu" if args.tiny else "cuda"
@@ -328,15 +334,17 @@ def batch_main(argv: list[str]) -> None:
         text = pipe.encode_text(prompt, None, num_frames=frames, height=h, width=w, fps=24.0)
         row = dict(height=h, width=w, frames=frames, cond_tokens=text.cond.length)
         for compiled in (False, True) if device == "cuda" else (False,):
+            options = RuntimeOptions(compile=compiled)
+            if compiled:
+                prepared()  # the compile settings, as Cosmos3Pipeline.run puts them in place for a compiled run
             for n in (1, args.batch):
-                plan = pipe.plan(text, seed=0, steps=1, guidance=6.0, batch_size=n)
-                pipe.transformer.compile_generation_layers(compiled)
+                plan = pipe.plan(text, seed=0, steps=1, guidance=6.0, batch_size=n, options=options)
                 step = plan.guidance[0]
                 x = plan.stream("vision").init
                 t = plan.timesteps.to(plan.device)[0]
-                s = batch_timed(lambda x=x, t=t, step=step: pipe.transformer.denoise_step(x, t, step.text, step.layout), device)
+                s = batch_timed(lambda x=x, t=t, step=step, options=options: pipe.transformer.denoise_step(
+                    x, t, step.text, step.layout, options=options), device)
                 row[f"{'compiled' if compiled else 'eager'}_step_s_batch{n}"] = round(s, 4)
-        pipe.transformer.compile_generation_layers(False)
         plan = pipe.plan(text, seed=0, steps=1, guidance=6.0)
         latent = plan.stream("vision").init
         decode_s = batch_timed(lambda latent=latent: pipe.decode_video(latent), device, iters=1)

@@ -11,7 +11,9 @@ Run once per layout under torchrun; each run appends one JSON line (per-stage se
     torchrun --nproc-per-node 4 bench/bench_parallel.py --ulysses 4 --out bench/results/parallel.jsonl
     python bench/bench_parallel.py --render bench/results/parallel.jsonl
 
-Every rank builds the same weights (seeded, on its own GPU), as common.py builds them for one GPU: Nano's
+Each run resolves one ``Request`` (eager, ``RuntimeOptions()``) on the pipeline's checkpoint and runs it with
+``cosmos3_core.parallel.run.generate`` (the clip's stages with a ``ParallelDenoiser`` and the tile-parallel decode);
+a 1-step run of the same shape warms up first (``--no-warmup``: not). Every rank builds the same weights (seeded, on its own GPU), as common.py builds them for one GPU: Nano's
 geometry, bf16, the Wan2.2 VAE at its released widths. Defaults: 1280×720, 189 frames, 35 steps, guidance 6,
 common.py's long prompt and the checkpoint's default negative prompt. ``--tiny`` runs the tiny test checkpoint in fp32 at
 64×96×9, 2 steps, on the CPU with gloo: it only checks that the script starts and finishes (no timing value).
@@ -75,7 +77,7 @@ def main() -> None:
 
     from cosmos3_core.parallel.mesh import init_parallel
     from cosmos3_core.parallel.run import generate
-    from cosmos3_core.pipeline import GenerationRequest
+    from cosmos3_core.request import Request, replace, resolve
 
     heads = (4, 2) if args.tiny else (32, 8)
     mesh = init_parallel(args.cfg_parallel, args.ulysses, guidance=6.0, num_heads=heads[0], num_kv_heads=heads[1],
@@ -83,15 +85,14 @@ def main() -> None:
     cuda = mesh.device.type == "cuda"
     with tempfile.TemporaryDirectory() as tmp:
         pipe = build_pipeline(args.tiny, mesh.device, Path(tmp))
-        request = GenerationRequest(prompt=LONG_PROMPT, negative_prompt=None, num_frames=args.num_frames,
-                                    height=args.height, width=args.width, steps=args.steps, guidance=6.0, seed=0)
+        request = Request(prompt=LONG_PROMPT, negative_prompt=None, num_frames=args.num_frames, height=args.height,
+                          width=args.width, steps=args.steps, guidance=6.0, seed=0)
         if not args.no_warmup:
-            warm = GenerationRequest(**{**request.__dict__, "steps": 1})
-            generate(pipe, warm, mesh, decode=False)
+            generate(pipe, resolve(replace(request, steps=1), pipe.info), mesh, decode=False)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        out = generate(pipe, request, mesh)
+        out = generate(pipe, resolve(request, pipe.info), mesh)
         total = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     from cosmos3_core.parallel.mesh import all_gather_strings

@@ -2,24 +2,29 @@
 
 The text tower + ``lm_head`` at real sizes with random bf16 weights; the prompt is rendered by a tiny checkpoint's
 processor (token ids only matter for their count). Greedy decoding with no stop token, so every run produces
-exactly ``--new-tokens`` tokens. Every variant below runs with the CUDA graph on (the default: each decode step
-replays one captured graph, step_graph.GraphedCall):
+exactly ``--new-tokens`` tokens. A variant is a ``RuntimeOptions`` (attention route, compiled decode layer, GEMV
+route) passed to ``generate_ids(..., options=)`` plus the reasoner's two decode-step settings
+(``graph_sampling``, ``pack_projections``). Every variant runs with the CUDA graph on (``RuntimeOptions.cuda_graphs``,
+the default: each decode step replays one captured graph, kernels/cuda_graph.GraphedCall):
 
-    current                 the decode step before issue 12's levers: attention backend "sdpa" (masked SDPA over
-                            the cache with the K/V heads expanded), the greedy pick outside the graph
-    gqa                     + attention.py's decode route (grouped heads, transformers' eager arithmetic)
+    current                 the decode step before issue 12's levers: attention "sdpa" (masked SDPA over the cache
+                            with the K/V heads expanded), the greedy pick outside the graph, GEMV route "torch"
+    gqa                     + attention "auto": attention.py's decode route (grouped heads, transformers' eager
+                            arithmetic)
     gqa_sampling            + the greedy pick and cursor advance inside the graph (the default)
-    gqa_compiled            gqa + ``compile_decode()`` (inductor, one graph for every layer), pick outside
+    gqa_compiled            gqa + ``compile=True`` (the torch.compile'd decode layer, one graph for every layer),
+                            pick outside
     gqa_compiled_sampling   gqa_compiled with the pick inside the step
     packed                  gqa_sampling + q/k/v and gate/up each read as one packed matrix (packed.py), cuBLAS
-    packed_compiled         packed + ``compile_decode()``
-    gemv                    packed, every projection and ``lm_head`` through the Triton GEMV (gemv.py; the default)
-    gemv_compiled           everything (the defaults after ``compile_decode()``)
+    packed_compiled         packed + ``compile=True``
+    gemv                    packed, every projection and ``lm_head`` through the Triton GEMV (``gemv="auto"``,
+                            gemv.py): the default ``RuntimeOptions()`` — BENCHMARKS.md's "default" column
+    gemv_compiled           everything: ``RuntimeOptions(compile=True)`` — the "``compile`` on" column
 
 Per variant: ``tokens_per_s`` (decode only, prefill subtracted, the graph capture included: the earlier runs'
 measure), ``steady_tokens_per_s`` (tokens 32 → end, timed at the loop's host syncs, capture excluded) and token
 agreement with ``current`` (``agree_prefix``: leading tokens equal; ``agree_frac``). ``compile_warmup_s``: the first
-4-token generation after ``compile_decode()`` (compiles, then captures). ``compiled_graphs``: graphs dynamo traced
+4-token generation with ``compile=True`` (compiles, then captures). ``compiled_graphs``: graphs dynamo traced
 (2 = one per projection layout, split and packed, each shared by every layer and step: no recompiles).
 
 ``logits`` (per route: current / gqa / packed / gemv / compiled / packed_compiled / gemv_compiled): teacher-forced decode of ``--diff-steps`` tokens (the greedy
@@ -77,22 +82,17 @@ def build(values: dict, device: str):
     return random_bf16_weights(model, device)
 
 
-def configure(reasoner, variant: str) -> None:
-    from cosmos3_core.kernels.attention import set_attention_backend
-    from cosmos3_core.kernels.gemv import set_gemv_route
+def configure(reasoner, variant: str):
+    """Set the reasoner's decode-step settings of ``variant``; returns its ``RuntimeOptions``."""
+    from cosmos3_core.runtime import RuntimeOptions
 
     backend, compiled, in_step, packed, gemv_route = VARIANTS[variant]
-    set_attention_backend(backend)
-    set_gemv_route(gemv_route)
     reasoner.graph_sampling = in_step
     reasoner.pack_projections = packed
-    if compiled and reasoner._compiled_layer is None:
-        reasoner.compile_decode(True)
-    elif not compiled:
-        reasoner.compile_decode(False)
+    return RuntimeOptions(attention=backend, compile=compiled, gemv=gemv_route)
 
 
-def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
+def timed_generate(reasoner, prepared, new_tokens: int, options) -> dict:
     """Decode tokens/s with and without the first ``STEADY_FROM`` tokens (which hold the graph capture)."""
     from cosmos3_core.reasoner.reasoner import SamplingParams
 
@@ -100,12 +100,12 @@ def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
     params = SamplingParams(max_new_tokens=new_tokens)
     sync(device)
     t0 = time.perf_counter()
-    reasoner.prefill(prepared, cache_len=prepared.length + new_tokens)
+    reasoner.prefill(prepared, cache_len=prepared.length + new_tokens, options=options)
     sync(device)
     prefill_s = time.perf_counter() - t0
     marks = {}
     t0 = time.perf_counter()
-    ids, _ = reasoner.generate_ids(prepared, params,
+    ids, _ = reasoner.generate_ids(prepared, params, options=options,
                                    callback=lambda done, total: marks.setdefault(done, time.perf_counter()))
     sync(device)
     decode_s = time.perf_counter() - t0 - prefill_s  # generate_ids runs the prefill again; subtract it
@@ -116,20 +116,21 @@ def timed_generate(reasoner, prepared, new_tokens: int) -> dict:
 
 
 @torch.no_grad()
-def teacher_forced_logits(reasoner, prepared, tokens: list[int] | None, steps: int, mode: str) -> tuple[list, list]:
-    """Logits of ``steps`` decode steps fed ``tokens`` (None: this run's own greedy tokens); ``mode`` is ``eager``,
-    ``side_stream`` or ``graph``. Returns (logits per step on the CPU, tokens fed)."""
+def teacher_forced_logits(reasoner, prepared, tokens: list[int] | None, steps: int, mode: str,
+                          options) -> tuple[list, list]:
+    """Logits of ``steps`` decode steps fed ``tokens`` (None: this run's own greedy tokens) with ``options``;
+    ``mode`` is ``eager``, ``side_stream`` or ``graph``. Returns (logits per step on the CPU, tokens fed)."""
     from cosmos3_core.reasoner.reasoner import decode_weights
     from cosmos3_core.kernels.cuda_graph import GraphedCall
 
     device = reasoner.device
-    first = reasoner.prefill(prepared, cache_len=prepared.length + steps + 1)
+    first = reasoner.prefill(prepared, cache_len=prepared.length + steps + 1, options=options)
     cache_index = torch.tensor(prepared.length, device=device)
     rope_position = torch.tensor(prepared.next_position, device=device)
-    packed = decode_weights(reasoner.transformer) if reasoner.pack_projections else None
+    packed = decode_weights(reasoner.transformer, options.gemv) if reasoner.pack_projections else None
 
     def decode(token, index, position):
-        return reasoner.decode_step(token, index, position, packed)
+        return reasoner.decode_step(token, index, position, packed, options)
 
     step = GraphedCall(decode) if mode == "graph" else decode
     side = torch.cuda.Stream() if mode == "side_stream" else None
@@ -155,13 +156,15 @@ def max_abs(a: list, b: list) -> list[float]:
     return [float((x - y).abs().max()) for x, y in zip(a, b)]
 
 
-def logits_report(reasoner, prepared, steps: int, reference: dict | None) -> dict:
-    """Eager vs eager-again / side stream / graph for the route configured now (see the module docstring)."""
-    eager, fed = teacher_forced_logits(reasoner, prepared, reference["fed"] if reference else None, steps, "eager")
-    row = {"eager_repeat": max_abs(teacher_forced_logits(reasoner, prepared, fed, steps, "eager")[0], eager)}
+def logits_report(reasoner, prepared, steps: int, reference: dict | None, options) -> dict:
+    """Eager vs eager-again / side stream / graph for the route ``options`` (and the reasoner's decode-step settings
+    configured now) name (see the module docstring)."""
+    eager, fed = teacher_forced_logits(reasoner, prepared, reference["fed"] if reference else None, steps, "eager",
+                                       options)
+    row = {"eager_repeat": max_abs(teacher_forced_logits(reasoner, prepared, fed, steps, "eager", options)[0], eager)}
     if reasoner.device.type == "cuda":
-        side = teacher_forced_logits(reasoner, prepared, fed, steps, "side_stream")[0]
-        graph = teacher_forced_logits(reasoner, prepared, fed, steps, "graph")[0]
+        side = teacher_forced_logits(reasoner, prepared, fed, steps, "side_stream", options)[0]
+        graph = teacher_forced_logits(reasoner, prepared, fed, steps, "graph", options)[0]
         row |= {"side_stream": max_abs(side, eager), "graph": max_abs(graph, eager),
                 "top1_equal_graph": [int(g.argmax()) == int(e.argmax()) for g, e in zip(graph, eager)]}
     if reference is None:
@@ -199,47 +202,44 @@ def bench_family(family: str, args, device: torch.device) -> dict:
             reasoner = Cosmos3Reasoner(model, processor, lm_head=model.lm_head, eos_token_ids=[])
     prepared = reasoner.prepare(" ".join(["describe the robot on the street"] * (args.prompt_words // 6)))
     row = dict(prompt_tokens=prepared.length, build_s=round(time.perf_counter() - t_build, 1))
-    configure(reasoner, "current")
-    reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=8))  # warm-up (cuBLAS, allocator)
+    options = configure(reasoner, "current")
+    reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=8), options=options)  # warm-up (cuBLAS, allocator)
 
     logits, reference = {}, None
     for route in ("current", "gqa", "packed", "gemv"):
-        configure(reasoner, route)
-        logits[route], found = logits_report(reasoner, prepared, args.diff_steps, reference)
+        options = configure(reasoner, route)
+        logits[route], found = logits_report(reasoner, prepared, args.diff_steps, reference, options)
         reference = reference or found
     speed = {}
     for variant in ("current", "gqa", "gqa_sampling", "packed", "gemv"):
-        configure(reasoner, variant)
-        speed[variant] = timed_generate(reasoner, prepared, args.new_tokens)
+        options = configure(reasoner, variant)
+        speed[variant] = timed_generate(reasoner, prepared, args.new_tokens, options)
 
     if not args.skip_compile:
         torch._dynamo.reset()
         graphs = counters["stats"]["unique_graphs"]
         try:
-            configure(reasoner, "gqa_compiled")
+            options = configure(reasoner, "gqa_compiled")
             sync(device)
             t0 = time.perf_counter()
-            reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=4))
+            reasoner.generate_ids(prepared, SamplingParams(max_new_tokens=4), options=options)
             sync(device)
             row["compile_warmup_s"] = round(time.perf_counter() - t0, 1)
-            logits["compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
-            configure(reasoner, "packed_compiled")
-            logits["packed_compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
-            configure(reasoner, "gemv_compiled")
-            logits["gemv_compiled"], _ = logits_report(reasoner, prepared, args.diff_steps, reference)
+            for label, variant in (("compiled", "gqa_compiled"), ("packed_compiled", "packed_compiled"),
+                                   ("gemv_compiled", "gemv_compiled")):
+                options = configure(reasoner, variant)
+                logits[label], _ = logits_report(reasoner, prepared, args.diff_steps, reference, options)
             for variant in ("gqa_compiled", "gqa_compiled_sampling", "packed_compiled", "gemv_compiled"):
-                configure(reasoner, variant)
-                speed[variant] = timed_generate(reasoner, prepared, args.new_tokens)
+                options = configure(reasoner, variant)
+                speed[variant] = timed_generate(reasoner, prepared, args.new_tokens, options)
         except Exception as exc:  # noqa: BLE001 — report, do not hide, a compile failure
             row["compiled_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         row["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs
-        reasoner.compile_decode(False)
 
     ref_ids = speed["current"]["ids"]
     for s in speed.values():
         s |= agreement(s.pop("ids"), ref_ids)
     row |= {"variants": speed, "logits": logits}
-    configure(reasoner, "gemv")  # the defaults again
     return row
 
 
@@ -261,7 +261,7 @@ def main() -> None:
         sys.exit("bench_reasoner.py: full size needs a CUDA device; use --tiny to check the script on the CPU.")
     else:
         device = torch.device("cuda")
-    warnings = []  # a failed CUDA-graph capture runs the step uncaptured (step_graph.GraphedCall): say so
+    warnings = []  # a failed CUDA-graph capture runs the step uncaptured (kernels/cuda_graph.GraphedCall): say so
 
     class Collect(logging.Handler):
         def emit(self, record):

@@ -13,7 +13,8 @@ Variants: ``diffusers`` — ``vae.decoder(x, feat_cache=, feat_idx=, first_chunk
 before WanFrameDecoder; ``eager`` — WanFrameDecoder; ``compiled`` — WanFrameDecoder with the steady frame
 torch.compile'd; ``cl``/``cl_compiled`` — the same with channels_last_3d activations. ``--e2e`` also times
 ``Cosmos3VAE.decode`` (the user path: post-processing to fp32 frames on the CPU) at the first resolution, eager and
-compiled.
+compiled (``decode(compile=True, compile_backend=--backend)``, what a run with ``RuntimeOptions(compile=True)``
+decodes with).
 
     python bench/bench_vae.py --resolutions 720p --e2e --out bench/results/vae_diffusers_720p.json
     python bench/bench_vae.py --resolutions 480p,256p --variants diffusers,eager,compiled --out bench/results/vae_small.json
@@ -24,8 +25,8 @@ compiled.
 encoding after. Per resolution (pixel shapes of ``common.RESOLUTIONS``): random normalized latents decoded by
 ``Cosmos3VAE.decode`` (``--compile``: compiled, as ``generate --compile``), then ``decode`` alone, ``encode``
 (``media.write_video`` of its frames) alone, ``sequential`` (decode, then ``write_video``: the CLI before the overlap)
-and ``overlapped`` (the CLI's ``decode_while_encoding`` + closing its writer: each decoded chunk goes to the encoder's
-thread as soon as it is on the host). Each is timed twice in alternation after one warm-up decode (a compiled
+and ``overlapped`` (the CLI's ``cli.common.decode_while_encoding`` + closing its writer: each decoded chunk goes to
+the encoder's thread as soon as it is on the host). Each is timed twice in alternation after one warm-up decode (a compiled
 decode's first run compiles); the best of each is reported. No sound (its track is muxed the same way in both).
 ``--tiny``: the tiny checkpoint's VAE on the CPU at ``common.TINY_RESOLUTIONS`` (a check that it runs).
 
@@ -171,15 +172,15 @@ def bench_e2e(vae, name, args, device, cache) -> dict:
     from cosmos3_core.vae.video import Cosmos3VAE
 
     c3 = Cosmos3VAE(vae)
-    c3.compile_backend = args.backend
     t, h, w = SHAPES[name]
     lat = torch.randn(1, vae.config.z_dim, t, h, w, generator=torch.Generator().manual_seed(1))
     out = {}
     for compile in (False, True):
-        c3.decode(lat[:, :, :min(args.warmup_frames, t)], compile=compile)  # warm-up (compiles)
+        decode = dict(compile=compile, compile_backend=args.backend)
+        c3.decode(lat[:, :, :min(args.warmup_frames, t)], **decode)  # warm-up (compiles)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        sec = timed(lambda compile=compile: c3.decode(lat, compile=compile), device)
+        sec = timed(lambda decode=decode: c3.decode(lat, **decode), device)
         r = {"seconds": round(sec, 3)}
         if device.type == "cuda":
             r["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -193,7 +194,8 @@ def encode_overlap(args) -> None:
     from common import RESOLUTIONS, TINY_RESOLUTIONS, WAN22_VAE
 
     from cosmos3_core import media
-    from cosmos3_core.cli.main import decode_while_encoding
+    from cosmos3_core.cli.common import decode_while_encoding
+    from cosmos3_core.runtime import RuntimeOptions
     from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 
     tmp = Path(tempfile.mkdtemp(prefix="cosmos3-encode-overlap-"))
@@ -208,7 +210,9 @@ def encode_overlap(args) -> None:
         torch.manual_seed(0)
         vae = Cosmos3VAE(AutoencoderKLWan(**WAN22_VAE).to(device="cuda", dtype=torch.bfloat16).eval()
                          .requires_grad_(False))
-    pipe = SimpleNamespace(vae=vae, decode_sound=None)
+    pipe = SimpleNamespace(vae=vae, decode_sound=None)  # what decode_while_encoding uses of a pipeline (no sound)
+    options = RuntimeOptions(compile=args.compile, compile_backend=args.backend)
+    decode = dict(compile=options.compile, compile_backend=options.compile_backend)
     res = dict(date=datetime.date.today().isoformat(), torch=torch.__version__, cpus=os.cpu_count(),
                device="cpu" if args.tiny else torch.cuda.get_device_name(), compile=args.compile, shapes={})
     for name in args.resolutions.split(","):
@@ -216,16 +220,16 @@ def encode_overlap(args) -> None:
         g = torch.Generator().manual_seed(0)
         latents = torch.randn(vae.latent_shape(frames, h, w), generator=g)
         clip = tmp / f"{name}.mp4"
-        run_args = SimpleNamespace(fps=24.0, num_frames=frames, compile=args.compile, out=clip)
-        decoded = vae.decode(latents, compile=args.compile)  # warm-up (a compiled decode compiles here)
+        cli_args = SimpleNamespace(out=clip)  # the CLI's arguments decode_while_encoding reads
+        run = SimpleNamespace(fps=24.0, num_frames=frames, options=options)  # the resolved run's parts it reads
+        decoded = vae.decode(latents, **decode)  # warm-up (a compiled decode compiles here)
         t = dict(decode=[], encode=[], sequential=[], overlapped=[])
         for _ in range(2):
-            t["decode"].append(timed(lambda: vae.decode(latents, compile=args.compile), device))
+            t["decode"].append(timed(lambda: vae.decode(latents, **decode), device))
             t["encode"].append(timed(lambda: media.write_video(clip, decoded, 24.0), device))
-            t["sequential"].append(timed(lambda: media.write_video(clip, vae.decode(latents, compile=args.compile),
-                                                                   24.0), device))
+            t["sequential"].append(timed(lambda: media.write_video(clip, vae.decode(latents, **decode), 24.0), device))
             out = SimpleNamespace(latents=latents, sound_latent=None, frames=None, waveform=None)
-            t["overlapped"].append(timed(lambda: decode_while_encoding(run_args, pipe, out).close(), device))
+            t["overlapped"].append(timed(lambda: decode_while_encoding(cli_args, pipe, run, out).close(), device))
         best = {k: round(min(v), 3) for k, v in t.items()}
         res["shapes"][name] = dict(frames=frames, height=h, width=w, **best, saved_s=round(best["sequential"] -
                                    best["overlapped"], 3), all_s={k: [round(x, 3) for x in v] for k, v in t.items()})
@@ -242,7 +246,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--repeats-720p", type=int, default=1)
     ap.add_argument("--warmup-frames", type=int, default=3, help="latent frames of the warm-up decode (>= 2)")
-    ap.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled variants")
+    ap.add_argument("--backend", default="inductor",
+                    help="torch.compile backend of the compiled variants (RuntimeOptions.compile_backend)")
     ap.add_argument("--e2e", action="store_true", help="also time Cosmos3VAE.decode at the first resolution")
     ap.add_argument("--encode-overlap", action="store_true",
                     help="time the CLI's mp4 encode overlapped with the decode instead (see the docstring)")
