@@ -17,6 +17,8 @@ exists, so a stage cut short keeps what it measured):
   each diffusers call) and the loader is cached after the first run of the session.
 * ``restart``: a new server on the same compile cache; one ``restart`` run per shape (the first shape's includes the
   model load).
+* ``load``: ``Cosmos3Pipeline.load`` straight to the GPU (what the CLI does) and diffusers' ``from_pretrained`` +
+  ``.to("cuda")``, each in a fresh process, twice (the second from a warm page cache and a started CUDA).
 * ``diffusers``: in this process, ``Cosmos3OmniPipeline.from_pretrained(<checkpoint>, torch_dtype=bf16)`` then
   ``.to("cuda")`` (both timed), then per shape a first and a second call with the same prompt, negative (the
   checkpoint's ``assets/negative_prompt.json`` re-serialized, what our empty negative resolves to), steps, CFG,
@@ -40,6 +42,7 @@ device call ≤ 10 min each):
     python bench/bench_server_path.py --stage ours --shapes t2i,480p_t2v,480p_t2av    # ~3.5 min
     python bench/bench_server_path.py --stage restart --shapes t2i,480p_t2v,480p_t2av # ~2 min
     python bench/bench_server_path.py --stage diffusers --shapes t2i,480p_t2v,480p_t2av  # ~3 min
+    python bench/bench_server_path.py --stage load                                    # ~1 min
     python bench/bench_server_path.py --stage ours --shapes 720p_t2av                 # ~9 min (2 × ~250 s)
     python bench/bench_server_path.py --stage diffusers --shapes 720p_t2av --diffusers-first-steps 2  # ~6 min
     python bench/bench_server_path.py --stage restart --shapes 720p_t2av              # ~5 min
@@ -73,7 +76,7 @@ SHAPES = {"t2i": ("t2i", 720, 1280, 1), "480p_t2v": ("t2v", 480, 832, 93), "480p
 TINY_SHAPES = {"t2i": ("t2i", 32, 64, 1), "480p_t2v": ("t2v", 32, 64, 5), "480p_t2av": ("t2av", 32, 64, 5),
                "720p_t2av": ("t2av", 64, 96, 9)}
 CHECKPOINT_NAME = "Cosmos3-Nano"  # what the shipped workflows load
-STAGES = ("write", "ours", "restart", "diffusers")
+STAGES = ("write", "ours", "restart", "diffusers", "load")
 DROP_ENV = ("TORCHINDUCTOR_", "TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE", "TORCH_COMPILE", "COSMOS3_CACHE_DIR")
 
 
@@ -323,6 +326,64 @@ def stage_diffusers(args, res: Results) -> None:
             print(f"[diffusers] {name} {call} ({steps} steps): {seconds} s peak {peak}", flush=True)
 
 
+# ------------------------------------------------------------------ load (library vs diffusers, fresh processes)
+LOAD_CHILD = r"""
+import gc, json, sys, time
+t0 = time.perf_counter()
+import torch
+torch_s = time.perf_counter() - t0
+which, ckpt, device = sys.argv[1:4]
+dtype = torch.float32 if device == "cpu" else torch.bfloat16
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+t0 = time.perf_counter()
+if which == "ours":
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+else:
+    from diffusers import Cosmos3OmniPipeline
+out = dict(torch_import_s=round(torch_s, 2), import_s=round(time.perf_counter() - t0, 2), loads=[])
+for _ in range(2):
+    t0 = time.perf_counter()
+    if which == "ours":
+        pipe = Cosmos3Pipeline.load(ckpt, dtype=dtype, device=device)
+        sync()
+        rec = dict(s=round(time.perf_counter() - t0, 2))
+    else:
+        pipe = Cosmos3OmniPipeline.from_pretrained(ckpt, torch_dtype=dtype, enable_safety_checker=False,
+                                                   local_files_only=True)
+        t1 = time.perf_counter()
+        pipe.to(device)
+        sync()
+        rec = dict(from_pretrained_s=round(t1 - t0, 2), to_device_s=round(time.perf_counter() - t1, 2),
+                   s=round(time.perf_counter() - t0, 2))
+    out["loads"].append(rec)
+    del pipe
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+print("LOAD_RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def stage_load(args, res: Results) -> None:
+    """``Cosmos3Pipeline.load`` (the CLI's load, straight to the device) and diffusers' ``from_pretrained`` +
+    ``.to(device)`` on the checkpoint, each in a fresh process (its first load includes CUDA's start), twice."""
+    import subprocess
+
+    device = "cpu" if args.tiny else "cuda"
+    env = {**_env(args.work / "compile-cache-load"), "PYTHONPATH": str(REPO)}
+    for which in ("ours", "diffusers"):
+        proc = subprocess.run([args.python, "-c", LOAD_CHILD, which, str(args.checkpoint), device], env=env,
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LOAD_RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            raise RuntimeError(f"load probe ({which}) failed, exit {proc.returncode}:\n{proc.stderr[-4000:]}")
+        rec = json.loads(line.removeprefix("LOAD_RESULT "))
+        rec.update(first_s=rec["loads"][0]["s"], second_s=rec["loads"][1]["s"])
+        res.data.setdefault("load", {})[which] = rec
+        res.save()
+        print(f"[load] {which}: {rec}", flush=True)
+
+
 # ------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -380,8 +441,10 @@ def main(argv: list[str] | None = None) -> None:
             stage_write(args, res)
         elif stage in ("ours", "restart"):
             stage_server(args, res, stage)
-        else:
+        elif stage == "diffusers":
             stage_diffusers(args, res)
+        else:
+            stage_load(args, res)
         res.data.setdefault("stage_s", {})[stage] = round(time.perf_counter() - t0, 1)
         res.save()
     import torch

@@ -46,6 +46,10 @@ def test_tiny_server_path_reports_every_field(tmp_path):
         assert server["comfyui_version"] == "0.3.75" and server["startup_s"] > 0, server
         assert isinstance(server["pack_import_s"], float) and server["pack_import_s"] >= 0, server
     assert data["pack_import_s"] == data["server"]["ours"]["pack_import_s"]
+    for which in ("ours", "diffusers"):  # the load stage: fresh processes, twice each
+        rec = data["load"][which]
+        assert rec["import_s"] > 0 and len(rec["loads"]) == 2 and rec["first_s"] > 0 and rec["second_s"] > 0, rec
+    assert data["load"]["diffusers"]["loads"][1]["from_pretrained_s"] > 0
     load = data["diffusers_load"]
     assert load["diffusers"] == "0.42.1" and load["load_s"] > 0 and load["from_pretrained_s"] > 0, load
 
