@@ -71,6 +71,8 @@ sys.path.insert(0, str(REPO / "tests"))  # comfy_host: how the tests start the r
 
 import server_probe  # noqa: E402
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only; the device machine has no network
+
 SHAPES = {"t2i": ("t2i", 720, 1280, 1), "480p_t2v": ("t2v", 480, 832, 93), "480p_t2av": ("t2av", 480, 832, 93),
           "720p_t2av": ("t2av", 720, 1280, 189)}  # name: (workflow, height, width, frames)
 TINY_SHAPES = {"t2i": ("t2i", 32, 64, 1), "480p_t2v": ("t2v", 32, 64, 5), "480p_t2av": ("t2av", 32, 64, 5),
@@ -187,7 +189,7 @@ def run_once(srv, stream, graph: dict, timeout: float, gpu: int | None) -> dict:
     poller = server_probe.MemoryPoller(srv.proc.pid, gpu).start()
     t0 = time.time()
     pid = srv.queue(graph)
-    entry = srv.wait(pid, timeout=timeout, poll=0.1)
+    entry = srv.wait(pid, timeout=timeout, poll=0.2)
     wall = time.time() - t0
     peak = poller.stop()
     status = entry.get("status") or {}
@@ -211,6 +213,28 @@ def run_once(srv, stream, graph: dict, timeout: float, gpu: int | None) -> dict:
                 event_lag_s=server_probe.delivery_lag(events), peak_memory=peak, system_stats_after=devices)
 
 
+def _stop_leftover_server(pid_file: Path) -> None:
+    """A server this script started in an earlier call that was killed before it could stop it (SIGKILL at a time
+    limit): end its process group, found by the pid it recorded, if that process is still ComfyUI's main.py."""
+    import signal
+
+    try:
+        pid = int(pid_file.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError):
+        pid_file.unlink(missing_ok=True)
+        return
+    if "main.py" in cmdline and str(pid_file.parent) in cmdline:
+        print(f"stopping the server left by an earlier call (pid {pid})", flush=True)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(5)
+    pid_file.unlink(missing_ok=True)
+
+
 def stage_server(args, res: Results, kind: str) -> None:
     import comfy_host
 
@@ -226,8 +250,11 @@ def stage_server(args, res: Results, kind: str) -> None:
     gpu = None if args.tiny else server_probe.gpu_index()
     prompt = long_prompt(args.prompt_words)
     log = args.work / f"comfyui-{kind}.log"
+    pid_file = args.work / "home" / "server.pid"  # the server's command line holds <work>/home: checked on reuse
+    _stop_leftover_server(pid_file)
     with comfy_host.ComfyServer(home, cpu=args.tiny, python=args.python, env=_env(cache), log_path=log,
                                 start_timeout=300) as srv:
+        pid_file.write_text(str(srv.proc.pid))
         stats = srv.system_stats()
         server = dict(startup_s=round(srv.startup_s, 2),
                       pack_import_s=server_probe.pack_import_seconds(srv.log_text(), comfy_host.PACK_NAME),
@@ -254,6 +281,7 @@ def stage_server(args, res: Results, kind: str) -> None:
                           f"peak {rec['peak_memory']}", flush=True)
         finally:
             stream.close()
+    pid_file.unlink(missing_ok=True)
 
 
 def summarize_run(entry: dict, shape: tuple, label: str, rec: dict) -> None:
@@ -406,6 +434,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None, help="results JSON (default <work>/server_path.json)")
     p.add_argument("--copy-to", type=Path, default=None, help="also copy the JSON into this folder after each update")
     args = p.parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a time limit's SIGTERM still stops the server
 
     stages = STAGES if args.stage == "all" else tuple(s.strip() for s in args.stage.split(","))
     bad = [s for s in stages if s not in STAGES]

@@ -9,6 +9,7 @@ Hugging Face Hub layout of ``nvidia/Cosmos3-Nano`` / ``-Edge`` at the released s
         ``Cosmos3OmniTransformer``'s keys in its ``state_dict`` order, bf16, in 5 GB shards (the Hub's layout);
         written one tensor at a time (the peak host memory is one tensor, not the model)
     vae/                 ``AutoencoderKLWan`` at the Wan2.2 TI2V-5B geometry (``WAN22_VAE``), fp32, diffusers' init
+                         (built on the CPU, written by ``save_pretrained``: 2.8 GB in memory at a time)
     sound_tokenizer/     ``Cosmos3AVAEAudioTokenizer()`` at its released geometry, decoder only, fp32 (Nano only)
     text_tokenizer/, scheduler/, assets/negative_prompt.json, model_index.json
                          as ``testing/tiny.py`` writes them (a WordLevel tokenizer: a prompt's token *count*, not
@@ -129,7 +130,8 @@ def write_safetensors_streaming(path: Path, entries, make) -> int:
             if t.dtype != dtype or tuple(t.shape) != tuple(shape):
                 raise RuntimeError(f"{name}: made {t.dtype} {tuple(t.shape)}, header says {dtype} {tuple(shape)}")
             t = t.detach().to("cpu").contiguous()
-            f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().data)  # the tensor's own bytes, no copy
     size = path.stat().st_size
     if size != len(head) + data_bytes:
         raise RuntimeError(f"{path}: wrote {size} bytes, expected {len(head) + data_bytes}")
@@ -192,22 +194,20 @@ def _write_transformer(folder: Path, cfg: dict, seed: int, device: str, shard_by
     return files
 
 
-def _full_vae(device: str):
+def _full_vae():
     from diffusers import AutoencoderKLWan
 
-    with torch.random.fork_rng(devices=[]), torch.device(device):
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        vae = AutoencoderKLWan(**WAN22_VAE)
-    return vae.to("cpu").eval()
+        return AutoencoderKLWan(**WAN22_VAE).eval()  # diffusers' own init: decodes to finite, varied pixels
 
 
-def _full_sound_tokenizer(device: str):
+def _full_sound_tokenizer():
     from diffusers import Cosmos3AVAEAudioTokenizer
 
-    with torch.random.fork_rng(devices=[]), torch.device(device):
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        st = Cosmos3AVAEAudioTokenizer(encoder_enabled=False)  # decoder-only weights, as on the Hub
-    return st.to("cpu").eval()
+        return Cosmos3AVAEAudioTokenizer(encoder_enabled=False).eval()  # decoder-only weights, as on the Hub
 
 
 def write_random_checkpoint(out_dir, variant: str = "nano", layers: int | None = None, seed: int = 0,
@@ -232,10 +232,10 @@ def write_random_checkpoint(out_dir, variant: str = "nano", layers: int | None =
     files = _write_transformer(out / "transformer", cfg, seed, device, shard_bytes)
     log(f"transformer written in {time.perf_counter() - t0:.1f} s")
     gen = torch.Generator().manual_seed(seed)
-    (_build_vae(seed, gen) if tiny else _full_vae(device)).save_pretrained(out / "vae")
+    (_build_vae(seed, gen) if tiny else _full_vae()).save_pretrained(out / "vae")
     sound = bool(cfg.get("sound_gen"))
     if sound:
-        (_build_sound_tokenizer(seed) if tiny else _full_sound_tokenizer(device)).save_pretrained(
+        (_build_sound_tokenizer(seed) if tiny else _full_sound_tokenizer()).save_pretrained(
             out / "sound_tokenizer")
     for rel, obj in (("scheduler/scheduler_config.json", SCHEDULER_CONFIG),
                      ("assets/negative_prompt.json", NEGATIVE_PROMPT)):
