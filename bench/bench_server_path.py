@@ -35,17 +35,22 @@ breakdown).
 What the machine needs: a CUDA GPU and nvidia-smi; a Python 3.11 (``--python``, also the one running this script)
 with torch 2.14.1, diffusers 0.42.1, accelerate, transformers ≥ 5.15, safetensors, av, einops and ComfyUI 0.3.75's
 requirements (aiohttp, …; ``tests/run.sh`` installs the set); a ComfyUI 0.3.75 tree (``--comfyui``, e.g. what
-``tests/run.sh`` extracts to ``$VENV/ComfyUI``); ~40 GB free disk for the checkpoint. Expected H200 durations (one
-device call ≤ 10 min each):
+``tests/run.sh`` extracts to ``$VENV/ComfyUI``); ~40 GB free disk for the checkpoint (``--work``, default
+``~/.cache/cosmos3/bench/server_path``: checkpoint, ComfyUI home, compile cache, logs, ``server_path.json``). Every
+call below also takes ``--comfyui DIR --python PY --copy-to "$OUT"`` (the JSON is copied there after each
+measurement, so a call cut at its time limit still returns what it measured). Expected H200 durations, in this order
+(``ours`` empties the compile cache that ``restart`` reuses; one device call ≤ 10 min):
 
     python bench/bench_server_path.py --stage write                                   # 1-3 min (disk-bound)
     python bench/bench_server_path.py --stage ours --shapes t2i,480p_t2v,480p_t2av    # ~3.5 min
     python bench/bench_server_path.py --stage restart --shapes t2i,480p_t2v,480p_t2av # ~2 min
     python bench/bench_server_path.py --stage diffusers --shapes t2i,480p_t2v,480p_t2av  # ~3 min
-    python bench/bench_server_path.py --stage load                                    # ~1 min
+    python bench/bench_server_path.py --stage load                                    # ~1.5 min
     python bench/bench_server_path.py --stage ours --shapes 720p_t2av                 # ~9 min (2 × ~250 s)
     python bench/bench_server_path.py --stage diffusers --shapes 720p_t2av --diffusers-first-steps 2  # ~6 min
     python bench/bench_server_path.py --stage restart --shapes 720p_t2av              # ~5 min
+
+``--runs first`` keeps ``ours`` to a machine's first run per shape (at 720p it saves ~250 s).
 
 ``--tiny`` runs the whole flow on the CPU (tiny checkpoint through the same writer, small shapes, 2 steps, a short
 prompt; ``tests/test_server_path.py``): a check that it runs, not a measurement.
@@ -269,7 +274,7 @@ def stage_server(args, res: Results, kind: str) -> None:
         try:
             for name in args.shapes:
                 shape = args.shape_table[name]
-                for label in (("first", "second") if kind == "ours" else ("restart",)):
+                for label in (args.runs if kind == "ours" else ("restart",)):
                     seed = 42 + len(res.shape(name).get("runs", {})) + (100 if label == "restart" else 0)
                     tag = f" take{uuid.uuid4().hex[:8]}"  # one word: one token, a new text-encode input
                     graph = build_graph(shape, args.steps, seed, prompt + tag, args.compile,
@@ -424,6 +429,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="ComfyUI 0.3.75 tree (holds main.py); default $COMFYUI_DIR")
     p.add_argument("--python", default=sys.executable, help="the server's Python (default: this one)")
     p.add_argument("--shapes", default=None, help=f"comma-separated of {', '.join(SHAPES)} (default all)")
+    p.add_argument("--runs", default="first,second", help="the ours stage's runs per shape: first[,second]")
     p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; --tiny 2)")
     p.add_argument("--compile", choices=["as-shipped", "on", "off"], default="as-shipped",
                    help="the sampler's compile input (default: as the shipped workflow has it)")
@@ -442,6 +448,9 @@ def main(argv: list[str] | None = None) -> None:
     bad = [s for s in stages if s not in STAGES]
     if bad:
         p.error(f"--stage {','.join(bad)}: not one of {', '.join(STAGES)}, all")
+    args.runs = tuple(r.strip() for r in args.runs.split(","))
+    if not args.runs or any(r not in ("first", "second") for r in args.runs) or args.runs[0] != "first":
+        p.error(f"--runs {','.join(args.runs)}: 'first' or 'first,second'")
     args.shape_table = TINY_SHAPES if args.tiny else SHAPES
     args.shapes = list(args.shape_table) if args.shapes is None else [s.strip() for s in args.shapes.split(",")]
     bad = [s for s in args.shapes if s not in args.shape_table]
