@@ -129,7 +129,7 @@ def child(shapes: list[str], tiny: bool, out: str, profile_first: bool = False, 
     from cosmos3_core.vae.video import Cosmos3VAE
 
     t0 = time.perf_counter()
-    preloading = preload_compiler() if preload else None  # as Cosmos3Pipeline.load does, before the weights
+    preloading = preload_compiler() if preload else None  # before the model is built
     device = "cpu" if tiny else "cuda"
     tmp = Path(tempfile.mkdtemp(prefix="cosmos3-first-run-"))
     if tiny:
@@ -182,8 +182,9 @@ def main() -> None:
                    help="run each process's first sampling up to step 1 under cProfile and record where its host "
                         "time went (attribution only: the profiler slows that run)")
     p.add_argument("--preload", action="store_true",
-                   help="start caches.preload_compiler() before building the model, as Cosmos3Pipeline.load does on "
-                        "a machine with CUDA (the bench builds its random model without load())")
+                   help="start caches.preload_compiler() before building the model (Cosmos3Pipeline.load does not: "
+                        "beside a weight load it costs the load about what it saves; the bench builds its random "
+                        "model without load())")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

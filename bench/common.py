@@ -31,14 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RESOLUTIONS = {"t2i": (720, 1280, 1), "256p": (192, 320, 189), "480p": (480, 832, 93), "720p": (720, 1280, 189)}
 TINY_RESOLUTIONS = {"t2i": (64, 96, 1), "256p": (32, 64, 17), "480p": (48, 80, 9), "720p": (64, 96, 17)}  # --tiny
 COND_TOKENS, UNCOND_TOKENS = 1500, 60
-NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-            num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
-            action_gen=True, action_dim=64,
-            rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
-WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                 attn_scales=[], temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
-                 out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
-                 latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+from cosmos3_core.testing.fullsize import NANO, WAN22_VAE  # noqa: E402  (the released geometries)
 
 
 def sync() -> None:

@@ -30,7 +30,6 @@ import torch
 
 from . import defaults
 from .config import CheckpointError, Cosmos3Config
-from .kernels.caches import preload_compiler
 from .kernels.compile import prepared
 from .model.loader import load_transformer
 from .model.text_kv import TextConditioning, TextKV
@@ -96,13 +95,14 @@ class Cosmos3Pipeline:
         scaled_linear: type[torch.nn.Linear] | None = None,
     ) -> "Cosmos3Pipeline":
         """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``).
-        On a machine with CUDA the compiler's modules import in the background meanwhile (``caches.preload_compiler``:
-        a first compiled run would otherwise spend 2–3 s of host time importing them)."""
+
+        Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
+        holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
+        (5 ms) every time it takes the GIL back — after each tensor read and copy — so the load grew by about what the
+        imports cost (measured in docs/benchmark-log.md)."""
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist.")
-        if torch.cuda.is_available():
-            preload_compiler()
         config = Cosmos3Config.from_checkpoint(root)
         # the small parts first: a damaged one is reported before minutes of reading the transformer's weights
         load_scheduler_config(root)

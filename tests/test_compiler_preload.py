@@ -1,10 +1,10 @@
-"""``caches.preload_compiler``: the compiler's modules import on a background thread while a model loads.
+"""``caches.preload_compiler``: the compiler's modules import on a background thread.
 
 A fresh process (nothing of torch's compiler imported yet) starts the preload and, while it runs, compiles and runs
 a function on the main thread: the result must equal eager, every module of ``COMPILER_MODULES`` must be imported
 by the end, none may fail, and the inductor cache must still point at ``COSMOS3_CACHE_DIR`` (importing
-``torch._dynamo`` writes torch's default folder into the environment). ``Cosmos3Pipeline.load`` must start it on a
-machine with CUDA, and only there.
+``torch._dynamo`` writes torch's default folder into the environment). ``Cosmos3Pipeline.load`` must not start it:
+a preload beside the weight reads costs the load about what it saves the first compile.
 """
 
 from __future__ import annotations
@@ -62,22 +62,16 @@ def tiny_checkpoint(tmp_path_factory):
     return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", sound=False, seed=2)
 
 
-def test_load_starts_the_preload_only_where_cuda_is(monkeypatch, tiny_checkpoint):
+def test_load_runs_no_preload_beside_the_reads(monkeypatch, tiny_checkpoint):
+    """Also where CUDA is: a thread importing the compiler while the weights are read makes the reading thread wait
+    for the GIL after every tensor (the load grew by about the imports' 2–3 s)."""
     import cosmos3_core.pipeline as pipeline_mod
-    from cosmos3_core.kernels.caches import preload_compiler
+    from cosmos3_core.kernels import caches
 
     started = []
-
-    def recording_preload():
-        started.append(preload_compiler())
-        return started[-1]
-
-    monkeypatch.setattr(pipeline_mod, "preload_compiler", recording_preload)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
-    assert started == []
+    monkeypatch.setattr(caches.CompilerPreload, "start", lambda self: started.append(self))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
+    pipe = pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
+    assert started == [] and pipe.transformer is not None
+    caches.preload_compiler()  # the recorder sees a preload when one is started (the check above can fail)
     assert len(started) == 1
-    started[0].join(timeout=240)
-    assert not started[0].is_alive() and started[0].failed == {}

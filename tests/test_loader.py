@@ -122,3 +122,41 @@ def test_bf16_model_runs_a_step(nano_dir):
     layout = build_layout(model.config, [kv.length], (2, 4, 4), 24.0, dtype=torch.bfloat16)
     out = model.denoise_step(torch.randn(1, 48, 2, 4, 4), torch.tensor(900), [kv], layout)
     assert out.vision.dtype == torch.bfloat16 and torch.isfinite(out.vision.float()).all()
+
+
+@pytest.fixture(scope="module")
+def bf16_nano_dir(tmp_path_factory):
+    """A tiny Nano whose transformer is stored in bf16, as the released checkpoints (testing/fullsize.py's writer)."""
+    from cosmos3_core.testing.fullsize import write_random_checkpoint
+
+    return write_random_checkpoint(tmp_path_factory.mktemp("nano-bf16") / "ckpt", "nano", tiny=True, log=lambda _: None)
+
+
+@pytest.mark.parametrize("stored", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_pipeline_load_equals_diffusers_from_pretrained_bit_for_bit(nano_dir, bf16_nano_dir, stored, dtype):
+    """Every tensor ``Cosmos3Pipeline.load`` holds (transformer, VAE, sound decoder) has the dtype, shape and bits of
+    the same tensor in diffusers' ``Cosmos3OmniPipeline.from_pretrained(torch_dtype=...)`` of the same folder
+    (``time_embedder`` fp32 in both); only ``lm_head`` is left out (generation never reads it). One deliberate
+    difference: our sound decoder always computes in fp32 (``load_sound_decoder``), where diffusers casts it to
+    ``torch_dtype`` too — there our fp32 tensor is the file's, and rounds to exactly diffusers' tensor."""
+    from diffusers import Cosmos3OmniPipeline
+
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+
+    ckpt = nano_dir if stored == "fp32" else bf16_nano_dir
+    ours = Cosmos3Pipeline.load(ckpt, dtype=dtype, device="cpu")
+    ref = Cosmos3OmniPipeline.from_pretrained(str(ckpt), torch_dtype=dtype, enable_safety_checker=False)
+    pairs = [(ours.transformer, ref.transformer), (ours.vae.vae, ref.vae), (ours.sound_decoder.tokenizer, ref.sound_tokenizer)]
+    for mine, theirs in pairs:
+        a, b = mine.state_dict(), theirs.state_dict()
+        extra = set(b) - set(a)
+        assert set(a) <= set(b) and all(k.startswith("lm_head.") for k in extra), (sorted(set(a) - set(b)), extra)
+        for k, v in a.items():
+            w = b[k]
+            if mine is ours.sound_decoder.tokenizer:
+                assert v.dtype == torch.float32, (k, v.dtype)
+                v = v.to(w.dtype)
+            assert v.dtype == w.dtype and v.shape == w.shape and torch.equal(v, w), (type(mine).__name__, k, v.dtype, w.dtype)
+    assert ours.transformer.time_embedder.linear_1.weight.dtype == torch.float32
+    assert ours.vae.dtype == dtype

@@ -21,9 +21,11 @@ first compile — through ``prepare_compile`` — or FlashAttention-4 import) po
 * The compiler's own modules: a process's first compiled call imports about 600 modules of ``torch._dynamo``,
   Inductor, its Triton code generator and their dependencies (networkx, ``torch.ao.quantization.fx``, …), even
   when every graph is a cache hit — 2–3 s of host time on an H200 machine. ``preload_compiler()`` imports them on
-  a daemon thread, started by ``Cosmos3Pipeline.load`` on a machine with CUDA while the weights are read, so the
-  first compiled run finds them loaded. Imports only: Dynamo itself never runs on two threads (not safe in torch
-  2.11).
+  a daemon thread, so that a compiled run started later finds them loaded. Imports only: Dynamo itself never runs on
+  two threads (not safe in torch 2.11). It only pays while the main thread leaves the interpreter idle for long
+  stretches: the imports hold the GIL, and a main thread that releases it often (a weight load: after every tensor
+  read and copy) waits up to a switch interval (5 ms) each time to take it back, so ``Cosmos3Pipeline.load`` does not
+  start it (docs/benchmark-log.md, "Loading from a warm page cache").
 
 Settings the user made win: a ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` /
 ``FLASH_ATTENTION_CUTE_DSL_CACHE_*`` already in the environment is kept, and ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` /
