@@ -5,7 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .action import Cosmos3ActionCondition, Cosmos3LoadActions, Cosmos3SaveActions
-from .condition import Cosmos3VAEEncodeCond
+from .condition import Cosmos3FirstLastFrame, Cosmos3VAEEncodeCond
 from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
 from .loader import Cosmos3Loader, register_model_folder
 from .long_video import Cosmos3LongVideo
@@ -19,6 +19,7 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3Loader,
     Cosmos3TextEncode,
     Cosmos3VAEEncodeCond,
+    Cosmos3FirstLastFrame,
     Cosmos3KSamplerUniPCDualTower,
     Cosmos3VAEDecode,
     Cosmos3AudioDecode,

@@ -1,8 +1,12 @@
-"""Cosmos3VAEEncodeCond: IMAGE → clean conditioning latents for image-to-video (one frame) or video-to-video.
+"""The sampler's ``COSMOS3_CONDITION``: clean conditioning latent frames.
 
-Independent of the text encode (no link between them), so the two can run in either order. The target size comes
-from this node's width/height, which must equal Cosmos3TextEncode's (the sampler checks it; wire both from the
-same primitive to keep one source of truth).
+* Cosmos3VAEEncodeCond: IMAGE → image-to-video (one frame) or video-to-video latents.
+* Cosmos3FirstLastFrame: a start image, an optional end image and optional keyframes in between → their latent
+  frames clean (``conditioning.encode_keyframes``, diffusers' ``condition_frame_indexes_vision``).
+
+Independent of the text encode (no link between them), so they can run in either order. The target size comes
+from the node's width/height (and, for keyframes, num_frames), which must equal Cosmos3TextEncode's (the sampler
+checks it; wire both from the same primitive to keep one source of truth).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import comfy.model_management as mm
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.sampling.conditioning import encode_keyframes, keyframe_indexes
+from .errors import node_errors
 from .types import CATEGORY, Cosmos3Condition, Cosmos3Model
 
 
@@ -24,7 +30,8 @@ class ConditionLatents:
     clean_frames: tuple[int, ...]
     height: int
     width: int
-    mode: str  # "image-to-video" | "video-to-video"
+    mode: str  # "image-to-video" | "video-to-video" | "keyframes"
+    num_frames: int | None = None  # the clip length the condition was made for (keyframes), None: any length
 
 
 class Cosmos3VAEEncodeCond(io.ComfyNode):
@@ -79,3 +86,91 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
         cond = ConditionLatents(x0.to(mm.intermediate_device()), tuple(clean), height, width,
                                 "video-to-video" if is_video else "image-to-video")
         return io.NodeOutput(cond)
+
+
+class Cosmos3FirstLastFrame(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Cosmos3FirstLastFrame",
+            display_name="Cosmos3 First/Last Frame (Keyframes)",
+            category=CATEGORY,
+            description="First + last frame to video (FLF2V) and keyframes: the start image, the end image and any "
+                        "keyframes are kept at their latent frames and the sampler fills the frames between.",
+            inputs=[
+                Cosmos3Model.Input("model", tooltip="The checkpoint from Load Cosmos3 Checkpoint (its VAE encodes)."),
+                io.Image.Input("start_image", tooltip="The first frame of the video (one image)."),
+                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
+                             tooltip="Must equal Cosmos3TextEncode's width (images are resized and center-cropped "
+                                     "to it, as for image-to-video)."),
+                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
+                             tooltip="Must equal Cosmos3TextEncode's height."),
+                io.Int.Input("num_frames", default=defaults.NUM_FRAMES, min=1, max=defaults.MAX_FRAMES, step=4,
+                             tooltip="Must equal Cosmos3TextEncode's num_frames (4k+1, at least 5): the end image "
+                                     "is the clip's last frame."),
+                io.Image.Input("end_image", optional=True, tooltip="The last frame of the video (one image)."),
+                io.Image.Input("keyframes", optional=True,
+                               tooltip="Images to keep between the start and the end, in time order (a batch: one "
+                                       "keyframe per image)."),
+                io.String.Input("frame_indexes", default="", optional=True,
+                                tooltip="Latent frame indexes of the images in order start, keyframes…, end, as "
+                                        "diffusers' condition_frame_indexes_vision counts them: latent 0 is pixel "
+                                        "frame 0, latent k pixel frames 4k−3…4k, the last latent is "
+                                        "(num_frames−1)/4 (47 for 189 frames). E.g. '0, 47'. Empty: spread "
+                                        "evenly from the first to the last latent frame."),
+            ],
+            outputs=[Cosmos3Condition.Output(display_name="condition",
+                                             tooltip="The keyframes' clean latent frames for the sampler's condition "
+                                                     "input (with a Text Encode of the same size and num_frames).")],
+        )
+
+    @classmethod
+    def execute(cls, model, start_image: torch.Tensor, width: int, height: int, num_frames: int,
+                end_image: torch.Tensor | None = None, keyframes: torch.Tensor | None = None,
+                frame_indexes: str = "") -> io.NodeOutput:
+        with node_errors("Cosmos3FirstLastFrame"):
+            images = [_one_image(start_image, "start_image")]
+            if keyframes is not None:
+                _check_image_batch(keyframes, "keyframes")
+                images += [keyframes[i:i + 1, ..., :3] for i in range(keyframes.shape[0])]
+            if end_image is not None:
+                images.append(_one_image(end_image, "end_image"))
+            stride = defaults.VAE_SPATIAL_STRIDE
+            if width % stride or height % stride:
+                raise ValueError(f"width x height = {width}x{height} is not a multiple of {stride}; use e.g. "
+                                 f"{width // stride * stride}x{height // stride * stride} (and the same on "
+                                 "Cosmos3TextEncode).")
+            indexes = keyframe_indexes(len(images), num_frames, _parse_indexes(frame_indexes))
+            pipe = model.pipeline
+            clip_frames = defaults.pixel_frames(indexes[-1] + 1)
+            clip_bytes = 3 * clip_frames * height * width * (4 + pipe.vae.dtype.itemsize)  # the clip, fp32 + VAE dtype
+            model.load_vae(pipe.vae.latent_shape(clip_frames, height, width), extra_memory=clip_bytes)
+            x0, clean = encode_keyframes(pipe.vae, images, indexes, num_frames=num_frames, height=height, width=width)
+        return io.NodeOutput(ConditionLatents(x0.to(mm.intermediate_device()), tuple(clean), height, width,
+                                              "keyframes", num_frames=num_frames))
+
+
+def _check_image_batch(image, name: str) -> None:
+    if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (3, 4) or not image.shape[0]:
+        shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+        raise ValueError(f"{name} has shape {shape}; expected a ComfyUI IMAGE [images, H, W, 3].")
+
+
+def _one_image(image, name: str) -> torch.Tensor:
+    _check_image_batch(image, name)
+    if image.shape[0] != 1:
+        raise ValueError(f"{name} is a batch of {image.shape[0]} images; connect one image (e.g. through "
+                         "Image From Batch), or several in-between images to keyframes.")
+    return image[..., :3]
+
+
+def _parse_indexes(text: str) -> list[int] | None:
+    """``"0, 24, 47"`` (commas and/or spaces, optional brackets) → ints; blank → None."""
+    body = (text or "").strip().strip("[]()").replace(",", " ").split()
+    if not body:
+        return None
+    try:
+        return [int(v) for v in body]
+    except ValueError:
+        raise ValueError(f"frame_indexes {text!r} is not a list of latent frame indexes such as '0, 47' "
+                         "(whole numbers separated by commas); leave it empty to spread the images evenly.") from None

@@ -14,6 +14,7 @@ from comfy_api.latest import io
 from ..cosmos3_core.config import DTYPES
 from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
 from ..cosmos3_core.model.loader import checkpoint_fingerprint
+from .core_vae import Cosmos3CoreVAE
 from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 
@@ -91,7 +92,11 @@ class Cosmos3Loader(io.ComfyNode):
                                        "FP8), else the compute dtype."),
             ],
             outputs=[Cosmos3Model.Output(display_name="model", tooltip="The loaded checkpoint; connect it to every "
-                                                                             "Cosmos3 node.")],
+                                                                             "Cosmos3 node."),
+                     io.Vae.Output(display_name="vae",
+                                   tooltip="The checkpoint's Wan2.2 VAE as ComfyUI's own VAE, for core VAE Decode "
+                                           "(Tiled), VAE Encode and latent tools on the sampler's LATENT. Built on "
+                                           "first use (a second copy of the VAE in memory, ComfyUI's dtype).")],
         )
 
     @classmethod
@@ -139,4 +144,4 @@ class Cosmos3Loader(io.ComfyNode):
             handle = Cosmos3ModelHandle.load(checkpoint, path, torch_dtype, device, storage)
         except (ValueError, FileNotFoundError) as exc:
             raise ValueError(f"Cosmos3Loader: checkpoint {checkpoint!r} cannot be loaded: {exc}") from exc
-        return io.NodeOutput(handle)
+        return io.NodeOutput(handle, Cosmos3CoreVAE(handle.pipeline.vae, handle.vae_patcher.load_device, checkpoint))

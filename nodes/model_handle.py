@@ -158,8 +158,9 @@ class Cosmos3ModelHandle:
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
 
-    def load_vae(self, latent_shape) -> None:
-        _load(self.vae_patcher, self.pipeline.vae.memory_required(latent_shape))
+    def load_vae(self, latent_shape, extra_memory: int = 0) -> None:
+        """Load the VAE with room for a decode of ``latent_shape`` plus ``extra_memory`` bytes (an encode's clip)."""
+        _load(self.vae_patcher, self.pipeline.vae.memory_required(latent_shape) + int(extra_memory))
 
     def load_sound_decoder(self) -> None:
         if self.sound_patcher is not None:

@@ -60,7 +60,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                                        "flow_shift) for a distilled checkpoint: its schedule is fixed."),
                 io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
                 Cosmos3Condition.Input("condition", optional=True,
-                                       tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition)."),
+                                       tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition), "
+                                               "or first/last frame and keyframes from Cosmos3 First/Last Frame."),
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
                                          "one-off warm-up of ~15 s per new size."),
@@ -101,6 +102,13 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                         f"condition was encoded at {condition.width}x{condition.height} but the text describes "
                         f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode "
                         "(Condition) and Cosmos3 Text Encode."
+                    )
+                made_for = getattr(condition, "num_frames", None)  # keyframes: made for one clip length
+                if made_for is not None and made_for != text.num_frames:
+                    raise ValueError(
+                        f"condition was made for num_frames={made_for} (its last keyframe is latent frame "
+                        f"{max(condition.clean_frames)}) but the text describes num_frames={text.num_frames}; set "
+                        "the same num_frames on Cosmos3 First/Last Frame and Cosmos3 Text Encode."
                     )
                 x0, clean = condition.x0, condition.clean_frames
             if action is not None and condition is not None:

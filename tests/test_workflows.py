@@ -236,9 +236,11 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
         ct, inp = node["class_type"], node["inputs"]
         if ct == "Cosmos3Loader":
             inp.update(checkpoint=checkpoint, dtype="fp32")
-        elif ct in ("Cosmos3TextEncode", "Cosmos3VAEEncodeCond"):
+        elif ct in ("Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3FirstLastFrame"):
             _set(g, nid, "width", width)
             _set(g, nid, "height", height)
+            if ct == "Cosmos3FirstLastFrame":
+                inp["num_frames"] = frames
             if ct == "Cosmos3TextEncode":
                 if inp["num_frames"] != 1:
                     inp["num_frames"] = frames
@@ -624,7 +626,8 @@ def test_shipped_real_use_defaults(mode):
     assert (k["seed"], k["steps"], k["cfg"], k["schedule"], k["shift"]) == \
         (42, 50 if mode == "t2i" else 35, 6.0, "flow_shift", 0.0)
     assert k["sound"] is (mode == "t2av")
-    assert ("condition" in k) is (mode in ("i2v", "v2v") + REASONER_MODES)
+    conditioned = mode in ("i2v", "v2v", "flf2v") + REASONER_MODES
+    assert ("condition" in k) is conditioned
     if mode == "t2i":
         assert nodes_of(api, "SaveImage") and not nodes_of(api, "SaveVideo")
     else:
@@ -633,15 +636,17 @@ def test_shipped_real_use_defaults(mode):
         (cv,) = nodes_of(api, "CreateVideo")
         assert api[cv]["inputs"]["fps"] == t["fps"], "Create Video fps must equal the Text Encode fps"
         assert ("audio" in api[cv]["inputs"]) is (mode == "t2av")
-    if mode in ("i2v", "v2v") + REASONER_MODES:
-        (ec,) = nodes_of(api, "Cosmos3VAEEncodeCond")
+    if conditioned:
+        (ec,) = nodes_of(api, "Cosmos3VAEEncodeCond") + nodes_of(api, "Cosmos3FirstLastFrame")
+        if mode == "flf2v":  # the keyframes are made for the Text Encode's clip length
+            assert api[ec]["inputs"]["num_frames"] == t["num_frames"] and api[ec]["inputs"]["frame_indexes"] == ""
         for name in ("width", "height"):  # one source of truth: the same PrimitiveInt feeds both nodes
             a, b = api[te]["inputs"][name], api[ec]["inputs"][name]
             assert source_node(api, a) is not None and a == b, (name, a, b)
             assert api[a[0]]["class_type"] == "PrimitiveInt"
         loaders = nodes_of(api, "LoadImage") + nodes_of(api, "LoadVideo")
         assert [api[i]["inputs"].get("image", api[i]["inputs"].get("file")) for i in loaders] == \
-            (["example.mp4"] if mode == "v2v" else ["example.png"])
+            (["example.mp4"] if mode == "v2v" else ["example.png"] * (2 if mode == "flf2v" else 1))
 
 
 @pytest.mark.parametrize("mode", ALL_WORKFLOWS)

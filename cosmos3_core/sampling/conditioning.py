@@ -19,6 +19,15 @@ Mirrors diffusers 0.42.1 ``Cosmos3OmniPipeline`` (pipelines/cosmos/pipeline_cosm
   - ``num_frames == 1`` (text-to-image) with an image: the pipeline encodes it but marks no frame clean, i.e. the
     image is ignored; so is it here (nothing is encoded, a warning is logged).
   Noisy latent frames of ``x0`` are zeros (the sampler replaces them with noise through the mask).
+* ``encode_keyframes`` = first + last frame / keyframes (FLF2V): diffusers conditions any latent frames through its
+  video-to-video path (``video`` + ``condition_frame_indexes_vision``, *latent* frame indexes; latent 0 is pixel
+  frame 0, latent k >= 1 pixel frames 4k-3 .. 4k). Stills become that ``video`` as vLLM-Omni's Cosmos3 FL2V recipe
+  builds it in frame mode (``tools/cosmos3_fl2v``: ``[start][filler][end]``, filler = the neighbouring stills, each
+  holding half of the gap), generalised to any number of keyframes: each still (``preprocess_image``, as an I2V
+  image) fills the pixel frames of its latent; the frames between two keyframes show the earlier still for the
+  first half of the gap and the later one for the rest; frames before the first keyframe show the first still. The
+  clip ends at the last keyframe (``4·max(idx)+1`` frames: what the pipeline keeps of a video) and is encoded as a
+  whole, as the pipeline encodes it; the listed latent frames are clean.
 """
 
 from __future__ import annotations
@@ -226,3 +235,90 @@ def _check_indexes(indexes: Iterable[int], t_lat: int, num_frames: int) -> list[
 def _check_size(height: int, width: int) -> None:
     if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
         raise ValueError(f"height/width must be positive ints, got height={height!r}, width={width!r}.")
+
+
+# ---------------------------------------------------------------------------------------------- keyframes (FLF2V)
+def keyframe_indexes(count: int, num_frames: int, frame_indexes: Sequence[int] | None = None) -> list[int]:
+    """Latent frame index of each of ``count`` keyframe images, in their order (start, …, end).
+
+    ``frame_indexes`` None: spread evenly from the first latent frame to the last one (``round(i·(T−1)/(n−1))``: a
+    start image alone is latent 0; start + end are ``[0, T−1]``, e.g. ``[0, 47]`` for 189 frames). Given indexes are
+    latent frame indexes (diffusers' ``condition_frame_indexes_vision``), one per image, strictly increasing.
+    """
+    if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 5 or (num_frames - 1) % 4:
+        raise ValueError(f"num_frames={num_frames!r} must be 4k+1 and at least 5 (a video: 5, 9, …, 189); "
+                         "keyframes condition a video, not an image.")
+    t_lat = (num_frames - 1) // 4 + 1
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"at least one keyframe image is needed (the start image), got {count!r}.")
+    if frame_indexes is None:
+        if count > t_lat:
+            raise ValueError(f"{count} keyframe images but a {num_frames}-frame clip has only {t_lat} latent "
+                             f"frames; use fewer images or more frames.")
+        indexes = [0] if count == 1 else [round(i * (t_lat - 1) / (count - 1)) for i in range(count)]
+    else:
+        if isinstance(frame_indexes, (str, bytes)):
+            raise ValueError(f"frame indexes must be a list of ints such as [0, {t_lat - 1}], got "
+                             f"{frame_indexes!r}.")
+        indexes = list(frame_indexes)
+        if len(indexes) != count:
+            raise ValueError(f"{len(indexes)} frame indexes {indexes} for {count} keyframe images; give one "
+                             "latent frame index per image, in the images' order (start, keyframes…, end).")
+        for i in indexes:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0:
+                raise ValueError(f"frame indexes {indexes} must be non-negative ints (latent frame indexes, "
+                                 f"e.g. [0, {t_lat - 1}]).")
+            if i >= t_lat:
+                raise ValueError(
+                    f"frame index {i} is outside the latent timeline ({t_lat} latent frames for "
+                    f"num_frames={num_frames}, indexes 0 … {t_lat - 1}); frame indexes count latent frames "
+                    f"(pixel frame p is latent ceil(p/4)), not pixel frames."
+                )
+        indexes = [int(i) for i in indexes]
+        if any(b <= a for a, b in zip(indexes, indexes[1:])):
+            raise ValueError(f"frame indexes {indexes} must be strictly increasing, in the images' order "
+                             "(start, keyframes…, end), each image at its own latent frame.")
+    if len(indexes) >= t_lat:
+        raise ValueError(
+            f"the keyframes {indexes} fill all {t_lat} latent frames of a {num_frames}-frame clip; nothing "
+            "would be generated. Use fewer keyframes or more frames."
+        )
+    return indexes
+
+
+def keyframe_clip(stills: Sequence[torch.Tensor], indexes: Sequence[int], temporal_scale: int = 4) -> torch.Tensor:
+    """Preprocessed stills ``[1,3,H,W]`` at strictly increasing latent ``indexes`` → the conditioning clip
+    ``[1,3,ts·max(idx)+1,H,W]`` (the layout in the module docstring)."""
+    ts = temporal_scale
+    first = [0 if k == 0 else ts * k - ts + 1 for k in indexes]  # pixel frames of latent k: first .. ts·k
+    owner = [0] * first[0]
+    for i, k in enumerate(indexes):
+        owner += [i] * (ts * k + 1 - first[i])
+        if i + 1 < len(indexes):
+            gap = first[i + 1] - (ts * k + 1)
+            owner += [i] * (gap // 2) + [i + 1] * (gap - gap // 2)
+    stack = torch.stack([s[0] for s in stills], dim=1)  # [3, n, H, W]
+    return stack.index_select(1, torch.tensor(owner, dtype=torch.long)).unsqueeze(0)
+
+
+def encode_keyframes(vae, images: Sequence, frame_indexes: Sequence[int] | None = None, *, num_frames: int,
+                     height: int, width: int) -> tuple[torch.Tensor, list[int]]:
+    """First + last frame / keyframe conditioning → ``(x0 [1,C,T,h,w] float32, clean latent frame indexes)``.
+
+    ``images``: the keyframe images in time order (start, …, end), each as ``preprocess_image`` takes it (a ComfyUI
+    IMAGE ``[1,H,W,3]``, PIL, numpy, tensor); ``frame_indexes``: their latent frame indexes (``keyframe_indexes``;
+    None: spread evenly from the first to the last latent frame). ``x0`` spans the whole clip (``T`` latent frames)
+    and lives on the VAE device; frames not listed are zero. Equals diffusers' ``Cosmos3OmniPipeline`` given the
+    clip ``keyframe_clip`` builds as ``video`` and the indexes as ``condition_frame_indexes_vision``.
+    """
+    images = list(images)
+    indexes = keyframe_indexes(len(images), num_frames, frame_indexes)
+    s, ts = vae.spatial_scale, vae.temporal_scale
+    if height % s or width % s:
+        raise ValueError(f"height and width must be multiples of {s}, got {height}x{width}; round them, e.g. "
+                         f"to {height // s * s}x{width // s * s}.")
+    stills = [preprocess_image(image, height, width) for image in images]
+    lat = vae.encode(keyframe_clip(stills, indexes, ts))  # [1, C, max(idx)+1, h, w]
+    x0 = torch.zeros(vae.latent_shape(num_frames, height, width), dtype=torch.float32, device=lat.device)
+    x0[:, :, indexes] = lat[:, :, indexes]
+    return x0, indexes
