@@ -56,13 +56,11 @@ def test_preload_imports_the_compiler_while_the_main_thread_compiles(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", sound=False, seed=2)
+def edge(tiny_checkpoint):
+    return tiny_checkpoint("edge", sound=False, seed=2)
 
 
-def test_load_starts_the_preload_only_where_cuda_is(monkeypatch, tiny_checkpoint):
+def test_load_starts_the_preload_only_where_cuda_is(monkeypatch, edge):
     import cosmos3_core.pipeline as pipeline_mod
     from cosmos3_core.kernels.caches import preload_compiler
 
@@ -74,10 +72,10 @@ def test_load_starts_the_preload_only_where_cuda_is(monkeypatch, tiny_checkpoint
 
     monkeypatch.setattr(pipeline_mod, "preload_compiler", recording_preload)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
+    pipeline_mod.Cosmos3Pipeline.load(edge, dtype=torch.float32, with_sound=False)
     assert started == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
+    pipeline_mod.Cosmos3Pipeline.load(edge, dtype=torch.float32, with_sound=False)
     assert len(started) == 1
     started[0].join(timeout=240)
     assert not started[0].is_alive() and started[0].failed == {}

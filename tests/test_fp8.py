@@ -7,7 +7,6 @@ import torch
 
 from cosmos3_core.model.fp8 import E4M3_MAX, enable_fp8, quantize_rows
 from cosmos3_core.model.loader import load_transformer
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 
 def test_row_quantizer_round_trips_within_e4m3_precision():
@@ -20,7 +19,7 @@ def test_row_quantizer_round_trips_within_e4m3_precision():
     assert err.max() > 0
 
 
-def test_enable_fp8_refuses_a_cpu_model(tmp_path):
-    model = load_transformer(build_tiny_checkpoint(tmp_path / "c", variant="edge"), dtype=torch.float32)
+def test_enable_fp8_refuses_a_cpu_model(tiny_checkpoint):
+    model = load_transformer(tiny_checkpoint("edge"), dtype=torch.float32)
     with pytest.raises(ValueError, match="needs a CUDA GPU with FP8"):
         enable_fp8(model)

@@ -15,7 +15,7 @@ from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
 from cosmos3_core.model.layout import select_branch
 from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 H, W, F, STEPS, SEED = 64, 96, 9, 4, 1234
 PROMPT = "a red robot walking on the street at night"
@@ -23,8 +23,8 @@ NEGATIVE = "blurry low quality video"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", sound=True, seed=7)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,6 @@ def ours(checkpoint):
 @pytest.fixture(scope="module")
 def reference(checkpoint):
     return Cosmos3OmniPipeline.from_pretrained(checkpoint, enable_safety_checker=False, torch_dtype=torch.float32)
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _image(seed: int, h: int = 80, w: int = 100) -> Image.Image:

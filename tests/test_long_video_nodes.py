@@ -11,15 +11,15 @@ import uuid
 
 import pytest
 
-import comfy_host
+from support import comfy_host
 from test_workflows import check_mp4, load_api, nodes_of, output_files, prepared_executor, shrink_api
 
 pytestmark = pytest.mark.comfy
 
 
 @pytest.fixture(scope="module")
-def host():
-    h = prepared_executor()
+def host(tiny_checkpoint):
+    h = prepared_executor(tiny_checkpoint)
 
     import comfy.model_management as mm
     import comfy.utils
