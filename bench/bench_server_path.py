@@ -72,7 +72,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "tests"))  # comfy_host: how the tests start the real 0.3.75 server
+sys.path.insert(0, str(REPO / "tests"))  # support.comfy_host: how the tests start the real 0.3.75 server
 
 import server_probe  # noqa: E402
 
@@ -170,7 +170,7 @@ def build_graph(shape: tuple, steps: int, seed: int, prompt: str, compile_choice
 
 
 def _home(args) -> Path:
-    import comfy_host
+    from support import comfy_host
 
     home = comfy_host.comfy_home(args.work / "home")
     link = home / "models" / "diffusers" / CHECKPOINT_NAME
@@ -188,7 +188,7 @@ def _env(cache: Path) -> dict:
 
 
 def run_once(srv, stream, graph: dict, timeout: float, gpu: int | None) -> dict:
-    import comfy_host
+    from support import comfy_host
 
     before = len(server_probe.prompt_executed_seconds(srv.log_text()))
     poller = server_probe.MemoryPoller(srv.proc.pid, gpu).start()
@@ -241,7 +241,7 @@ def _stop_leftover_server(pid_file: Path) -> None:
 
 
 def stage_server(args, res: Results, kind: str) -> None:
-    import comfy_host
+    from support import comfy_host
 
     cache = args.work / "compile-cache"
     if kind == "ours":

@@ -27,7 +27,7 @@ RECIPE_VERSION=1
 TORCH_PINS=(torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1)
 # accelerate: diffusers needs it to load Cosmos3OmniTransformer (keep_in_fp32_modules) for the parity tests.
 # peft: diffusers' load_lora_adapter (the LoRA parity reference, tests/test_lora.py) requires it.
-# websocket-client: the canvas test drives headless Chromium over the DevTools protocol (tests/cdp.py).
+# websocket-client: the canvas test drives headless Chromium over the DevTools protocol (tests/support/cdp.py).
 # lycoris-lora: the LoKr/LoHa/kohya-LoRA parity reference (tests/test_lora_formats.py): LyCORIS itself parses each
 #   test file and patches diffusers' transformer (pure PyTorch; adds only toml; runs offline on the CPU).
 DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate peft websocket-client

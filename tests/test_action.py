@@ -32,7 +32,7 @@ from cosmos3_core.modes.action import ActionRequest, action_prompt_ids, encode_a
 from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.request import Request
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 PROMPT = "robot arm picks up the red cup"
 NEGATIVE = "blurry static"
@@ -40,8 +40,8 @@ SEED, STEPS, CHUNK = 11, 3, 4
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_action"), variant="nano", sound=True, seed=5)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +76,6 @@ def _fields(mode: str, clip, *, tier=256, chunk=CHUNK, domain="bridge_orig_lerob
 
 def _actions(chunk=CHUNK, dim=10, seed=3) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((chunk, dim)).astype(np.float32)
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -224,8 +219,8 @@ def test_action_mode_on_checkpoint_without_action_head_or_too_narrow(ours):
         act.check_action_request(_req(domain_name="galbot"), narrow)
 
 
-def test_checkpoint_without_action_head_is_refused(tmp_path):
-    ckpt = build_tiny_checkpoint(tmp_path / "no_action", variant="edge", sound=False, seed=1, action=False)
+def test_checkpoint_without_action_head_is_refused(tiny_checkpoint):
+    ckpt = tiny_checkpoint("edge", sound=False, seed=1, action=False)
     pipe = Cosmos3Pipeline.load(ckpt, dtype=torch.float32, device="cpu")
     assert not pipe.config.action_gen
     with pytest.raises(ValueError, match=r"^this checkpoint has no action head"):

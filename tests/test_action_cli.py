@@ -17,15 +17,14 @@ from safetensors.torch import load_file
 
 from cosmos3_core.cli import main as generate
 from cosmos3_core.media import probe_media, write_video
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 BASE = ["--prompt", "robot arm picks up the cup", "--steps", "2", "--device", "cpu", "--dtype", "fp32",
         "--chunk-size", "4", "--resolution-tier", "256", "--domain-name", "bridge_orig_lerobot"]
 
 
 @pytest.fixture(scope="module")
-def nano(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_action_cli"), variant="nano", sound=False, seed=3)
+def nano(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=False, seed=3)
 
 
 @pytest.fixture(scope="module")

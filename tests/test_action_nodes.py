@@ -11,17 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
-import comfy_host
+from support import comfy_host
+from support.compare import rel
 from test_nodes import assert_next_run_succeeds, error_of, run
-from test_workflows import (ACTION_WORKFLOWS, TEST_IMAGE, TINY_NANO, check_mp4, load_api, nodes_of, prepared_executor,
-                            shrink_api)
+from test_workflows import ACTION_WORKFLOWS, TEST_IMAGE, TINY_NANO, check_mp4, load_api, nodes_of, shrink_api
 
-pytestmark = pytest.mark.comfy
-
-
-@pytest.fixture(scope="module")
-def host():
-    return prepared_executor()
+pytestmark = pytest.mark.comfy  # ``host``: the shared fixture (tests/support/fixtures.py)
 
 
 def saved_files(host, outputs: dict, node_id: str, key: str):
@@ -83,7 +78,7 @@ def test_policy_node_actions_match_reference(host):
                   resolution_tier=int(a["resolution_tier"]), image=image, view_point=a["view_point"]))
     (ref_actions,) = out.values["action"]
     assert ours.shape == ref_actions.shape
-    assert float((ours - ref_actions).norm() / ref_actions.norm()) <= 1e-4
+    assert rel(ours, ref_actions) <= 1e-4
 
 
 def _expect(host, graph, node_type, *needles):

@@ -10,14 +10,13 @@ import torch
 from diffusers import Cosmos3OmniPipeline
 
 from cosmos3_core.vae.audio import hop_from_config, load_sound_decoder, num_audio_samples, read_sound_config, sound_latent_length
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), variant="nano", sound=True)
+def ckpt(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import torch
 from safetensors.torch import load_file
 
 from cosmos3_core.cli import main as generate, reason
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--prompt", "a red car", "--height", "32", "--width", "32", "--num-frames", "5", "--steps", "1",
@@ -30,13 +29,13 @@ FAST = ["--prompt", "a red car", "--height", "32", "--width", "32", "--num-frame
 
 
 @pytest.fixture(scope="module")
-def nano(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", seed=3)
+def nano(tiny_checkpoint):
+    return tiny_checkpoint("nano", seed=3)
 
 
 @pytest.fixture(scope="module")
-def edge(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", seed=3)
+def edge(tiny_checkpoint):
+    return tiny_checkpoint("edge", seed=3)
 
 
 def copy_of(src: Path, tmp_path: Path) -> Path:
@@ -192,7 +191,7 @@ def test_lone_surrogate_prompt_in_the_core(nano):
 @pytest.fixture(scope="module")
 def qwen_tokenizer():
     """The real Qwen2.5 BPE tokenizer (same control tokens and ids as Cosmos3's) from the ComfyUI host tree."""
-    import comfy_host
+    from support import comfy_host
     from transformers import AutoTokenizer
 
     path = comfy_host.comfyui_dir() / "comfy" / "text_encoders" / "qwen25_tokenizer"

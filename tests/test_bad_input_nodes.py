@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import comfy_host
+from support import comfy_host
 from test_nodes import _expect_error, assert_next_run_succeeds, error_of, host, reasoner_graph, run, t2i_graph  # noqa: F401
 from test_workflows import TINY_EDGE, TINY_NANO, check_outputs, load_api, nodes_of, shrink_api
 

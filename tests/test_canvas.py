@@ -1,9 +1,9 @@
 """The shipped UI workflows in ComfyUI 0.3.75's real frontend (1.32.9), in headless Chromium, against a real server.
 
 One ``main.py --cpu`` server (tiny random checkpoints, test inputs) and one headless Debian Chromium driven over the
-Chrome DevTools Protocol (tests/cdp.py). For every UI workflow found in ``workflows/`` (test_workflows' glob), its
-sizes shrunk for the tiny checkpoint (the same values ``shrink_api`` gives the API twin, written into the UI file's
-widgets_values through the live schemas):
+Chrome DevTools Protocol (tests/support/cdp.py). For every UI workflow found in ``workflows/`` (test_workflows'
+glob), its sizes shrunk for the tiny checkpoint (the same values ``shrink_api`` gives the API twin, written into the
+UI file's widgets_values through the live schemas):
 
 * the file is dropped onto ``#graph-canvas`` (``Input.dispatchDragEvent`` with the real file);
 * no missing-node dialog and no error toast appear, every node's type is registered in the frontend;
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-import comfy_host
+from support import comfy_host
 from test_workflows import (ALL_WORKFLOWS, check_outputs, ensure_tiny_checkpoints, load_api, load_ui, schema_inputs,
                             shrink_api, source_node, thumbnail_path, ui_path, widget_slots, write_test_inputs)
 
@@ -47,7 +47,7 @@ SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Minimap.Visible": False, "Co
 @pytest.fixture(scope="module")
 def browser():
     try:
-        import cdp
+        from support import cdp
     except ImportError as exc:  # never a silent skip in CI
         pytest.fail(f"the canvas test needs websocket-client (tests/run.sh installs it): {exc}")
     if cdp.find_chromium() is None:
@@ -57,9 +57,9 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_checkpoint):
     base = comfy_host.comfy_home(tmp_path_factory.mktemp("canvas"))
-    ensure_tiny_checkpoints(base / "models" / "diffusers")
+    ensure_tiny_checkpoints(base / "models" / "diffusers", tiny_checkpoint)
     write_test_inputs(base / "input")
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)

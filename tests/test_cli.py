@@ -14,19 +14,18 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from cosmos3_core.media import probe_media
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def nano(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", seed=2)
+def nano(tiny_checkpoint):
+    return tiny_checkpoint("nano", seed=2)
 
 
 @pytest.fixture(scope="module")
-def edge(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", seed=2)
+def edge(tiny_checkpoint):
+    return tiny_checkpoint("edge", seed=2)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

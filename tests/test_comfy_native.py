@@ -18,14 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from test_workflows import ALL_WORKFLOWS, load_api, node_info, prepared_executor, shrink_api, thumbnail_path
+from test_workflows import ALL_WORKFLOWS, load_api, node_info, shrink_api, thumbnail_path
 
-pytestmark = pytest.mark.comfy
-
-
-@pytest.fixture(scope="module")
-def host():
-    return prepared_executor()
+pytestmark = pytest.mark.comfy  # ``host``: the shared fixture (tests/support/fixtures.py)
 
 
 def test_every_input_and_output_has_a_tooltip(host):

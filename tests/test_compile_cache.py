@@ -59,10 +59,8 @@ def run_worker(checkpoint: Path, cache: Path) -> dict:
 
 @pytest.mark.compile
 @needs_cpu_inductor
-def test_second_process_loads_the_compiled_layer_from_disk(tmp_path):
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-
-    checkpoint = build_tiny_checkpoint(tmp_path / "nano", variant="nano", sound=False, seed=7)
+def test_second_process_loads_the_compiled_layer_from_disk(tiny_checkpoint, tmp_path):
+    checkpoint = tiny_checkpoint("nano", sound=False, seed=7)
     cache = tmp_path / "cache"
     first, second = run_worker(checkpoint, cache), run_worker(checkpoint, cache)
     for run in (first, second):

@@ -56,13 +56,11 @@ def test_preload_imports_the_compiler_while_the_main_thread_compiles(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", sound=False, seed=2)
+def edge(tiny_checkpoint):
+    return tiny_checkpoint("edge", sound=False, seed=2)
 
 
-def test_load_runs_no_preload_beside_the_reads(monkeypatch, tiny_checkpoint):
+def test_load_runs_no_preload_beside_the_reads(monkeypatch, edge):
     """Also where CUDA is: a thread importing the compiler while the weights are read makes the reading thread wait
     for the GIL after every tensor (the load grew by about the imports' 2–3 s)."""
     import cosmos3_core.pipeline as pipeline_mod
@@ -71,7 +69,7 @@ def test_load_runs_no_preload_beside_the_reads(monkeypatch, tiny_checkpoint):
     started = []
     monkeypatch.setattr(caches.CompilerPreload, "start", lambda self: started.append(self))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    pipe = pipeline_mod.Cosmos3Pipeline.load(tiny_checkpoint, dtype=torch.float32, with_sound=False)
+    pipe = pipeline_mod.Cosmos3Pipeline.load(edge, dtype=torch.float32, with_sound=False)
     assert started == [] and pipe.transformer is not None
     caches.preload_compiler()  # the recorder sees a preload when one is started (the check above can fail)
     assert len(started) == 1

@@ -15,7 +15,6 @@ from diffusers.video_processor import VideoProcessor
 from PIL import Image
 
 from cosmos3_core.sampling.conditioning import encode_condition, preprocess_image, preprocess_video
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from cosmos3_core.vae.video import load_vae
 
 TOL = 1e-5
@@ -44,8 +43,8 @@ class _PipelineVision:
 
 
 @pytest.fixture(scope="module")
-def vae(tmp_path_factory):
-    return load_vae(build_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), variant="nano"))
+def vae(tiny_checkpoint):
+    return load_vae(tiny_checkpoint("nano"))
 
 
 @pytest.fixture(scope="module")

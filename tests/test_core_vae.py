@@ -30,7 +30,7 @@ import pytest
 import torch
 from PIL import Image
 
-import comfy_host
+from support import comfy_host
 from test_workflows import TEST_IMAGE, TINY_NANO, prepared_executor, write_test_inputs
 
 pytestmark = pytest.mark.comfy
@@ -81,8 +81,8 @@ def _raw_latent(checkpoint: Path, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def host():
-    return prepared_executor()
+def host(tiny_checkpoint):
+    return prepared_executor(tiny_checkpoint)
 
 
 # -------------------------------------------------------------------------------------------- the rename

@@ -20,15 +20,16 @@ from diffusers import ModularPipeline
 
 from cosmos3_core.config import CheckpointError
 from cosmos3_core.sampling.distilled import read_distilled
-from cosmos3_core.testing.tiny import DISTILLED_SIGMAS, build_tiny_checkpoint
+from cosmos3_core.testing.tiny import DISTILLED_SIGMAS
+from support.compare import rel
 
 H, W, SEED = 64, 96, 1234
 PROMPT = "a red robot walking on the street at night"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("super4step"), variant="super", seed=5, distilled=True)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("super", seed=5, distilled=True)
 
 
 def _reference_blocks(path) -> tuple[str, list | None]:
@@ -112,11 +113,6 @@ def reference(checkpoint):
     pipe.disable_safety_checker()
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _image() -> Image.Image:
@@ -236,14 +232,8 @@ def test_cli_refuses_what_a_distilled_checkpoint_fixes(checkpoint, tmp_path, ext
 
 
 # ---------------------------------------------------------------------------------------------- nodes (real host)
-# (the two distilled workflows themselves run in test_nodes.py / test_server.py, as every shipped workflow)
-@pytest.fixture(scope="module")
-def host():
-    from test_workflows import prepared_executor
-
-    return prepared_executor()
-
-
+# (the two distilled workflows themselves run in test_nodes.py / test_server.py, as every shipped workflow;
+# ``host`` is the shared fixture of tests/support/fixtures.py)
 def _distilled_graph(mode: str, **kw) -> dict:
     from test_workflows import TINY_DISTILLED, load_api, shrink_api, tiny_checkpoint_for
 
@@ -253,7 +243,7 @@ def _distilled_graph(mode: str, **kw) -> dict:
 
 
 def _run(host, graph):
-    import comfy_host
+    from support import comfy_host
 
     success, outputs, messages = host.run(graph, extra_data={"client_id": "cosmos3-tests"})
     return success, outputs, messages, comfy_host

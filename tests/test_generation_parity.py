@@ -17,7 +17,7 @@ from cosmos3_core.model.layout import select_branch
 from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 H, W, F, STEPS, SEED = 64, 96, 9, 4, 1234
 PROMPT = "a red robot walking on the street at night"
@@ -25,8 +25,8 @@ NEGATIVE = "blurry low quality video"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", sound=True, seed=7)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +37,6 @@ def ours(checkpoint):
 @pytest.fixture(scope="module")
 def reference(checkpoint):
     return Cosmos3OmniPipeline.from_pretrained(checkpoint, enable_safety_checker=False, torch_dtype=torch.float32)
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _image(seed: int, h: int = 80, w: int = 100) -> Image.Image:

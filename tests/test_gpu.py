@@ -10,6 +10,7 @@ import torch
 
 from cosmos3_core.kernels import attention as attn
 from cosmos3_core.runtime import RuntimeOptions
+from support.compare import rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROUTES = ["sdpa", pytest.param("flash4", marks=pytest.mark.skipif(
@@ -23,15 +24,8 @@ def route(request):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", sound=True, seed=7)
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(a).double().cpu(), torch.as_tensor(b).double().cpu()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=7)
 
 
 @pytest.mark.parametrize("dtype, tol, route", [(torch.float32, 1e-4, "sdpa"), (torch.bfloat16, 3e-2, "sdpa"),
@@ -159,11 +153,10 @@ def test_compiled_step_with_route_matches_eager(bf16_step, route):
         fn = generation_layer_fn(RuntimeOptions(compile=True))
         assert not fn._aot_failed and (fn.compiled or fn.loaded)  # whole graphs, saved or loaded
 
-def test_reasoner_cuda_graph_decode_matches_eager(tmp_path):
+def test_reasoner_cuda_graph_decode_matches_eager(tiny_checkpoint):
     from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams
-    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
 
-    root = build_tiny_reasoner_checkpoint(tmp_path / "nano", variant="nano", seed=0)
+    root = tiny_checkpoint("nano", seed=0, reasoner=True)
     reasoner = Cosmos3Reasoner.load(root, dtype=torch.float32, device="cuda")
     reasoner.eos_token_ids = []
     prompt = reasoner.prepare("describe the robot on the street")
@@ -198,16 +191,15 @@ def test_triton_gemv_matches_float64(n, k, dtype):
     assert float((y.double() - exact).abs().max()) <= 1.01 * half_ulp * 2 * float(exact.abs().max())
 
 
-def test_reasoner_bf16_decode_through_the_triton_gemv(tmp_path):
+def test_reasoner_bf16_decode_through_the_triton_gemv(tiny_checkpoint):
     """The decode step's projections through the Triton GEMV (forced: a fallback would raise) against cuBLAS, eager
     and compiled inside the CUDA graph (the custom op traces: ``fullgraph=True``)."""
     from cosmos3_core.kernels import gemv
     from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, decode_weights
-    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     if gemv.triton_unavailable_reason():
         pytest.skip(gemv.triton_unavailable_reason())
-    root = build_tiny_reasoner_checkpoint(tmp_path / "nano", variant="nano", seed=0)
+    root = tiny_checkpoint("nano", seed=0, reasoner=True)
     reasoner = Cosmos3Reasoner.load(root, dtype=torch.bfloat16, device="cuda")
     reasoner.eos_token_ids = []
     prompt = reasoner.prepare("describe the robot on the street")
@@ -237,7 +229,7 @@ def test_reasoner_bf16_decode_through_the_triton_gemv(tmp_path):
                                  SamplingParams(max_new_tokens=16), options=triton) == eager_ids
 
 
-def test_distilled_i2v_matches_diffusers_on_cuda(tmp_path):
+def test_distilled_i2v_matches_diffusers_on_cuda(tiny_checkpoint):
     """Distilled 4-step I2V on CUDA fp32 == ``Cosmos3DistilledModularPipeline`` on CUDA with the same CPU generator:
     the stochastic steps' noise is drawn on the CPU on both sides (device-independent), then moved."""
     import numpy as np
@@ -247,11 +239,10 @@ def test_distilled_i2v_matches_diffusers_on_cuda(tmp_path):
     from cosmos3_core.modes.dispatch import generate
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.request import Request
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    ckpt = build_tiny_checkpoint(tmp_path / "super4step", variant="super", seed=5, distilled=True)
+    ckpt = tiny_checkpoint("super", seed=5, distilled=True)
     image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (80, 100, 3), dtype=np.uint8))
     kw = dict(prompt="a red robot walking on the street", num_frames=9, height=64, width=96, image=image)
     ref = ModularPipeline.from_pretrained(str(ckpt))

@@ -1,4 +1,4 @@
-"""Smoke tests of the ComfyUI test host itself (tests/comfy_host.py), core nodes only.
+"""Smoke tests of the ComfyUI test host itself (tests/support/comfy_host.py), core nodes only.
 
 Nothing here depends on the Cosmos3 nodes: a pack that fails to import is tolerated here
 (require_pack=False) and is the business of the node tests (comfy_host.assert_pack_loaded()).
@@ -6,7 +6,7 @@ Nothing here depends on the Cosmos3 nodes: a pack that fails to import is tolera
 import pytest
 from PIL import Image
 
-import comfy_host
+from support import comfy_host
 
 pytestmark = pytest.mark.comfy
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-import comfy_host
+from support import comfy_host
 from test_workflows import TINY_NANO, prepared_executor
 
 pytestmark = pytest.mark.comfy
@@ -29,8 +29,8 @@ IMAGES = {"start": ("cosmos3_flf_start.png", 80, 120), "mid": ("cosmos3_flf_mid.
 
 
 @pytest.fixture(scope="module")
-def host():
-    h = prepared_executor()
+def host(tiny_checkpoint):
+    h = prepared_executor(tiny_checkpoint)
     for i, (name, hh, ww) in enumerate(IMAGES.values()):
         rng = np.random.default_rng(100 + i)
         Image.fromarray(rng.integers(0, 256, (hh, ww, 3), dtype=np.uint8)).save(h.base_dir / "input" / name)

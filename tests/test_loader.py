@@ -12,7 +12,6 @@ from diffusers import Cosmos3OmniTransformer
 
 from cosmos3_core.config import CheckpointError, Cosmos3Config
 from cosmos3_core.model.loader import INDEX_FILE, load_transformer
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from cosmos3_core.model.transformer import Cosmos3Transformer
 
 SUPER = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
@@ -25,8 +24,8 @@ EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_
 
 
 @pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", seed=1)
+def nano_dir(tiny_checkpoint):
+    return tiny_checkpoint("nano", seed=1)
 
 
 @pytest.mark.parametrize("values", [SUPER, EDGE], ids=["super", "edge"])

@@ -20,8 +20,8 @@ from cosmos3_core.modes.long_video import generate_long
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request, resolve
 from cosmos3_core.modes.stream_decode import FrameCollector
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from cosmos3_core.modes.windows import window_geometry
+from support.compare import rel
 
 H, W, CHUNK, SEED = 32, 48, 9, 21
 PROMPT = "a red robot walking on the street at night"
@@ -30,18 +30,13 @@ COMMON = dict(height=H, width=W, steps=2, seed=SEED, frames_per_chunk=CHUNK, shi
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_long"), variant="nano", sound=True, seed=9)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=9)
 
 
 @pytest.fixture(scope="module")
 def pipe(checkpoint):
     return Cosmos3Pipeline.load(checkpoint, dtype=torch.float32, device="cpu")
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def same_encoding(decoded, reference, frames) -> bool:

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-import comfy_host
+from support import comfy_host
 from cosmos3_core.kernels.attention import flash4_unavailable_reason
 from test_workflows import check_mp4, load_api, nodes_of, output_files, prepared_executor, shrink_api
 
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.comfy
 
 
 @pytest.fixture(scope="module")
-def host():
-    h = prepared_executor()
+def host(tiny_checkpoint):
+    h = prepared_executor(tiny_checkpoint)
 
     import comfy.model_management as mm
     import comfy.utils

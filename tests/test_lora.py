@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import save_file
 
 from cosmos3_core.model.lora import LoraError, read_lora
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
-from test_transformer_parity import reference_step, ours_step, rel_err
-from test_workflows import load_api, prepared_executor, shrink_api
+from support.compare import rel
+from test_transformer_parity import reference_step, ours_step
+from test_workflows import load_api, shrink_api
 
 TARGETS = ("layers.0.self_attn.add_q_proj", "layers.1.self_attn.add_v_proj", "layers.0.self_attn.to_add_out",
            "layers.1.mlp_moe_gen.down_proj", "layers.0.self_attn.to_k", "layers.1.mlp.up_proj", "proj_in")
@@ -48,10 +48,10 @@ def write_lora(path, shapes, targets=TARGETS, rank=4, alpha=8.0, seed=0, extra=N
 # -------------------------------------------------------------------------------------------- core reader
 
 @pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
+def shapes(tiny_checkpoint):
     from cosmos3_core.model.loader import load_transformer
 
-    path = build_tiny_checkpoint(tmp_path_factory.mktemp("lora_shapes") / "nano", variant="nano", seed=0)
+    path = tiny_checkpoint("nano", seed=0)
     return linear_shapes(load_transformer(path, dtype=torch.float32))
 
 
@@ -101,11 +101,7 @@ def test_corrupt_and_unsupported_files_are_refused(shapes, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------- node + ComfyUI
-
-@pytest.fixture(scope="module")
-def host():
-    return prepared_executor()
-
+# ``host``: the shared fixture (tests/support/fixtures.py)
 
 @pytest.fixture(scope="module")
 def lora_setup(host):
@@ -151,7 +147,7 @@ def test_lora_node_matches_diffusers_load_lora_adapter(host, lora_setup):
     base = loader.execute(checkpoint="cosmos3-tiny-nano", dtype="fp32", device="cpu").result[0]
     plain_v, plain_s = ours_with(host, base)
     ref_plain_v, ref_plain_s = reference(ref)
-    assert rel_err(plain_v, ref_plain_v) <= 1e-5
+    assert rel(plain_v, ref_plain_v) <= 1e-5
 
     one = node.execute(model=base, lora_name="cosmos3_test_a.safetensors", strength=1.0).result[0]
     assert one.pipeline is base.pipeline  # the same weights: nothing was read again
@@ -160,8 +156,8 @@ def test_lora_node_matches_diffusers_load_lora_adapter(host, lora_setup):
     ref.load_lora_adapter(str(lora_setup[1]), weight_name="cosmos3_test_a.safetensors", adapter_name="a")
     try:
         ref_v, ref_s = reference(ref)
-        assert rel_err(ref_v, ref_plain_v) > 1e-3  # the LoRA changes the output (both towers are hit)
-        assert rel_err(v, ref_v) <= 1e-5 and rel_err(s, ref_s) <= 1e-5
+        assert rel(ref_v, ref_plain_v) > 1e-3  # the LoRA changes the output (both towers are hit)
+        assert rel(v, ref_v) <= 1e-5 and rel(s, ref_s) <= 1e-5
 
         stacked = node.execute(model=node.execute(model=base, lora_name="cosmos3_test_a.safetensors",
                                                   strength=0.7).result[0],
@@ -170,7 +166,7 @@ def test_lora_node_matches_diffusers_load_lora_adapter(host, lora_setup):
         ref.load_lora_adapter(str(lora_setup[1]), weight_name="cosmos3_test_b.safetensors", adapter_name="b")
         ref.set_adapters(["a", "b"], weights=[0.7, -1.5])
         ref_v2, ref_s2 = reference(ref)
-        assert rel_err(v2, ref_v2) <= 1e-5 and rel_err(s2, ref_s2) <= 1e-5
+        assert rel(v2, ref_v2) <= 1e-5 and rel(s2, ref_s2) <= 1e-5
     finally:
         ref.delete_adapters([n for n in ("a", "b") if n in getattr(ref, "peft_config", {})])
 

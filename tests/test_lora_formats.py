@@ -29,8 +29,8 @@ from safetensors.torch import load_file, save_file
 
 from cosmos3_core.model.lora import LoraError, check_strength, linear_shapes, merge_lora, read_lora
 from test_lora import inputs, lora_graph, ours_with, reference, write_lora
-from test_transformer_parity import ours_step, rel_err
-from test_workflows import prepared_executor
+from support.compare import rel
+from test_transformer_parity import ours_step
 
 TOL = 1e-5
 CKPT = "cosmos3-tiny-nano"
@@ -168,11 +168,6 @@ def tucker_merge(model, path, multiplier: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def host():
-    return prepared_executor()
-
-
-@pytest.fixture(scope="module")
 def setup(host):
     from diffusers import Cosmos3OmniTransformer
 
@@ -244,11 +239,11 @@ def test_node_and_core_match_lycoris(host, setup, case):
     stack = STACKS[case]
     ref_v, ref_s = reference_with(setup, stack)
     plain_v, _ = reference(setup["ref"])
-    assert rel_err(ref_v, plain_v) > 1e-3  # the adapters change the output
+    assert rel(ref_v, plain_v) > 1e-3  # the adapters change the output
     v, s = ours_with(host, node_chain(host, setup, stack))
-    assert rel_err(v, ref_v) <= TOL and rel_err(s, ref_s) <= TOL, (rel_err(v, ref_v), rel_err(s, ref_s))
+    assert rel(v, ref_v) <= TOL and rel(s, ref_s) <= TOL, (rel(v, ref_v), rel(s, ref_s))
     cv, cs = core_with(setup, stack)
-    assert rel_err(cv, ref_v) <= TOL and rel_err(cs, ref_s) <= TOL, (rel_err(cv, ref_v), rel_err(cs, ref_s))
+    assert rel(cv, ref_v) <= TOL and rel(cs, ref_s) <= TOL, (rel(cv, ref_v), rel(cs, ref_s))
 
 
 def test_host_without_weight_adapters_gets_the_cores_deltas(host, setup, monkeypatch):
@@ -264,7 +259,7 @@ def test_host_without_weight_adapters_gets_the_cores_deltas(host, setup, monkeyp
     monkeypatch.undo()
     v, s = ours_with(host, handle)
     ref_v, ref_s = reference_with(setup, stack)
-    assert rel_err(v, ref_v) <= TOL and rel_err(s, ref_s) <= TOL
+    assert rel(v, ref_v) <= TOL and rel(s, ref_s) <= TOL
 
 
 def test_comfy_computes_the_deltas_through_its_adapters(host, setup):
@@ -295,7 +290,7 @@ def test_trainer_prefixes_match_diffusers(host, setup, tmp_path):
         fname = f"cosmos3_fmt_prefix_{name}.safetensors"
         save_file({rename(k): v for k, v in sd.items()}, str(setup["loras"] / fname), metadata=meta)
         v, s = ours_with(host, node.execute(model=setup["base"], lora_name=fname, strength=0.6).result[0])
-        assert rel_err(v, ref_v) <= TOL and rel_err(s, ref_s) <= TOL, name
+        assert rel(v, ref_v) <= TOL and rel(s, ref_s) <= TOL, name
 
 
 def test_chained_loaders_in_a_graph(host, setup):
@@ -445,7 +440,7 @@ def test_fp8_model_with_lora_at_strength_zero_is_the_fp8_model(host, setup, stor
             v, s = ours_with(host, zero)
             assert torch.equal(v, plain[0]) and torch.equal(s, plain[1]), kind
         one = node.execute(model=base, lora_name=setup["files"]["lokr"].name, strength=1.0).result[0]
-        assert rel_err(ours_with(host, one)[0], plain[0]) > 1e-3
+        assert rel(ours_with(host, one)[0], plain[0]) > 1e-3
         # the cause of the old 4.5/255: a zero patch still goes through ComfyUI's re-rounding to FP8
         patched = one.generation_patcher.clone()
         patched.patches = {}

@@ -1,7 +1,7 @@
 """The Cosmos3 nodes in a real in-process ComfyUI 0.3.75 executor (UltimateSDUpscale-style: no mocks).
 
-One process-wide host (tests/comfy_host.get_executor) with tiny random Nano (with sound) and Edge checkpoints in
-its models/diffusers. Every shipped API workflow runs shrunk (96x64, 9 frames, 2 steps, fp32) and its output file
+One process-wide host (tests/support/comfy_host.get_executor) with tiny random Nano (with sound) and Edge checkpoints
+in its models/diffusers. Every shipped API workflow runs shrunk (96x64, 9 frames, 2 steps, fp32) and its output file
 is read back; the text encode is cached across seeds; bad inputs give clear errors and the next run succeeds; an
 interrupt during sampling ends the run as interrupted; the reasoner runs text-only and says clearly when it cannot
 look at an image (no vision_encoder/ in the checkpoint); with vision_encoder/ (the ``*-vlm`` tiny checkpoints) the
@@ -18,7 +18,7 @@ import uuid
 import pytest
 import torch
 
-import comfy_host
+from support import comfy_host
 from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
                             TINY_NANO_VLM, check_outputs, load_api, nodes_of, output_files, prepared_executor,
                             shrink_api, tiny_checkpoint_for)
@@ -40,8 +40,8 @@ class _Recorder:
 
 
 @pytest.fixture(scope="module")
-def host():
-    h = prepared_executor()  # the node tests fail (with the import traceback) if the pack did not load
+def host(tiny_checkpoint):
+    h = prepared_executor(tiny_checkpoint)  # the node tests fail (with the import traceback) if the pack did not load
 
     import comfy.model_management as mm
     import comfy.utils

@@ -119,14 +119,13 @@ def test_layers_that_cannot_be_packed_are_left_alone(case):
 
 
 @pytest.fixture(scope="module", params=["nano", "edge"])
-def reasoner(request, tmp_path_factory):
+def reasoner(request, tiny_checkpoint):
     pytest.importorskip("transformers")
     from cosmos3_core.model.loader import load_transformer
     from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner
-    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
     from cosmos3_core.reasoner.vision import load_processor
 
-    root = build_tiny_reasoner_checkpoint(tmp_path_factory.mktemp(request.param), variant=request.param, seed=0)
+    root = tiny_checkpoint(request.param, seed=0, reasoner=True)
     return Cosmos3Reasoner(load_transformer(root, dtype=torch.float32, device="cpu"), load_processor(root),
                            checkpoint_dir=root)
 

@@ -25,13 +25,12 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 H, W, F, STEPS, SEED, SHIFT = 64, 96, 9, 2, 11, 3.0
 PROMPT = "a red robot walking on the street at night"
@@ -143,8 +142,8 @@ def _spawn(world: int, checkpoint: Path, out: Path) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", sound=True, seed=7)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=7)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
@@ -185,11 +184,6 @@ def single(checkpoint):
     finally:
         torch.set_num_threads(threads)
     return ours, frames, diffusers_latents, pipe
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 # ---------------------------------------------------------------------------------------------- equality

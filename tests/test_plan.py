@@ -19,14 +19,14 @@ from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request, resolve
 from cosmos3_core.sampling.plan import check_clip, check_sampling
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 CORE = Path(__file__).resolve().parent.parent / "cosmos3_core"
 
 
 @pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
-    ckpt = build_tiny_checkpoint(tmp_path_factory.mktemp("nano_plan"), variant="nano", sound=True, seed=3)
+def pipe(tiny_checkpoint):
+    ckpt = tiny_checkpoint("nano", sound=True, seed=3)
     return Cosmos3Pipeline.load(ckpt, dtype=torch.float32, device="cpu")
 
 
@@ -121,10 +121,6 @@ def test_loop_imports_no_model_or_layout():
     assert imported <= {"__future__", "dataclasses", "typing", "plan"}, imported
 
 
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
 def test_batch_items_equal_their_single_runs(pipe, text):
     """batch_size N runs seeds seed..seed+N-1 stacked with both guidance branches in one forward; each item is its
     own single run up to fp32 rounding (GEMM blocking depends on the batch size, so not bit-identical)."""
@@ -144,9 +140,9 @@ def test_batch_items_equal_their_single_runs(pipe, text):
     assert both.latents.shape == (3, 48, 3, 4, 6) and both.sound.shape[0] == 3
     singles = [pipe.sample(text, seed=5 + k, steps=2, sound=True) for k in range(3)]
     for k, one in enumerate(singles):
-        assert _rel(both.latents[k], one.latents[0]) <= 1e-5
-        assert _rel(both.sound[k], one.sound[0]) <= 1e-5
-    assert _rel(singles[0].latents, singles[1].latents) > 0.1  # the items really differ
+        assert rel(both.latents[k], one.latents[0]) <= 1e-5
+        assert rel(both.sound[k], one.sound[0]) <= 1e-5
+    assert rel(singles[0].latents, singles[1].latents) > 0.1  # the items really differ
     frames = pipe.decode_video(both.latents[:2])
     assert frames.shape == (2 * 9, 64, 96, 3)
-    assert _rel(frames[9:], pipe.decode_video(both.latents[1:2])) <= 1e-6
+    assert rel(frames[9:], pipe.decode_video(both.latents[1:2])) <= 1e-6

@@ -13,19 +13,18 @@ from fractions import Fraction
 import pytest
 
 from cosmos3_core.sampling.prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 diffusers = pytest.importorskip("diffusers")
 
 
 @pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "nano", variant="nano")
+def nano_dir(tiny_checkpoint):
+    return tiny_checkpoint("nano")
 
 
 @pytest.fixture(scope="module")
-def edge_dir(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "edge", variant="edge")
+def edge_dir(tiny_checkpoint):
+    return tiny_checkpoint("edge")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ transformers = pytest.importorskip("transformers")
 from cosmos3_core.model.loader import load_transformer  # noqa: E402
 from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, build_messages, postprocess, process_logits, sample_token
-from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint  # noqa: E402
 from cosmos3_core.model.towers import tower_module  # noqa: E402
 from cosmos3_core.reasoner.vision import load_processor, load_vision_encoder, mrope_position_ids  # noqa: E402
 
@@ -38,8 +37,8 @@ def family(request):
 
 
 @pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    return {v: build_tiny_reasoner_checkpoint(tmp_path_factory.mktemp(v), variant=v, seed=0) for v in ("nano", "edge")}
+def ckpts(tiny_checkpoint):
+    return {v: tiny_checkpoint(v, seed=0, reasoner=True) for v in ("nano", "edge")}
 
 
 @pytest.fixture(scope="module")
@@ -377,11 +376,9 @@ def test_report_max_relative_errors():
     print("\nmax relative logit errors:", json.dumps({k: f"{v:.2e}" for k, v in sorted(MAX_REL.items())}))
 
 
-def test_text_only_checkpoint_without_reasoner_parts(tmp_path):
+def test_text_only_checkpoint_without_reasoner_parts(tiny_checkpoint):
     """A generation-only folder (no root processor, no vision_encoder/): text questions work, media is refused."""
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-
-    root = build_tiny_checkpoint(tmp_path / "plain", variant="edge", seed=0)
+    root = tiny_checkpoint("edge", seed=0)
     tr = load_transformer(root, dtype=torch.float32, skip_modules=("lm_head",))
     r = Cosmos3Reasoner(tr, load_processor(root), checkpoint_dir=root)
     out = r.generate(PROMPT, task="expand", params=SamplingParams(max_new_tokens=5))

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-import comfy_host
+from support import comfy_host
 from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TINY_EDGE, TINY_NANO, TINY_NANO_VLM, check_outputs,
                             ensure_tiny_checkpoints, load_api, nodes_of, shrink_api, write_test_inputs)
 
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.comfy
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_checkpoint):
     base = comfy_host.comfy_home(tmp_path_factory.mktemp("server"))
-    ensure_tiny_checkpoints(base / "models" / "diffusers")
+    ensure_tiny_checkpoints(base / "models" / "diffusers", tiny_checkpoint)
     write_test_inputs(base / "input")
     # previews on (as many users run it): the sampler's per-step latent preview path runs in every workflow
     with comfy_host.ComfyServer(base, require_pack=True, extra_args=["--preview-method", "auto"]) as srv:

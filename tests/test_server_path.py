@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-import comfy_host
+from support import comfy_host
 
 pytestmark = pytest.mark.comfy
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-import comfy_host
+from support import comfy_host
 from test_workflows import TINY_EDGE, TINY_NANO, load_api, shrink_api, write_test_inputs
 
 pytestmark = pytest.mark.comfy
@@ -126,14 +126,12 @@ def swap_folder(models: Path, to: str) -> None:
     shutil.copytree(models / to, models / SWAP)
 
 
-def test_soak(tmp_path_factory):
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-
+def test_soak(tmp_path_factory, tiny_checkpoint):
     tmp = tmp_path_factory.mktemp("soak")
     base = comfy_host.comfy_home(tmp)
     models = base / "models" / "diffusers"
-    build_tiny_checkpoint(models / TINY_NANO, variant="nano", seed=0)
-    build_tiny_checkpoint(models / TINY_EDGE, variant="edge", seed=0)
+    shutil.copytree(tiny_checkpoint("nano", seed=0), models / TINY_NANO)  # copies: the server's own folders
+    shutil.copytree(tiny_checkpoint("edge", seed=0), models / TINY_EDGE)
     swap_folder(models, TINY_NANO)
     write_test_inputs(base / "input")
     server_tmp = tmp / "server_tmp"

@@ -16,13 +16,13 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def nano_dir(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", sound=True, seed=0)
+def nano_dir(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=0)
 
 
 @pytest.fixture(scope="module")
-def edge_dir(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge"), variant="edge", seed=0)
+def edge_dir(tiny_checkpoint):
+    return tiny_checkpoint("edge", seed=0)
 
 
 def _state_dict(ckpt):

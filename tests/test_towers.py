@@ -5,13 +5,12 @@ from __future__ import annotations
 import torch
 
 from cosmos3_core.model.loader import load_transformer
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from cosmos3_core.model.towers import step_memory_required, tower_module
 
 
-def test_towers_partition_parameters_and_share_storage(tmp_path):
+def test_towers_partition_parameters_and_share_storage(tiny_checkpoint):
     for variant in ("nano", "edge"):
-        model = load_transformer(build_tiny_checkpoint(tmp_path / variant, variant=variant), dtype=torch.float32)
+        model = load_transformer(tiny_checkpoint(variant), dtype=torch.float32)
         text, gen = tower_module(model, "text"), tower_module(model, "generation")
         ids = lambda m: {id(p) for p in m.parameters()}  # noqa: E731
         assert ids(text).isdisjoint(ids(gen))

@@ -18,7 +18,7 @@ from diffusers.modular_pipelines.cosmos import decoders as ref_decoders
 
 from cosmos3_core.model.layout import build_layout
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 H, W, SEED, SHIFT = 32, 48, 11, 3.0
 PROMPT = "a robot arm picks up a red cup on the table"
@@ -26,8 +26,8 @@ NEGATIVE = "blurry low quality video"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_transfer"), variant="nano", sound=False, seed=5)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=False, seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +54,6 @@ def control_clip(seed: int, frames: int) -> np.ndarray:
     drift = rng.random((frames, 1, 1, 3), dtype=np.float32) * 0.3
     clip = np.clip(base + drift * np.linspace(0, 1, frames, dtype=np.float32)[:, None, None, None], 0, 1)
     return np.repeat(np.repeat(clip, 8, axis=1), 8, axis=2)
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def run_reference(reference, monkeypatch, controls: dict, **kwargs):

@@ -19,22 +19,18 @@ from cosmos3_core.config import Cosmos3Config
 from cosmos3_core.model.layout import build_layout
 from cosmos3_core.model.loader import load_transformer
 from cosmos3_core.model.rope import rope_tables, vision_position_ids, sound_position_ids, action_position_ids
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 RTOL = 1e-5
 
 
 @pytest.fixture(scope="module", params=["nano", "edge"])
-def models(request, tmp_path_factory):
+def models(request, tiny_checkpoint):
     variant = request.param
-    path = build_tiny_checkpoint(tmp_path_factory.mktemp(variant), variant=variant, seed=3)
+    path = tiny_checkpoint(variant, seed=3)
     ours = load_transformer(path, dtype=torch.float32)
     ref = Cosmos3OmniTransformer.from_pretrained(path, subfolder="transformer", torch_dtype=torch.float32).eval()
     return variant, ours, ref
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def reference_step(ref, ids, latents, timestep, fps, clean, sound=None, action=None, domain=7, clean_actions=()):
@@ -113,11 +109,11 @@ def test_single_branch_matches_diffusers(models, case):
     ref_v, ref_s, _ = reference_step(ref, ids, latents, 937, fps, clean, sound)
     out = ours_step(ours, [ids], latents, 937, fps, clean, sound)
     assert out.vision.shape == (1, 48, t_len, h, w)
-    assert rel_err(out.vision[0], ref_v[0][0]) <= RTOL
+    assert rel(out.vision[0], ref_v[0][0]) <= RTOL
     for f in clean:
         assert torch.count_nonzero(out.vision[0, :, f]) == 0  # conditioned frames: exact zero velocity
     if with_sound:
-        assert rel_err(out.sound[0], ref_s[0]) <= RTOL
+        assert rel(out.sound[0], ref_s[0]) <= RTOL
 
 
 def test_action_stream_matches_diffusers(models):
@@ -128,8 +124,8 @@ def test_action_stream_matches_diffusers(models):
     action = torch.randn(4, 64, generator=g)
     ref_v, _, ref_a = reference_step(ref, ids, latents, 500, 5.0, (0,), action=action, clean_actions=(0, 1))
     out = ours_step(ours, [ids], latents, 500, 5.0, (0,), action=action, clean_actions=(0, 1))
-    assert rel_err(out.vision[0], ref_v[0][0]) <= RTOL
-    assert rel_err(out.action[0], ref_a[0]) <= RTOL
+    assert rel(out.vision[0], ref_v[0][0]) <= RTOL
+    assert rel(out.action[0], ref_a[0]) <= RTOL
     assert torch.count_nonzero(out.action[0, :2]) == 0
 
 
@@ -144,11 +140,11 @@ def test_batched_branches_with_unequal_prompts_equal_single_steps(models):
     one = ours_step(ours, [cond], latents, 600, 24.0, (0,), sound)
     two = ours_step(ours, [uncond], latents, 600, 24.0, (0,), sound)
     assert both.vision.shape[0] == 2
-    assert rel_err(both.vision[0], one.vision[0]) <= 1e-6
-    assert rel_err(both.vision[1], two.vision[0]) <= 1e-6
-    assert rel_err(both.vision[0], both.vision[1]) > 1e-3  # the branches really differ
+    assert rel(both.vision[0], one.vision[0]) <= 1e-6
+    assert rel(both.vision[1], two.vision[0]) <= 1e-6
+    assert rel(both.vision[0], both.vision[1]) > 1e-3  # the branches really differ
     if sound is not None:
-        assert rel_err(both.sound[1], two.sound[0]) <= 1e-6
+        assert rel(both.sound[1], two.sound[0]) <= 1e-6
 
 
 def test_prefill_kv_equals_reference_internal_kv_and_is_step_independent(models, monkeypatch):
@@ -183,16 +179,16 @@ def test_prefill_kv_equals_reference_internal_kv_and_is_step_independent(models,
         reference_step(ref, ids, latents, timestep, fps, (), sound)
         assert len(captured) == ours.config.num_hidden_layers
         for layer, (k_ref, v_ref) in enumerate(captured):  # reference layout [L, KV, hd]
-            assert rel_err(kv.keys[layer].transpose(0, 1), k_ref[: len(ids)]) <= RTOL
-            assert rel_err(kv.values[layer].transpose(0, 1), v_ref[: len(ids)]) <= RTOL
+            assert rel(kv.keys[layer].transpose(0, 1), k_ref[: len(ids)]) <= RTOL
+            assert rel(kv.values[layer].transpose(0, 1), v_ref[: len(ids)]) <= RTOL
         ours_step(ours, [ids], latents, timestep, fps, (), sound)
     assert torch.equal(kv.keys, kv_copy[0]) and torch.equal(kv.values, kv_copy[1])  # steps never write the cache
     captured.clear()
     reference_step(ref, other, torch.randn(1, 48, 1, 4, 4, generator=g), 999, 24.0, ())
     assert len(captured) == ours.config.num_hidden_layers
     for layer, (k_ref, v_ref) in enumerate(captured):
-        assert rel_err(kv_other.keys[layer].transpose(0, 1), k_ref[: len(other)]) <= RTOL
-        assert rel_err(kv_other.values[layer].transpose(0, 1), v_ref[: len(other)]) <= RTOL
+        assert rel(kv_other.keys[layer].transpose(0, 1), k_ref[: len(other)]) <= RTOL
+        assert rel(kv_other.values[layer].transpose(0, 1), v_ref[: len(other)]) <= RTOL
 
 
 def test_position_ids_equal_the_pipeline_builders():

@@ -11,7 +11,6 @@ import torch
 from diffusers import Cosmos3OmniPipeline
 from diffusers.video_processor import VideoProcessor
 
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 from cosmos3_core.config import CheckpointError
 
@@ -19,8 +18,8 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), variant="nano")
+def ckpt(tiny_checkpoint):
+    return tiny_checkpoint("nano")
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +145,11 @@ def test_memory_required(vae):
     assert vae.memory_required((1, 48, 48, 45, 80), torch.bfloat16, tile=True) < big
 
 
-def test_normalize_inverts_denormalize_and_matches_pipeline_decode_input(tmp_path):
+def test_normalize_inverts_denormalize_and_matches_pipeline_decode_input(tiny_checkpoint):
     """denormalize = the pipeline's ``latents / inv_std + mean``; normalize is its inverse."""
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
     from cosmos3_core.vae.video import load_vae
 
-    vae = load_vae(build_tiny_checkpoint(tmp_path / "c", variant="edge", seed=4))
+    vae = load_vae(tiny_checkpoint("edge", seed=4))
     z = torch.randn(1, 48, 2, 3, 4, generator=torch.Generator().manual_seed(0))
     mean = torch.tensor(vae.vae.config.latents_mean).view(1, -1, 1, 1, 1)
     inv_std = 1.0 / torch.tensor(vae.vae.config.latents_std).view(1, -1, 1, 1, 1)

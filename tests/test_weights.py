@@ -22,7 +22,6 @@ from safetensors.torch import load_file, save_file
 from cosmos3_core.config import CheckpointError
 from cosmos3_core.model.layers import KEEP_FP32
 from cosmos3_core.model.loader import load_transformer
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 from cosmos3_core.model.weights import CastLinear, STORAGE_DTYPES, check_storage_device
 from test_transformer_parity import ours_step
 
@@ -30,8 +29,8 @@ FILE = "diffusion_pytorch_model.safetensors"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("w") / "nano", variant="nano", seed=5)
+def tiny(tiny_checkpoint):
+    return tiny_checkpoint("nano", seed=5)
 
 
 def linear_weight_names(model) -> list[str]:

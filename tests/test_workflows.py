@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-import comfy_host
+from support import comfy_host
 
 pytestmark = pytest.mark.comfy
 
@@ -108,41 +108,43 @@ def load_api(mode: str) -> dict:
     return json.loads(api_path(mode).read_text())
 
 
-def prepared_executor():
+def prepared_executor(tiny_checkpoint):
     """The in-process ComfyUI host with this pack loaded (fails with the import traceback if it did not), the tiny
-    checkpoints in its model folder and the test inputs in its input folder — what every node test starts from."""
-    import comfy_host
+    checkpoints in its model folder and the test inputs in its input folder — what every node test starts from.
+    ``tiny_checkpoint`` is the session fixture of tests/support/fixtures.py."""
+    from support import comfy_host
 
     h = comfy_host.get_executor()
     h.assert_pack_loaded()
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
+    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers", tiny_checkpoint)
     write_test_inputs(h.base_dir / "input")
     return h
 
 
-def ensure_tiny_checkpoints(models_dir: Path) -> dict[str, Path]:
-    """Tiny Nano (with sound) and Edge checkpoints under ``models_dir``, each also with the reasoner's parts
-    (``vision_encoder/``, processor files) as ``*-vlm``; built once (~2 s in all)."""
+# the tiny checkpoints of a ComfyUI home: folder name -> tiny_checkpoint(...) arguments
+TINY_CHECKPOINTS = {
+    TINY_NANO: dict(variant="nano", seed=0),  # with sound (the builder's default for Nano)
+    TINY_EDGE: dict(variant="edge", seed=0),
+    TINY_DISTILLED: dict(variant="nano", seed=0, distilled=True),
+    TINY_NANO_VLM: dict(variant="nano", seed=0, reasoner=True),  # + vision_encoder/ and processor files
+    TINY_EDGE_VLM: dict(variant="edge", seed=0, reasoner=True),
+}
+
+
+def ensure_tiny_checkpoints(models_dir: Path, tiny_checkpoint) -> dict[str, Path]:
+    """The ``TINY_CHECKPOINTS`` under ``models_dir``: copies of the session's shared folders (``tiny_checkpoint``,
+    tests/support/fixtures.py; each built once per session), so that the node tests may change them. A folder is
+    copied aside and renamed into place, so a folder present here is complete and is kept."""
     import shutil
     import uuid
 
-    from cosmos3_core.testing.tiny import build_tiny_checkpoint
-    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
-
     out = {}
-    for name, variant, distilled in ((TINY_NANO, "nano", False), (TINY_EDGE, "edge", False),
-                                     (TINY_DISTILLED, "nano", True)):
+    for name, kwargs in TINY_CHECKPOINTS.items():
         path = Path(models_dir) / name
-        last = "modular_model_index.json" if distilled else "model_index.json"  # written last by the builder
-        if not (path / last).is_file():
-            build_tiny_checkpoint(path, variant=variant, seed=0, distilled=distilled)
-        out[name] = path
-    for name, variant in ((TINY_NANO_VLM, "nano"), (TINY_EDGE_VLM, "edge")):
-        path = Path(models_dir) / name
-        if not path.is_dir():  # built aside and renamed into place: a folder here is complete
+        if not path.is_dir():
             tmp = Path(models_dir) / f".{name}.{uuid.uuid4().hex[:8]}.part"
             try:
-                build_tiny_reasoner_checkpoint(tmp, variant=variant, seed=0)
+                shutil.copytree(tiny_checkpoint(**kwargs), tmp, symlinks=True)
                 tmp.rename(path)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -420,20 +422,7 @@ def same_value(a, b) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# fixtures
-# --------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def host():
-    h = comfy_host.get_executor()
-    h.assert_pack_loaded()  # a pack that fails to import fails here, with ComfyUI's traceback
-    ensure_tiny_checkpoints(h.base_dir / "models" / "diffusers")
-    write_test_inputs(h.base_dir / "input")
-    return h
-
-
-# --------------------------------------------------------------------------------------------
-# tests
+# tests (``host``: the shared fixture of tests/support/fixtures.py, ``prepared_executor(tiny_checkpoint)``)
 # --------------------------------------------------------------------------------------------
 
 def test_every_mode_ships_a_ui_and_api_pair():

@@ -38,9 +38,9 @@ import time
 from pathlib import Path
 
 REPO = Path(os.environ["COSMOS3_REPO"])
-sys.path.insert(0, str(REPO / "tests"))  # comfy_host: throwaway homes and the server wrapper the tests use
+sys.path.insert(0, str(REPO / "tests"))  # support.comfy_host: throwaway homes and the server wrapper the tests use
 sys.path.append(str(REPO))               # cosmos3_core (appended: never shadows ComfyUI's modules)
-import comfy_host  # noqa: E402
+from support import comfy_host  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -3,7 +3,7 @@
 The host tree is installed by ``bash tests/run.sh`` (outside the repo) and located through the
 ``COMFYUI_DIR`` environment variable. See docs/comfy-host.md for the recipe.
 
-Public API (plain module, not a conftest; tests do ``import comfy_host``):
+Public API (plain module, not a conftest; tests do ``from support import comfy_host``):
 
     PACK_NAME                      folder/module name of the pack inside custom_nodes/
     REPO_ROOT                      the repository root (the pack under test)
@@ -54,7 +54,7 @@ from typing import Any
 PACK_NAME = "cosmos3_pack_under_test"
 PACK_MODULE = f"custom_nodes.{PACK_NAME}"  # RELATIVE_PYTHON_MODULE / object_info python_module
 NODE_PREFIX = "Cosmos3"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # tests/support/comfy_host.py -> the repo
 
 __all__ = [
     "PACK_NAME", "PACK_MODULE", "NODE_PREFIX", "REPO_ROOT",
