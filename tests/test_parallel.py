@@ -43,12 +43,14 @@ TILE = dict(tile_sample_size=48, tile_sample_stride=32)  # 6 tiles of unequal si
 DEATH_STEP = 2
 
 
-def _request(pipe, sound: bool, steps: int = STEPS, interval: tuple[float, float] | None = None):
-    """The resolved clip request every rank (and the single-device run) generates."""
+def _request(pipe, sound: bool, steps: int = STEPS, interval: tuple[float, float] | None = None, **options):
+    """The resolved clip request every rank (and the single-device run) generates (``options``: RuntimeOptions)."""
     from cosmos3_core.request import Request, resolve
+    from cosmos3_core.runtime import RuntimeOptions
 
     return resolve(Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, fps=24.0,
-                           steps=steps, guidance=6.0, seed=SEED, shift=SHIFT, sound=sound, guidance_interval=interval),
+                           steps=steps, guidance=6.0, seed=SEED, shift=SHIFT, sound=sound, guidance_interval=interval,
+                           options=RuntimeOptions(**options)),
                    pipe.info)
 
 
@@ -99,6 +101,16 @@ def _rank_body(rank: int, world: int, port: int, checkpoint: str, out: Path) -> 
         batch = pipe.run(pipe.plan(text, **BATCH), denoiser=denoiser)
         save_file({"latents": batch.latents.contiguous(), "sound": batch.sound.contiguous()},
                   out / _name(cfg_parallel, ulysses, "t2av_batch2", rank))
+    # the run's attention route reaches every attention call of a parallel run (prefill and Ulysses steps)
+    from cosmos3_core.model import transformer
+
+    seen, real = [], transformer.attention
+    transformer.attention = lambda q, k, v, **kw: seen.append(kw.get("backend", "auto")) or real(q, k, v, **kw)
+    try:
+        run.generate(pipe, _request(pipe, True, attention="sdpa"), mesh, decode=False)
+    finally:
+        transformer.attention = real
+    (out / f"attention_r{rank}.txt").write_text(f"{len(seen)} {' '.join(sorted(set(seen)))}")
     frames = decode_parallel(pipe.vae, _vae_latents(), **TILE)
     save_file({"frames": frames}, out / f"vae_r{rank}.safetensors")
     if world != 2:
@@ -217,6 +229,16 @@ def test_parallel_generation_equals_single_process_and_diffusers(spawned, single
             got = load_file(out / _name(cfg_parallel, ulysses, "t2av_batch2", r))
             assert rel(got["latents"], want.latents) <= 1e-5, where
             assert rel(got["sound"], want.sound) <= 1e-5, where
+
+
+def test_the_attention_route_reaches_every_call_of_a_parallel_run(spawned, single):
+    """``attention="sdpa"`` in the request: every attention call of the last configuration's run (text prefill, every
+    step of every layer, with CFG-parallel and/or Ulysses-2) is made on that route, on every rank."""
+    world, out, _ = spawned
+    layers = single[3].config.num_hidden_layers
+    for r in range(world):
+        count, routes = (out / f"attention_r{r}.txt").read_text().split(" ", 1)
+        assert int(count) > STEPS * layers and routes == "sdpa", f"rank {r}: {count} calls on {routes!r}"
 
 
 def test_parallel_vae_decode_equals_single_rank_tiled_decode(spawned, single):
