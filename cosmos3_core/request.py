@@ -36,7 +36,7 @@ from .config import CheckpointError, Cosmos3Config
 from .modes.action import ActionRequest, check_action_request
 from .modes.transfer import prepare_controls
 from .modes.windows import WindowGeometry, window_geometry
-from .runtime import DEFAULT, RuntimeOptions
+from .runtime import DEFAULT, RuntimeOptions, compile_unavailable_reason
 from .sampling.distilled import DistilledSchedule, read_distilled
 from .sampling.plan import check_clip, check_sampling
 from .sampling.prompt import check_text, default_negative_prompt, default_use_system_prompt
@@ -276,6 +276,14 @@ def check_options(options: RuntimeOptions) -> None:
         if reason:
             raise ValueError(f"attention='flash4': FlashAttention-4 cannot run here ({reason}); use attention 'auto' "
                              "or 'sdpa' (CLI: --attention auto), or install flash-attn-4 on a Hopper (sm90) GPU.")
+    if options.compile == "on" and options.compile_backend == "inductor":
+        import torch
+
+        cuda = options.device_type == "cuda" or (options.device_type is None and torch.cuda.is_available())
+        reason = compile_unavailable_reason(cuda)
+        if reason:
+            raise ValueError(f"compile='on': torch.compile cannot run here ({reason}); use compile 'auto' or 'off' "
+                             "(CLI: --compile auto), or install it.")
     if options.gemv == "triton":
         reason = triton_unavailable_reason()
         if reason:

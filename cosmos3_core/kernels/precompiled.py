@@ -8,6 +8,9 @@ six stage graphs at 256p on an H200 (docs/benchmark-log.md), more than the kerne
 ``torch.compiler.load_compiled_function``; experimental, present from torch 2.11) serializes the traced bytecode,
 its guards and the compiled graph with its kernels. Loading one takes about 0.1 s.
 
+``compile_missing=False`` compiles nothing: a signature whose file is on disk loads it, any other runs ``fn`` as is
+(for a function whose compile costs more than it saves in one run, used compiled once some run has compiled it).
+
 ``PrecompiledFunction(fn)`` is called like ``fn`` (positional arguments: tensors, lists of tensors, modules whose
 parameters are the graph's inputs, Python scalars that select the graph). Per *call signature* (every tensor's
 shape, strides, dtype and device, every module's class, parameter metadata and the source of its classes, every
@@ -139,14 +142,17 @@ class PrecompiledFunction:
 
     def __init__(self, fn: Callable, *, backend: str = "inductor", fullgraph: bool = True,
                  dynamic_dims: Callable[[tuple], list[tuple[torch.Tensor, int]]] | None = None,
-                 key_extra: Callable[[], Any] | None = None, aot_allowed: Callable[[tuple], bool] | None = None):
+                 key_extra: Callable[[], Any] | None = None, aot_allowed: Callable[[tuple], bool] | None = None,
+                 compile_missing: bool = True):
         self.fn, self.backend, self.fullgraph = fn, backend, fullgraph  # fullgraph: of the plain path (AOT needs it)
         self.dynamic_dims, self.key_extra, self.aot_allowed = dynamic_dims, key_extra, aot_allowed
         self.name = f"{fn.__module__}.{fn.__qualname__}"
         self._by_key: dict[tuple, list[Callable]] = {}
         self._plain: Callable | None = None  # torch.compile(fn): calls AOT compile cannot or may not serve
         self._aot_failed = False  # AOT compile raised for this function once: plain torch.compile from then on
-        self.loaded = self.compiled = 0  # artifacts loaded from / written to disk by this object (for tests, benches)
+        self.compile_missing = compile_missing  # False: a signature with no file on disk runs ``fn`` eagerly
+        # artifacts loaded from / written to disk by this object, signatures run eagerly (for tests, benches)
+        self.loaded = self.compiled = self.eager = 0
 
     def __call__(self, *args):
         if self.aot_allowed is not None and not self.aot_allowed(args):
@@ -191,6 +197,10 @@ class PrecompiledFunction:
 
     def _get(self, args: tuple, dynamic: frozenset) -> Callable:
         prepare_compile()
+        unavailable = self._aot_failed or not aot_supported()
+        if not self.compile_missing and (unavailable or not self.path(args, dynamic).exists()):
+            self.eager += 1
+            return self.fn
         if self._aot_failed or not aot_supported():
             return self._plain_call
         path = self.path(args, dynamic)
