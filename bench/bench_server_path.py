@@ -403,7 +403,8 @@ def stage_load(args, res: Results) -> None:
     import subprocess
 
     device = "cpu" if args.tiny else "cuda"
-    env = {**_env(args.work / "compile-cache-load"), "PYTHONPATH": str(REPO)}
+    env = _env(args.work / "compile-cache-load")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     for which in ("ours", "diffusers"):
         proc = subprocess.run([args.python, "-c", LOAD_CHILD, which, str(args.checkpoint), device], env=env,
                               cwd=REPO, capture_output=True, text=True, timeout=600)
