@@ -360,9 +360,11 @@ def _clip_shape(r: Request) -> dict:
 def _windows_shape(r: Request) -> dict:
     fps = defaults.FPS if r.fps is None else r.fps
     chunk = defaults.NUM_FRAMES if r.frames_per_chunk is None else r.frames_per_chunk
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5 or (chunk - 1) % 4:
+        near = max(5, (chunk - 1) // 4 * 4 + 1) if isinstance(chunk, int) and not isinstance(chunk, bool) else 0
+        try_ = min(near, defaults.NUM_FRAMES) if near else defaults.NUM_FRAMES
         raise ValueError(f"frames_per_chunk={chunk!r} must be 4k+1 and at least 5 (a window is one Cosmos3 clip, up "
-                         f"to {defaults.NUM_FRAMES} frames); try {defaults.NUM_FRAMES}.")
+                         f"to {defaults.NUM_FRAMES} frames); try {try_}.")
     if r.batch_size != 1:
         raise ValueError(f"batch_size={r.batch_size!r}: windowed generation and Transfer run one video at a time; "
                          "set batch_size to 1.")
