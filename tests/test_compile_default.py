@@ -78,3 +78,28 @@ def test_forced_compile_without_a_compiler_is_one_error_before_loading(tmp_path,
 def test_forced_compile_with_a_tracing_backend_needs_no_compiler(monkeypatch):
     monkeypatch.setenv("PATH", "")
     check_options(RuntimeOptions(compile="on", compile_backend="aot_eager", device_type="cpu"))
+
+
+def test_a_compile_that_fails_mid_run_is_one_error_and_the_next_run_works(tiny_checkpoint):
+    """A compiler that fails inside the run (a backend that raises, as a broken toolchain does): one ``CompileError``
+    naming the function and the fix; the next run, eager, works and equals an eager run made before the failure."""
+    from torch._dynamo import register_backend
+
+    from cosmos3_core.kernels.precompiled import CompileError
+    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.request import Request
+
+    @register_backend(name="cosmos3_test_broken")
+    def broken(gm, example_inputs):
+        raise RuntimeError("the C compiler crashed")
+
+    pipe = Cosmos3Pipeline.load(tiny_checkpoint("edge"), dtype=torch.float32, device="cpu")
+    request = dict(prompt="a red robot", height=32, width=48, num_frames=1, steps=2, seed=5)
+    before = generate(pipe, Request(**request, options=RuntimeOptions(compile="off")), decode=False).latents
+    with pytest.raises(CompileError, match=r"compile: torch.compile failed for generation_layer \(.*the C compiler "
+                                           r"crashed.*\); set compile to 'off' \(CLI: --compile off\)"):
+        generate(pipe, Request(**request, options=RuntimeOptions(compile="on", compile_backend="cosmos3_test_broken")),
+                 decode=False)
+    after = generate(pipe, Request(**request, options=RuntimeOptions(compile="off")), decode=False).latents
+    assert torch.equal(after, before)

@@ -244,3 +244,18 @@ def test_cached_only_compiles_nothing_and_uses_what_is_on_disk(cache):
     assert (out - _diffusers_frames(again.vae, z)).abs().max().item() <= TOL
     fns = again.frame_decoder(compile="cached", compile_backend="aot_eager").precompiled.values()
     assert sum(f.loaded for f in fns) == written and sum(f.compiled + f.eager for f in fns) == 0
+
+
+def test_an_unwritable_cache_folder_is_a_warning_and_an_uncached_compile(tmp_path, monkeypatch, caplog):
+    """``COSMOS3_CACHE_DIR`` that cannot be written (here: under a regular file): one warning naming the folder and
+    the fix, the decode compiles into a temporary folder and equals diffusers' frames."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("COSMOS3_CACHE_DIR", str(blocker / "cache"))
+    z = _latents(2, seed=12)
+    vae = _vae()
+    out = _decode(vae, z)
+    assert (out - _diffusers_frames(vae.vae, z)).abs().max().item() <= TOL
+    assert _counts(vae)["compiled"] > 0
+    assert f"compile cache folder {blocker / 'cache'} cannot be written" in caplog.text
+    assert "set COSMOS3_CACHE_DIR to a writable folder" in caplog.text

@@ -56,6 +56,30 @@ from .caches import cache_root, prepare_compile
 _log = logging.getLogger(__name__)
 
 
+class CompileError(ValueError):
+    """torch.compile could not compile a function of ours: the run stops with this one message; nothing is left
+    half made (the next run, compiled or eager, starts clean)."""
+
+
+def raise_compile_failure(e: BaseException, name: str) -> None:
+    """Raise ``CompileError`` for ``e`` if it is the compiler's own failure (a backend or Inductor error)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    failures: tuple[type, ...] = (BackendCompilerFailed,)
+    try:
+        from torch._inductor.exc import InductorError
+
+        failures += (InductorError,)
+    except ImportError:  # a torch without it
+        pass
+    if isinstance(e, failures):
+        inner = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps the backend's own error
+        text = str(inner).strip()
+        first = f"{type(inner).__name__}: {text.splitlines()[0][:300]}" if text else type(inner).__name__
+        raise CompileError(f"compile: torch.compile failed for {name.rsplit('.', 1)[-1]} ({first}); set compile to "
+                           "'off' (CLI: --compile off) to run eagerly.") from e
+
+
 def aot_supported() -> bool:
     """Whether this torch can save and load Dynamo's output (``torch._dynamo.config.enable_aot_compile``)."""
     import torch._dynamo.config  # here, not at import: the compiler's modules load on first use (caches.py)
@@ -184,7 +208,11 @@ class PrecompiledFunction:
         if self._plain is None:
             self._plain = torch.compile(self.fn, dynamic=False, fullgraph=self.fullgraph, backend=self.backend)
         self._mark(args)
-        return self._plain(*args)
+        try:
+            return self._plain(*args)
+        except Exception as e:
+            raise_compile_failure(e, self.name)
+            raise
 
     def path(self, args: tuple, dynamic: frozenset = frozenset()) -> Path:
         """The artifact file for a call with ``args``."""
@@ -229,8 +257,13 @@ class PrecompiledFunction:
                                          backend=self.backend)
                 self._mark(args)
                 aot = compiled.aot_compile((args, {}))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            aot.save_compiled_function(os.fspath(path))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                aot.save_compiled_function(os.fspath(path))
+            except OSError as e:  # a full or read-only disk: the graph runs, a new process compiles it again
+                _log.warning("%s: could not keep the compiled graph in %s (%s: %s); it is used, but a new process "
+                             "compiles it again.", self.name, path, type(e).__name__, e)
+                path.unlink(missing_ok=True)  # never a file cut short
             aot.disable_guard_check()
             self.compiled += 1
             return aot
