@@ -20,6 +20,7 @@ from .. import defaults
 from ..config import DTYPES, CheckpointError
 from ..request import Request
 from ..runtime import RuntimeOptions
+from .interrupt import end_status_line, interrupted, status_line
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -177,7 +178,7 @@ def load_pipeline(args: argparse.Namespace, timings: dict[str, float], *, sound:
 
 def print_progress(step: int, total: int, _preview=None) -> None:
     """The CLIs' step counter on stderr (a sampling callback)."""
-    print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+    status_line(f"step {step}/{total}", done=step >= total)
 
 
 def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, float]) -> None:
@@ -273,11 +274,11 @@ def run_reporting_user_errors(run_fn, args: argparse.Namespace):
     try:
         return True, run_fn(args)
     except (ValueError, FileNotFoundError, CheckpointError) as exc:
+        end_status_line()
         print(f"error: {exc}", file=sys.stderr)
         return False, None
     except KeyboardInterrupt:
-        print("\ninterrupted (Ctrl-C); nothing more was written.", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(interrupted()) from None
 
 
 def print_timings(timings: dict[str, float], out: str) -> None:

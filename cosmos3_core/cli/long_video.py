@@ -55,8 +55,7 @@ def run(args: argparse.Namespace, run) -> dict[str, float]:
     geometry = run.windows
 
     def progress(k: int, n: int, step: int, total: int, _preview) -> None:
-        end = "\n" if step == total and k + 1 == n else ""
-        print(f"\rwindow {k + 1}/{n} step {step}/{total}", end=end, file=sys.stderr, flush=True)
+        common.status_line(f"window {k + 1}/{n} step {step}/{total}", done=step == total and k + 1 == n)
 
     latents: dict[str, torch.Tensor] = {}
 
