@@ -353,8 +353,9 @@ def _windows_shape(r: Request) -> dict:
     fps = defaults.FPS if r.fps is None else r.fps
     chunk = defaults.NUM_FRAMES if r.frames_per_chunk is None else r.frames_per_chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5:
+        fix = "try 5 (the shortest window) or up to" if isinstance(chunk, int) else "try"
         raise ValueError(f"frames_per_chunk={chunk!r} must be 4k+1 and at least 5 (a window is one Cosmos3 clip, up "
-                         f"to {defaults.NUM_FRAMES} frames); try {defaults.NUM_FRAMES}.")
+                         f"to {defaults.NUM_FRAMES} frames); {fix} {defaults.NUM_FRAMES}.")
     if r.batch_size != 1:
         raise ValueError(f"batch_size={r.batch_size!r}: windowed generation and Transfer run one video at a time; "
                          "set batch_size to 1.")
@@ -420,6 +421,7 @@ def _action_shape(r: Request) -> dict:
                          "guidance by default); drop it.")
     fps = defaults.ACTION_FPS if r.fps is None else r.fps
     check_clip(1, defaults.VAE_SPATIAL_STRIDE, defaults.VAE_SPATIAL_STRIDE, fps)  # the fps (any frame count is fine)
+    check_action_request(r.action)  # what needs no checkpoint; resolve checks it against the checkpoint's config
     return dict(frames=r.action.num_frames, total=r.action.num_frames, height=0, width=0, fps=float(fps))
 
 
@@ -455,7 +457,10 @@ def _prompts(prompt, *, many: bool) -> tuple[str, ...]:
         prompts = (prompt[0],)
     else:
         raise ValueError(f"prompt={prompt!r} must be a string (windows: or a list of strings, one per window).")
-    for p in prompts:
+    for i, p in enumerate(prompts, 1):
+        if len(prompts) > 1 and isinstance(p, str) and not p.strip():
+            raise ValueError(f"prompt {i} of {len(prompts)} (window {i}) is empty; describe what each window shows, or "
+                             "give one prompt for the whole video.")
         _check_prompt(p)
     return prompts
 
