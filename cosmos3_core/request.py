@@ -356,6 +356,8 @@ def _windows_shape(r: Request) -> dict:
         fix = "try 5 (the shortest window) or up to" if isinstance(chunk, int) else "try"
         raise ValueError(f"frames_per_chunk={chunk!r} must be 4k+1 and at least 5 (a window is one Cosmos3 clip, up "
                          f"to {defaults.NUM_FRAMES} frames); {fix} {defaults.NUM_FRAMES}.")
+    if (chunk - 1) % defaults.VAE_TEMPORAL_STRIDE:  # before check_clip, which would call it num_frames
+        window_geometry(chunk, chunk, 0)  # raises the window's own message (frames_per_chunk=… must be 4k+1)
     if r.batch_size != 1:
         raise ValueError(f"batch_size={r.batch_size!r}: windowed generation and Transfer run one video at a time; "
                          "set batch_size to 1.")
