@@ -14,6 +14,11 @@ these choices of our own:
 * float -> uint8 rounds to nearest (``round(clip(x, 0, 1) * 255)``), not diffusers' truncation.
 * audio: AAC-LC, 48 kHz, stereo (mono is duplicated; other input rates are resampled to 48 kHz). The mp4
   muxer records the encoder delay, so a decoder returns N samples (up to one 1024-sample AAC frame of padding).
+* writing: every output byte goes through one call, ``os_write``; a write the disk refuses (a full disk) is one
+  ``OutputError`` and leaves no partial file — whole files (PNG, ``write_file``) are written beside their name and
+  renamed into place; a streamed ``VideoWriter(fragmented=True)`` (a long video) is cut back to the fragments that
+  reached the disk whole, so it plays. Reading refuses folders by name and images above PIL's decompression-bomb
+  limit before decoding them.
 """
 
 from __future__ import annotations

@@ -263,3 +263,16 @@ def test_folders_are_reported_as_folders(not_a_checkpoint, tmp_path, capsys):
     for read in (media.read_image, media.read_video):
         with pytest.raises(ValueError, match=f"^{read.__name__}: {folder} is a folder, not a file; give the file "):
             read(folder)
+
+
+@pytest.mark.parametrize("flag, value", [("--temperature", "inf"), ("--temperature", "nan"), ("--top-p", "nan"),
+                                         ("--repetition-penalty", "inf")])
+def test_reasoner_sampling_values_must_be_finite(not_a_checkpoint, capsys, flag, value):
+    """NaN/inf refused wherever a float enters: inf passed the reasoner's range checks (a temperature of inf samples
+    uniformly, a repetition penalty of inf zeroes the logits it touches)."""
+    from cosmos3_core.cli import reason
+
+    code = reason.main(["--checkpoint", str(not_a_checkpoint), "--prompt", "hi", "--device", "cpu", f"{flag}={value}"])
+    err = capsys.readouterr().err
+    name = flag[2:].replace("-", "_")
+    assert code == 2 and err.strip() == f"error: {name} must be a finite number, got {float(value)!r}.", err

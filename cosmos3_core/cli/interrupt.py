@@ -62,7 +62,7 @@ def run_cli(module: str, argv: list[str] | None = None) -> int:
         main = importlib.import_module(f"{__package__}.{module}").main
     finally:
         if watching:
-            signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGINT, previous if callable(previous) else signal.default_int_handler)
     try:
         code = main(argv)
     except KeyboardInterrupt:
