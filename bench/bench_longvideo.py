@@ -65,6 +65,7 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
     from cosmos3_core.media import VideoWriter, probe_media
     from cosmos3_core.modes.long_video import generate_long
     from cosmos3_core.request import Request, resolve
+    from cosmos3_core.runtime import RuntimeOptions
 
     h, w, total, chunk = shape
     cuda = device == "cuda"
@@ -85,7 +86,7 @@ def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str,
     if device == "cuda":  # ≈1,500 tokens, like a JSON-upsampled prompt (common.LONG_PROMPT)
         from common import LONG_PROMPT as prompt
     run = resolve(Request(prompt=prompt, num_frames=total, frames_per_chunk=chunk, height=h, width=w, steps=steps,
-                          seed=0, sound=sound), pipe.info)
+                          seed=0, sound=sound, options=RuntimeOptions(compile=False)), pipe.info)
     with VideoWriter(path, 24.0, w, h, audio=sound) as writer:
         def sink(frames, audio):  # runs right after each window's decode: record the window, start the next
             writer.append(frames, audio)

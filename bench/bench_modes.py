@@ -219,11 +219,13 @@ def distilled_pipeline(tmp: Path, device: str, tiny: bool):
 def distilled_run_shape(pipe, name: str, shape, results: dict, device: str, prompt: str) -> None:
     from cosmos3_core.modes.dispatch import generate
     from cosmos3_core.request import Request
+    from cosmos3_core.runtime import RuntimeOptions
 
     h, w, frames, with_image = shape
     rng = np.random.default_rng(0)
     image = rng.random((h, w, 3), dtype=np.float32) if with_image else None
-    request = Request(prompt=prompt, num_frames=frames, height=h, width=w, seed=0, image=image)
+    request = Request(prompt=prompt, num_frames=frames, height=h, width=w, seed=0, image=image,
+                      options=RuntimeOptions(compile=False))
     steps = []
 
     def on_step(step, total, _preview):

@@ -78,6 +78,7 @@ def main() -> None:
     from cosmos3_core.parallel.mesh import init_parallel
     from cosmos3_core.parallel.run import generate
     from cosmos3_core.request import Request, replace, resolve
+    from cosmos3_core.runtime import RuntimeOptions
 
     heads = (4, 2) if args.tiny else (32, 8)
     mesh = init_parallel(args.cfg_parallel, args.ulysses, guidance=6.0, num_heads=heads[0], num_kv_heads=heads[1],
@@ -86,7 +87,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pipe = build_pipeline(args.tiny, mesh.device, Path(tmp))
         request = Request(prompt=LONG_PROMPT, negative_prompt=None, num_frames=args.num_frames, height=args.height,
-                          width=args.width, steps=args.steps, guidance=6.0, seed=0)
+                          width=args.width, steps=args.steps, guidance=6.0, seed=0,
+                          options=RuntimeOptions(compile=False))
         if not args.no_warmup:
             generate(pipe, resolve(replace(request, steps=1), pipe.info), mesh, decode=False)
         if cuda:

@@ -163,7 +163,7 @@ def build_graph(shape: tuple, steps: int, seed: int, prompt: str, compile_choice
         elif ct == "Cosmos3KSamplerUniPCDualTower":
             inp.update(steps=steps, seed=seed)
             if compile_choice != "as-shipped":
-                inp["compile"] = compile_choice == "on"
+                inp["compile"] = compile_choice
         elif ct in ("SaveImage", "SaveVideo"):
             inp["filename_prefix"] = prefix
     return graph
@@ -403,7 +403,8 @@ def stage_load(args, res: Results) -> None:
     import subprocess
 
     device = "cpu" if args.tiny else "cuda"
-    env = {**_env(args.work / "compile-cache-load"), "PYTHONPATH": str(REPO)}
+    env = _env(args.work / "compile-cache-load")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     for which in ("ours", "diffusers"):
         proc = subprocess.run([args.python, "-c", LOAD_CHILD, which, str(args.checkpoint), device], env=env,
                               cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -431,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shapes", default=None, help=f"comma-separated of {', '.join(SHAPES)} (default all)")
     p.add_argument("--runs", default="first,second", help="the ours stage's runs per shape: first[,second]")
     p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; --tiny 2)")
-    p.add_argument("--compile", choices=["as-shipped", "on", "off"], default="as-shipped",
+    p.add_argument("--compile", choices=["as-shipped", "auto", "on", "off"], default="as-shipped",
                    help="the sampler's compile input (default: as the shipped workflow has it)")
     p.add_argument("--prompt-words", type=int, default=None, help="shorten the prompt (default: all; --tiny 40)")
     p.add_argument("--diffusers-first-steps", type=int, default=None,

@@ -212,7 +212,7 @@ def encode_overlap(args) -> None:
                          .requires_grad_(False))
     pipe = SimpleNamespace(vae=vae, decode_sound=None)  # what decode_while_encoding uses of a pipeline (no sound)
     options = RuntimeOptions(compile=args.compile, compile_backend=args.backend)
-    decode = dict(compile=options.compile, compile_backend=options.compile_backend)
+    decode = dict(compile=options.vae_compile, compile_backend=options.compile_backend)
     res = dict(date=datetime.date.today().isoformat(), torch=torch.__version__, cpus=os.cpu_count(),
                device="cpu" if args.tiny else torch.cuda.get_device_name(), compile=args.compile, shapes={})
     for name in args.resolutions.split(","):

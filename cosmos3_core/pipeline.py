@@ -273,6 +273,7 @@ class Cosmos3Pipeline:
         num_tokens = generation_tokens(self.config, latent_shape, sound_len, action_len)
         lengths = [text.cond.length] + ([text.uncond.length] if sampling.use_cfg else [])
         device = torch.device(device or self.transformer.device)
+        options = options.on(device)  # compile="auto" depends on the run's device
         self.check_memory(step_memory_required(self.config, num_tokens, lengths * sampling.batch_size,
                                                self.transformer.dtype), num_tokens, device)
         generators = None if generator is None else [generator]
@@ -313,7 +314,7 @@ class Cosmos3Pipeline:
     def run(self, plan: SamplePlan, callback: StepCallback | None = None, denoiser=None) -> SampleResult:
         """Denoise ``plan`` with the kernels its ``options`` name. ``denoiser``: runs the steps instead of the
         transformer, with its ``denoise_step`` contract (``sampling.loop.Denoiser``: parallel/)."""
-        if plan.options.compile:
+        if plan.options.compiles:
             prepared()  # the compile settings in this run's context (kernels/compile.py)
         x = run(plan, denoiser or self.transformer, callback)
         return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
@@ -326,10 +327,10 @@ class Cosmos3Pipeline:
     def decode_video(self, latents: torch.Tensor, on_chunk=None, options: RuntimeOptions = DEFAULT,
                      **kwargs) -> torch.Tensor:
         """``[N, 48, T, h, w]`` → frames ``[N·F, H, W, 3]`` (items one after another; ComfyUI's IMAGE batch);
-        ``on_chunk(done, total)`` counts latent frames over the whole batch; ``options.compile``: the compiled
-        steady-state frame decoder."""
+        ``on_chunk(done, total)`` counts latent frames over the whole batch; ``options.vae_compile``: the compiled
+        steady-state frame decoder (runtime.py)."""
         n, t = latents.shape[0], latents.shape[2]
-        kwargs.setdefault("compile", options.compile)
+        kwargs.setdefault("compile", options.on(self.vae.device).vae_compile)
         kwargs.setdefault("compile_backend", options.compile_backend)
         frames = []
         for k, item in enumerate(latents):

@@ -36,7 +36,7 @@ from .config import CheckpointError, Cosmos3Config
 from .modes.action import ActionRequest, check_action_request
 from .modes.transfer import prepare_controls
 from .modes.windows import WindowGeometry, window_geometry
-from .runtime import DEFAULT, RuntimeOptions
+from .runtime import DEFAULT, RuntimeOptions, compile_unavailable_reason
 from .sampling.distilled import DistilledSchedule, read_distilled
 from .sampling.plan import check_clip, check_sampling
 from .sampling.prompt import check_text, default_negative_prompt, default_use_system_prompt
@@ -275,6 +275,14 @@ def check_options(options: RuntimeOptions) -> None:
         if reason:
             raise ValueError(f"attention='flash4': FlashAttention-4 cannot run here ({reason}); use attention 'auto' "
                              "or 'sdpa' (CLI: --attention auto), or install flash-attn-4 on a Hopper (sm90) GPU.")
+    if options.compile == "on" and options.compile_backend == "inductor":
+        import torch
+
+        cuda = options.device_type == "cuda" or (options.device_type is None and torch.cuda.is_available())
+        reason = compile_unavailable_reason(cuda)
+        if reason:
+            raise ValueError(f"compile='on': torch.compile cannot run here ({reason}); use compile 'auto' or 'off' "
+                             "(CLI: --compile auto), or install it.")
     if options.gemv == "triton":
         reason = triton_unavailable_reason()
         if reason:
@@ -358,12 +366,11 @@ def _clip_shape(r: Request) -> dict:
 def _windows_shape(r: Request) -> dict:
     fps = defaults.FPS if r.fps is None else r.fps
     chunk = defaults.NUM_FRAMES if r.frames_per_chunk is None else r.frames_per_chunk
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5:
-        fix = "try 5 (the shortest window) or up to" if isinstance(chunk, int) else "try"
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5 or (chunk - 1) % 4:
+        near = max(5, (chunk - 1) // 4 * 4 + 1) if isinstance(chunk, int) and not isinstance(chunk, bool) else 0
+        try_ = min(near, defaults.NUM_FRAMES) if near else defaults.NUM_FRAMES
         raise ValueError(f"frames_per_chunk={chunk!r} must be 4k+1 and at least 5 (a window is one Cosmos3 clip, up "
-                         f"to {defaults.NUM_FRAMES} frames); {fix} {defaults.NUM_FRAMES}.")
-    if (chunk - 1) % defaults.VAE_TEMPORAL_STRIDE:  # before check_clip, which would call it num_frames
-        window_geometry(chunk, chunk, 0)  # raises the window's own message (frames_per_chunk=… must be 4k+1)
+                         f"to {defaults.NUM_FRAMES} frames); try {try_}.")
     if r.batch_size != 1:
         raise ValueError(f"batch_size={r.batch_size!r}: windowed generation and Transfer run one video at a time; "
                          "set batch_size to 1.")

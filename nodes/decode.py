@@ -9,7 +9,10 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from .types import CATEGORY, Cosmos3Model, Cosmos3Sound
+from ..cosmos3_core.request import check_options
+from ..cosmos3_core.runtime import RuntimeOptions
+from .errors import node_errors
+from .types import CATEGORY, Cosmos3Model, Cosmos3Sound, compile_input
 
 
 class Cosmos3VAEDecode(io.ComfyNode):
@@ -26,10 +29,9 @@ class Cosmos3VAEDecode(io.ComfyNode):
                 io.Int.Input("chunk_latent_frames", default=1, min=1, max=64,
                              tooltip="Latent frames decoded per chunk (4 video frames each); more = more memory."),
                 io.Boolean.Input("tiled", default=False, tooltip="Also tile spatially (for small GPUs at 720p)."),
-                io.Boolean.Input("compile", default=False, optional=True,
-                                 tooltip="torch.compile the decoder's per-frame step (GPU: faster after a one-off "
-                                         "compile, about a minute, that serves every resolution and is kept on "
-                                         "disk; bf16 rounding differs slightly from eager)."),
+                compile_input("the decoder's per-frame step (a one-off compile, about a minute, that serves every "
+                              "resolution and is kept on disk; auto uses it once on disk; bf16 rounding differs "
+                              "slightly from eager)"),
             ],
             outputs=[io.Image.Output(display_name="images", tooltip="Decoded frames (one image for text-to-image); "
                                                                "feed Create Video or Save Image.")],
@@ -37,7 +39,7 @@ class Cosmos3VAEDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, samples: dict, chunk_latent_frames: int = 1, tiled: bool = False,
-                compile: bool = False) -> io.NodeOutput:
+                compile: str = "auto") -> io.NodeOutput:
         latents = samples.get("samples") if isinstance(samples, dict) else None
         if not isinstance(latents, torch.Tensor) or latents.ndim != 5 or latents.shape[1] != defaults.LATENT_CHANNELS:
             shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else None
@@ -46,6 +48,9 @@ class Cosmos3VAEDecode(io.ComfyNode):
                 f"[batch, {defaults.LATENT_CHANNELS}, T, h, w] "
                 "(connect the Cosmos3 sampler's latent)."
             )
+        options = RuntimeOptions(compile=compile)
+        with node_errors("Cosmos3VAEDecode"):
+            check_options(options)
         pipe = model.pipeline
         model.load_vae(latents[:1].shape)
         bar = comfy.utils.ProgressBar(latents.shape[0] * latents.shape[2])
@@ -55,7 +60,7 @@ class Cosmos3VAEDecode(io.ComfyNode):
             bar.update_absolute(done, total)
 
         frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames, tile=tiled,
-                                   on_chunk=on_chunk, out_device=mm.intermediate_device(), compile=compile)
+                                   on_chunk=on_chunk, out_device=mm.intermediate_device(), options=options)
         return io.NodeOutput(frames)
 
 

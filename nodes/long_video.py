@@ -27,7 +27,7 @@ from ..cosmos3_core.request import Request, resolve
 from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Model
+from .types import CATEGORY, Cosmos3Model, compile_input
 
 NODE = "Cosmos3LongVideo"
 PROMPT_SEPARATOR = "---"
@@ -94,9 +94,8 @@ class Cosmos3LongVideo(io.ComfyNode):
                 io.Image.Input("video", optional=True,
                                tooltip="Its first conditional_frames frames seed the first window."),
                 *controls,
-                io.Boolean.Input("compile", default=False, optional=True,
-                                 tooltip="torch.compile the generation layer and the VAE decoder (GPU; faster after "
-                                         "a one-off warm-up, kept on disk)."),
+                compile_input("the generation layer, which auto compiles too, and the VAE decoder, which auto runs "
+                              "compiled only from graphs already on disk"),
                 io.Combo.Input("attention", options=["auto", "sdpa", "flash4"], default="auto", optional=True,
                                tooltip="Attention kernels. auto: FlashAttention-4 (if flash-attn-4 is installed) on "
                                        "Hopper GPUs for long sequences, else PyTorch SDPA. sdpa: always SDPA (the "
@@ -112,7 +111,7 @@ class Cosmos3LongVideo(io.ComfyNode):
     def execute(cls, model, prompt: str, negative_prompt: str, width: int, height: int, num_frames: int,
                 frames_per_chunk: int, conditional_frames: int, fps: float, seed: int, steps: int, cfg: float,
                 schedule: str, shift: float, sound: bool, control_guidance: float, filename_prefix: str,
-                image=None, video=None, compile: bool = False, attention: str = "auto",
+                image=None, video=None, compile: str = "auto", attention: str = "auto",
                 **control_inputs) -> io.NodeOutput:
         controls = {k: v for k, v in control_inputs.items() if k in CONTROL_KEYS and v is not None} or None
         prompts = [p.strip() for p in prompt.split(f"\n{PROMPT_SEPARATOR}\n")]
@@ -129,7 +128,8 @@ class Cosmos3LongVideo(io.ComfyNode):
             conditional_frames=None if conditional_frames < 0 else conditional_frames, height=height, width=width,
             fps=fps, steps=steps, guidance=cfg, seed=seed, schedule=schedule, shift=shift or None, sound=sound,
             image=None if image is None else image[0], video=video, controls=controls,
-            control_guidance=control_guidance, options=RuntimeOptions(attention=attention, compile=bool(compile)),
+            control_guidance=control_guidance,
+            options=RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type),
         )
         pipe = model.pipeline
         with node_errors(NODE):

@@ -58,6 +58,17 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
 _SCALED_FP8_LINEAR: list[type] = []
 
 
+class StreamingLinear(comfy.ops.disable_weight_init.Linear):
+    """ComfyUI's weight-streaming Linear, defined at a module's top level: a compiled generation layer is saved to
+    disk whole (kernels/precompiled.py) with the classes of its modules, and torch saves only top-level classes
+    (``comfy.ops.disable_weight_init.Linear`` is nested in a class), so with ComfyUI's own class every new server
+    process would trace and compile the layer again."""
+
+
+class CastStreamingLinear(comfy.ops.manual_cast.Linear):
+    """ComfyUI's cast-at-each-call Linear (weights stored in another dtype), at top level for the same reason."""
+
+
 def _scaled_fp8_linear() -> type:
     """ComfyUI's scaled-FP8 linear layer (``scale_weight`` · weight, cast to the compute dtype at each call)."""
     if not _SCALED_FP8_LINEAR:  # built once: the factory logs a line per call
@@ -111,7 +122,7 @@ class Cosmos3ModelHandle:
         # in another dtype than the compute dtype (fp8, or an NVIDIA FP8 checkpoint's weight + scale) go through
         # ComfyUI's cast-weight layers, which cast at each call and stream the same way.
         cast = storage_dtype is not None and storage_dtype != dtype
-        linear = comfy.ops.manual_cast.Linear if cast else comfy.ops.disable_weight_init.Linear
+        linear = CastStreamingLinear if cast else StreamingLinear
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
                                     storage_dtype=storage_dtype, scaled_linear=_scaled_fp8_linear())
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)

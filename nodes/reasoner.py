@@ -16,9 +16,10 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core.runtime import RuntimeOptions
+from ..cosmos3_core.request import check_options
 
 from ..cosmos3_core.reasoner.reasoner import TASKS, SamplingParams, postprocess
-from .types import CATEGORY, Cosmos3Model
+from .types import CATEGORY, Cosmos3Model, compile_input
 
 MAX_NEW_TOKENS = 8192
 CHECK_EVERY = 4  # tokens between progress updates / interrupt checks (the decode loop's only host syncs)
@@ -57,10 +58,9 @@ class Cosmos3Reasoner(io.ComfyNode):
                 io.Float.Input("fps", optional=True, default=24.0, min=0.1, max=240.0, step=0.1,
                                tooltip="Frame rate of an image batch given as video (frames are sampled ~2 per "
                                        "second and timestamped)."),
-                io.Boolean.Input("compile", default=False, optional=True,
-                                 tooltip="torch.compile the decode step (fuses each layer's small kernels; on an "
-                                         "H200 Nano 123 → 210 tokens/s, Edge 265 → 564) after a one-off warm-up of "
-                                         "a few seconds per process."),
+                compile_input("the decode step, which auto compiles too (fuses each layer's small kernels; on an "
+                              "H200 Nano 123 → 210 tokens/s, Edge 265 → 564) after a one-off warm-up of a few "
+                              "seconds per process"),
             ],
             outputs=[io.String.Output(display_name="text", tooltip="The answer, caption or JSON prompt.")],
         )
@@ -68,7 +68,7 @@ class Cosmos3Reasoner(io.ComfyNode):
     @classmethod
     def execute(cls, model, prompt: str, image=None, task: str = "expand", max_new_tokens: int = 1024,
                 temperature: float = 0.7, top_p: float = 0.8, top_k: int = 20, repetition_penalty: float = 1.0,
-                seed: int = 0, fps: float | None = None, compile: bool = False) -> io.NodeOutput:
+                seed: int = 0, fps: float | None = None, compile: str = "auto") -> io.NodeOutput:
         params = SamplingParams(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_k=int(top_k),
                                 top_p=float(top_p), repetition_penalty=float(repetition_penalty),
                                 seed=int(seed))
@@ -83,6 +83,8 @@ class Cosmos3Reasoner(io.ComfyNode):
         fps = float(fps) if fps is not None else 24.0
         try:
             params.validate()
+            options = RuntimeOptions(compile=compile)
+            check_options(options)
             reasoner = model.get_reasoner()
             prepared = reasoner.prepare(prompt, task=task, image=still, video=video, fps=fps)
         except ValueError as exc:
@@ -98,7 +100,7 @@ class Cosmos3Reasoner(io.ComfyNode):
 
         try:
             ids, _reason = reasoner.generate_ids(prepared, params, callback=on_tokens, check_every=CHECK_EVERY,
-                                                 options=RuntimeOptions(compile=bool(compile)))
+                                                 options=options)
         except ValueError as exc:
             raise ValueError(f"Cosmos3Reasoner: {exc}") from exc
         finally:

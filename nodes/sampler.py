@@ -21,7 +21,7 @@ from ..cosmos3_core.runtime import RuntimeOptions
 from .action import ActionVectors
 from .errors import node_errors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
+from .types import CATEGORY, Cosmos3Action, compile_input, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 Cosmos3Condition.Input("condition", optional=True,
                                        tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition), "
                                                "or first/last frame and keyframes from Cosmos3 First/Last Frame."),
-                io.Boolean.Input("compile", default=False, optional=True,
-                                 tooltip="torch.compile the generation layer: ~1.3x faster per step on a GPU after a "
-                                         "one-off warm-up of ~15 s per new size."),
+                compile_input("the generation layer, which auto compiles too (~1.3x faster per step after a "
+                              "one-off compile per new size), and the VAE decoder, which auto runs compiled only "
+                              "from graphs already on disk"),
                 io.Int.Input("batch_size", default=defaults.BATCH_SIZE, min=1, max=defaults.MAX_BATCH_SIZE,
                              optional=True,
                              tooltip="Generate this many results in one run (seeds seed … seed+batch_size−1, each the "
@@ -88,13 +88,13 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
-                condition=None, compile: bool = False, batch_size: int = defaults.BATCH_SIZE,
+                condition=None, compile: str = "auto", batch_size: int = defaults.BATCH_SIZE,
                 action=None, attention: str = "auto") -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
         with node_errors(who):
-            options = RuntimeOptions(attention=attention, compile=bool(compile))
+            options = RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type)
             check_options(options)
             if condition is not None:
                 if (condition.height, condition.width) != (text.height, text.width):

@@ -12,3 +12,11 @@ Cosmos3Action = io.Custom("COSMOS3_ACTION")  # cosmos3_core.modes.action.ActionC
 Cosmos3Actions = io.Custom("COSMOS3_ACTIONS")  # nodes.action.ActionVectors (action vectors [T, width])
 
 CATEGORY = "Cosmos3"
+COMPILE_MODES = ["auto", "on", "off"]  # RuntimeOptions.compile (cosmos3_core/runtime.py)
+
+
+def compile_input(what: str) -> io.Combo.Input:
+    """The ``compile`` input of the nodes that run the model (``what``: what ``on`` compiles, and what it gains)."""
+    return io.Combo.Input("compile", options=COMPILE_MODES, default="auto", optional=True,
+                          tooltip=f"auto: torch.compile where it pays (a CUDA GPU with Triton), kept on disk; on: "
+                                  f"{what} (an error where torch.compile cannot run); off: eager.")

@@ -127,7 +127,7 @@ def bf16_step(checkpoint):
                           dtype=torch.bfloat16)
     x = torch.randn(1, 48, 3, 4, 6, device="cuda")
     t = torch.tensor(900, device="cuda")
-    return model, lambda options=RuntimeOptions(): model.denoise_step(x, t, kvs, layout, options=options).vision.float()
+    return model, lambda options=RuntimeOptions(compile=False): model.denoise_step(x, t, kvs, layout, options=options).vision.float()
 
 
 def test_compiled_generation_layer_matches_eager(bf16_step):

@@ -217,7 +217,7 @@ def test_compiled_vae_decode_at_many_sizes_across_prompts(host, monkeypatch):
         for width, height in ((96, 64), (64, 64), (64, 96)):
             graph = shrink_api(load_api("t2v"), width=width, height=height, prefix=f"cosmos3_tests/cd{width}x{height}")
             (decode_id,) = nodes_of(graph, "Cosmos3VAEDecode")
-            graph[decode_id]["inputs"]["compile"] = True
+            graph[decode_id]["inputs"]["compile"] = "on"
             success, outputs, messages, _ = run(host, graph)
             assert success, error_of(messages)["exception_message"]
 

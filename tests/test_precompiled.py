@@ -220,3 +220,42 @@ def test_a_call_with_weight_hooks_goes_through_plain_torch_compile(cache):
 
 if __name__ == "__main__":
     print(json.dumps(worker(*sys.argv[1:3])))
+
+
+def test_cached_only_compiles_nothing_and_uses_what_is_on_disk(cache):
+    """``compile="cached"`` (what ``compile="auto"`` gives the VAE decode): with an empty cache every stage runs
+    eagerly and nothing is written; once a compiled decode has written the stages, a new process's cached-only
+    decode loads every one of them. Frames equal diffusers' decode each time."""
+    z = _latents(2, seed=11)
+    vae = _vae()
+    with torch.no_grad():
+        eager = vae.decode(vae.normalize(z), chunk_latent_frames=1, compile="cached", compile_backend="aot_eager")
+    assert (eager - _diffusers_frames(vae.vae, z)).abs().max().item() <= TOL
+    fns = vae.frame_decoder(compile="cached", compile_backend="aot_eager").precompiled.values()
+    stages = 2 + len(vae.vae.decoder.up_blocks)  # one signature per stage
+    assert sum(f.eager for f in fns) == stages and sum(f.compiled + f.loaded for f in fns) == 0
+    assert not (cache / "aot").exists() or not any((cache / "aot").iterdir())
+    _decode(vae, z)  # compile=True: compiles and writes every stage
+    written = len(list((cache / "aot").iterdir()))
+    assert written == stages
+    again = _vae()  # a new VAE object: no graphs in memory, the files on disk
+    with torch.no_grad():
+        out = again.decode(again.normalize(z), chunk_latent_frames=1, compile="cached", compile_backend="aot_eager")
+    assert (out - _diffusers_frames(again.vae, z)).abs().max().item() <= TOL
+    fns = again.frame_decoder(compile="cached", compile_backend="aot_eager").precompiled.values()
+    assert sum(f.loaded for f in fns) == written and sum(f.compiled + f.eager for f in fns) == 0
+
+
+def test_an_unwritable_cache_folder_is_a_warning_and_an_uncached_compile(tmp_path, monkeypatch, caplog):
+    """``COSMOS3_CACHE_DIR`` that cannot be written (here: under a regular file): one warning naming the folder and
+    the fix, the decode compiles into a temporary folder and equals diffusers' frames."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("COSMOS3_CACHE_DIR", str(blocker / "cache"))
+    z = _latents(2, seed=12)
+    vae = _vae()
+    out = _decode(vae, z)
+    assert (out - _diffusers_frames(vae.vae, z)).abs().max().item() <= TOL
+    assert _counts(vae)["compiled"] > 0
+    assert f"compile cache folder {blocker / 'cache'} cannot be written" in caplog.text
+    assert "set COSMOS3_CACHE_DIR to a writable folder" in caplog.text

@@ -19,7 +19,7 @@ import torch
 from .. import defaults
 from ..config import DTYPES, CheckpointError
 from ..request import Request
-from ..runtime import RuntimeOptions
+from ..runtime import COMPILE_MODES, RuntimeOptions
 from .interrupt import end_status_line, interrupted, status_line
 
 
@@ -28,13 +28,15 @@ def add_run_options(p: argparse.ArgumentParser, *, attention_help: str) -> None:
     """The flags of ``RuntimeOptions`` and placement shared by the generation and reasoner CLIs."""
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the hot layers (GPU; faster after a one-off warm-up, kept on disk)")
+    p.add_argument("--compile", nargs="?", choices=COMPILE_MODES, default="auto", const="on",
+                   help="torch.compile the hot layers: auto (default) where it pays — CUDA with Triton; the VAE "
+                        "decoder only from graphs already on disk — on (also bare --compile: everything, an error "
+                        "where it cannot run), off")
     p.add_argument("--attention", choices=("auto", "sdpa", "flash4"), default="auto", help=attention_help)
 
 
 def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
-    return RuntimeOptions(attention=args.attention, compile=bool(args.compile))
+    return RuntimeOptions(attention=args.attention, compile=args.compile, device_type=args.device)
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -253,7 +255,7 @@ def decode_while_encoding(args: argparse.Namespace, pipe, run, out):
 
     latents = out.latents
     shape = pipe.vae.decoded_shape(latents)
-    compile_args = dict(compile=run.options.compile, compile_backend=run.options.compile_backend)
+    compile_args = dict(compile=run.options.on(pipe.vae.device).vae_compile, compile_backend=run.options.compile_backend)
     if out.sound_latent is not None:  # first: the mp4 declares its audio track before any frame
         out.waveform = pipe.decode_sound(out.sound_latent, shape[0], run.fps)
     out.frames = torch.empty(shape, dtype=torch.float32)

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .caches import enable_persistent_caches
-from .support import import_failure, unavailable_reason
+from .support import constant_result, import_failure, unavailable_reason
 
 _FLASH4_HEAD_DIMS = (64, 96, 128)
 _FLASH4_DTYPES = (torch.bfloat16, torch.float16)
@@ -88,7 +88,7 @@ def flash4_unavailable_reason(device: torch.device | None = None) -> str:
     return unavailable_reason(_reasons, device, _flash4_check)
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _flash4_ready(device_type: str, index: int) -> bool:
     """Whether the kernel can run on this device (a constant to ``torch.compile``: the check never graph-breaks)."""
     return device_type == "cuda" and not flash4_unavailable_reason(torch.device("cuda", index))

@@ -38,10 +38,15 @@ exact value is taken as unset (likewise a ``TRITON_CACHE_DIR`` that torch derive
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+_log = logging.getLogger(__name__)
+_USABLE: dict[Path, Path] = {}  # the cache folder asked for -> the folder used (itself, or a temporary one)
 
 
 # Entry points that pull in nearly all a first compiled run imports (checked on torch 2.11 and 2.14).
@@ -60,7 +65,21 @@ RECOMPILE_LIMIT = 64  # static graphs kept per compiled function and process (to
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("COSMOS3_CACHE_DIR") or Path.home() / ".cache" / "cosmos3")
+    """``$COSMOS3_CACHE_DIR`` (default ``~/.cache/cosmos3``) if it can be written; else, with one warning, a
+    temporary folder for this process: the compile runs, only nothing is kept for the next process."""
+    want = Path(os.environ.get("COSMOS3_CACHE_DIR") or Path.home() / ".cache" / "cosmos3")
+    if want not in _USABLE:
+        try:
+            want.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=want, prefix=".write-check-"):
+                pass
+            _USABLE[want] = want
+        except OSError as e:
+            _USABLE[want] = Path(tempfile.mkdtemp(prefix="cosmos3-cache-"))
+            _log.warning("compile cache folder %s cannot be written (%s: %s); compiling into %s for this process "
+                         "only (set COSMOS3_CACHE_DIR to a writable folder with free space to keep compiled graphs).",
+                         want, type(e).__name__, e, _USABLE[want])
+    return _USABLE[want]
 
 
 def _torch_default_inductor_dir() -> str:

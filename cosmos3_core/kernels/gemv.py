@@ -28,7 +28,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from .support import import_failure, unavailable_reason
+from .support import constant_result, import_failure, unavailable_reason
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -75,7 +75,7 @@ def triton_unavailable_reason(device: torch.device | None = None) -> str:
     return unavailable_reason(_reasons, device, _triton_check)
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _triton_ready(index: int) -> bool:
     """Whether the kernel can run on CUDA device ``index`` (a constant to ``torch.compile``: never graph-breaks)."""
     return not triton_unavailable_reason(torch.device("cuda", index))

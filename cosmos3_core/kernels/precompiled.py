@@ -8,6 +8,9 @@ six stage graphs at 256p on an H200 (docs/benchmark-log.md), more than the kerne
 ``torch.compiler.load_compiled_function``; experimental, present from torch 2.11) serializes the traced bytecode,
 its guards and the compiled graph with its kernels. Loading one takes about 0.1 s.
 
+``compile_missing=False`` compiles nothing: a signature whose file is on disk loads it, any other runs ``fn`` as is
+(for a function whose compile costs more than it saves in one run, used compiled once some run has compiled it).
+
 ``PrecompiledFunction(fn)`` is called like ``fn`` (positional arguments: tensors, lists of tensors, modules whose
 parameters are the graph's inputs, Python scalars that select the graph). Per *call signature* (every tensor's
 shape, strides, dtype and device, every module's class, parameter metadata and the source of its classes, every
@@ -51,6 +54,30 @@ import torch
 from .caches import cache_root, prepare_compile
 
 _log = logging.getLogger(__name__)
+
+
+class CompileError(ValueError):
+    """torch.compile could not compile a function of ours: the run stops with this one message; nothing is left
+    half made (the next run, compiled or eager, starts clean)."""
+
+
+def raise_compile_failure(e: BaseException, name: str) -> None:
+    """Raise ``CompileError`` for ``e`` if it is the compiler's own failure (a backend or Inductor error)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    failures: tuple[type, ...] = (BackendCompilerFailed,)
+    try:
+        from torch._inductor.exc import InductorError
+
+        failures += (InductorError,)
+    except ImportError:  # a torch without it
+        pass
+    if isinstance(e, failures):
+        inner = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps the backend's own error
+        text = str(inner).strip()
+        first = f"{type(inner).__name__}: {text.splitlines()[0][:300]}" if text else type(inner).__name__
+        raise CompileError(f"compile: torch.compile failed for {name.rsplit('.', 1)[-1]} ({first}); set compile to "
+                           "'off' (CLI: --compile off) to run eagerly.") from e
 
 
 def aot_supported() -> bool:
@@ -139,14 +166,17 @@ class PrecompiledFunction:
 
     def __init__(self, fn: Callable, *, backend: str = "inductor", fullgraph: bool = True,
                  dynamic_dims: Callable[[tuple], list[tuple[torch.Tensor, int]]] | None = None,
-                 key_extra: Callable[[], Any] | None = None, aot_allowed: Callable[[tuple], bool] | None = None):
+                 key_extra: Callable[[], Any] | None = None, aot_allowed: Callable[[tuple], bool] | None = None,
+                 compile_missing: bool = True):
         self.fn, self.backend, self.fullgraph = fn, backend, fullgraph  # fullgraph: of the plain path (AOT needs it)
         self.dynamic_dims, self.key_extra, self.aot_allowed = dynamic_dims, key_extra, aot_allowed
         self.name = f"{fn.__module__}.{fn.__qualname__}"
         self._by_key: dict[tuple, list[Callable]] = {}
         self._plain: Callable | None = None  # torch.compile(fn): calls AOT compile cannot or may not serve
         self._aot_failed = False  # AOT compile raised for this function once: plain torch.compile from then on
-        self.loaded = self.compiled = 0  # artifacts loaded from / written to disk by this object (for tests, benches)
+        self.compile_missing = compile_missing  # False: a signature with no file on disk runs ``fn`` eagerly
+        # artifacts loaded from / written to disk by this object, signatures run eagerly (for tests, benches)
+        self.loaded = self.compiled = self.eager = 0
 
     def __call__(self, *args):
         if self.aot_allowed is not None and not self.aot_allowed(args):
@@ -178,7 +208,11 @@ class PrecompiledFunction:
         if self._plain is None:
             self._plain = torch.compile(self.fn, dynamic=False, fullgraph=self.fullgraph, backend=self.backend)
         self._mark(args)
-        return self._plain(*args)
+        try:
+            return self._plain(*args)
+        except Exception as e:
+            raise_compile_failure(e, self.name)
+            raise
 
     def path(self, args: tuple, dynamic: frozenset = frozenset()) -> Path:
         """The artifact file for a call with ``args``."""
@@ -191,6 +225,10 @@ class PrecompiledFunction:
 
     def _get(self, args: tuple, dynamic: frozenset) -> Callable:
         prepare_compile()
+        unavailable = self._aot_failed or not aot_supported()
+        if not self.compile_missing and (unavailable or not self.path(args, dynamic).exists()):
+            self.eager += 1
+            return self.fn
         if self._aot_failed or not aot_supported():
             return self._plain_call
         path = self.path(args, dynamic)
@@ -219,8 +257,13 @@ class PrecompiledFunction:
                                          backend=self.backend)
                 self._mark(args)
                 aot = compiled.aot_compile((args, {}))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            aot.save_compiled_function(os.fspath(path))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                aot.save_compiled_function(os.fspath(path))
+            except OSError as e:  # a full or read-only disk: the graph runs, a new process compiles it again
+                _log.warning("%s: could not keep the compiled graph in %s (%s: %s); it is used, but a new process "
+                             "compiles it again.", self.name, path, type(e).__name__, e)
+                path.unlink(missing_ok=True)  # never a file cut short
             aot.disable_guard_check()
             self.compiled += 1
             return aot

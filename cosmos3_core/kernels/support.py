@@ -1,11 +1,22 @@
 """Whether an optional CUDA kernel (FlashAttention-4 in attention.py, the Triton GEMV in gemv.py) can run on a
-device: one answer per device index, worked out on first use and kept, so a route check costs a dict lookup."""
+device: one answer per device index, worked out on first use and kept, so a route check costs a dict lookup.
+
+``constant_result`` marks such a check as a constant to ``torch.compile`` exactly as
+``torch.compiler.assume_constant_result`` does (the ``_dynamo_marked_constant`` attribute Dynamo reads), without
+importing Dynamo: ``torch.compiler.assume_constant_result`` imports ``torch._dynamo`` (about 600 modules, seconds of
+host time) at the decoration, i.e. at the pack's import."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+
+
+def constant_result(fn: Callable) -> Callable:
+    """``fn``'s result is a constant to ``torch.compile``: the call is made at trace time, never graph-breaks."""
+    fn._dynamo_marked_constant = True
+    return fn
 
 
 def import_failure(what: str, exc: BaseException) -> str:

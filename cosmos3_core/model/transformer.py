@@ -253,14 +253,14 @@ class Cosmos3Transformer(nn.Module):
 
 
 def generation_layer_fn(options: RuntimeOptions = DEFAULT) -> Callable:
-    """``generation_layer``, or with ``options.compile`` its ``torch.compile``d version (kernels/compile.py): one graph
+    """``generation_layer``, or where ``options.compiles`` its ``torch.compile``d version (kernels/compile.py): one graph
     shared by every layer (the layer's weights are graph inputs) that fuses the norms, RoPE and activations — same
     math, other rounding of the intermediates. Shapes are static except the prompt lengths (the text K/V's length
     dimension is dynamic): one graph per generation shape (resolution × frames, branches, batch, streams, attention
     route), the same in every process whatever the prompts and whatever ran before, each kept on disk whole and
     keyed also by whether FlashAttention-4 can run here. A call that cannot be saved (host weight hooks, a sequence-
     parallel group) goes through plain ``torch.compile``, which allows graph breaks."""
-    if not options.compile:
+    if not options.compiles:
         return generation_layer
     return compiled(generation_layer, backend=options.compile_backend, fullgraph=False, dynamic_dims=_prompt_length_dims,
                     key_extra=flash4_available, aot_allowed=_no_weight_hooks)

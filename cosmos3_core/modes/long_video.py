@@ -89,7 +89,7 @@ def generate_long(
     controls = pad_controls(run.controls, geometry) if run.controls is not None else None
     first_seed = preprocess_video(run.video, run.height, run.width) if run.video is not None else None
     generator = torch.Generator("cpu").manual_seed(int(sampling.seed))
-    decode_kwargs.setdefault("compile", options.compile)
+    decode_kwargs.setdefault("compile", options.on(pipe.vae.device).vae_compile)
     decode_kwargs.setdefault("compile_backend", options.compile_backend)
     decoder = StreamDecoder(pipe.vae, geometry, sinks, fps=run.fps, **decode_kwargs)
     timings: dict[str, list[float]] = {"denoise": [], "decode": []}

@@ -476,7 +476,7 @@ class Cosmos3Reasoner:
         slot = cache_index.view(1)
         mask = cache.positions <= cache_index
         layer_fn = (compiled(decode_layer, aot=False, fullgraph=True, backend=options.compile_backend)
-                    if options.compile else decode_layer)
+                    if options.compiles else decode_layer)
         for i, layer in enumerate(self.transformer.layers):
             h = layer_fn(layer, h, rope, cache.keys[i], cache.values[i], slot, mask,
                          weights[i] if weights is not None else None, options.attention)
@@ -518,7 +518,8 @@ class Cosmos3Reasoner:
         are called every ``check_every`` tokens — the only host syncs of the loop. ``options``: the run's kernels
         (runtime.py: attention and GEMV routes, compiled decode layer, CUDA graphs)."""
         params.validate()
-        if options.compile:
+        options = options.on(self.device)  # compile="auto" depends on the device
+        if options.compiles:
             from ..kernels.compile import prepared
 
             prepared()

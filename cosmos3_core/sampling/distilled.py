@@ -30,13 +30,16 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import diffusers
+from typing import TYPE_CHECKING
+
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
 
 from .. import defaults
 from ..config import CheckpointError
 from .schedulers import ItemSteppers, SchedulerStepper
+
+if TYPE_CHECKING:  # diffusers imports where a distilled checkpoint is used, not with the package
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
 MODULAR_INDEX = "modular_model_index.json"
 DISTILLED_BLOCKS = "Cosmos3DistilledBlocks"
@@ -95,6 +98,8 @@ class DistilledSchedule:
 
     def make_scheduler(self, device: torch.device | str | None = None) -> FlowMatchEulerDiscreteScheduler:
         """The checkpoint's scheduler on the distilled sigmas (``Cosmos3DistilledSetTimestepsStep``)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
         scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
         scheduler.set_timesteps(sigmas=list(self.sigmas), device=device)
         return scheduler
@@ -121,6 +126,8 @@ def read_distilled(checkpoint_dir: str | Path) -> DistilledSchedule | None:
     blocks = index.get("_blocks_class_name")
     if blocks is None:  # diffusers cannot build a pipeline from this file at all
         raise CheckpointError(f"{path}: no _blocks_class_name; fetch modular_model_index.json of the checkpoint again.")
+    import diffusers
+
     if not getattr(getattr(diffusers, str(blocks), None), "block_classes", None):
         blocks = _DEFAULT_BLOCKS.get(index.get("_class_name"))
     if blocks != DISTILLED_BLOCKS:

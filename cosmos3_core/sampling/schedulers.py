@@ -29,13 +29,16 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from diffusers import UniPCMultistepScheduler
 
 from ..config import CheckpointError
 from ..defaults import SCHEDULES
+
+if TYPE_CHECKING:  # diffusers imports with the first scheduler made, not with the package
+    from diffusers import UniPCMultistepScheduler
 
 
 def load_scheduler_config(checkpoint_dir: str | Path) -> dict:
@@ -64,6 +67,8 @@ def make_scheduler(
     """A ready UniPC scheduler: ``karras`` = the released config as is; ``flow_shift`` = Karras off, ``flow_shift``."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
+    from diffusers import UniPCMultistepScheduler
+
     scheduler = UniPCMultistepScheduler.from_config(scheduler_config)
     if schedule == "flow_shift":
         scheduler = UniPCMultistepScheduler.from_config(scheduler.config, flow_shift=float(shift), use_karras_sigmas=False)
@@ -139,6 +144,8 @@ class ItemSteppers:
 
 def make_stepper(scheduler, *, keep_channels: int | None = None) -> "SchedulerStepper | LinearStepper":
     """The stepper of a deterministic run: ``LinearStepper`` for UniPC without thresholding, else ``SchedulerStepper``."""
+    from diffusers import UniPCMultistepScheduler
+
     if isinstance(scheduler, UniPCMultistepScheduler) and not scheduler.config.get("thresholding", False):
         return LinearStepper(scheduler, keep_channels=keep_channels)
     return SchedulerStepper(scheduler, keep_channels=keep_channels)

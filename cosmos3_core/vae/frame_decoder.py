@@ -60,7 +60,7 @@ class WanFrameDecoder:
     graph.
     """
 
-    def __init__(self, decoder: torch.nn.Module, *, compile: bool = False, channels_last: bool = False,
+    def __init__(self, decoder: torch.nn.Module, *, compile: bool | str = False, channels_last: bool = False,
                  compile_backend: str = "inductor", dynamic_size: bool = False):
         from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
 
@@ -98,7 +98,8 @@ class WanFrameDecoder:
             return fn
         if fn not in self.precompiled:
             self.precompiled[fn] = PrecompiledFunction(
-                fn, backend=self.compile_backend, dynamic_dims=_spatial_dims if self.dynamic_size else None)
+                fn, backend=self.compile_backend, dynamic_dims=_spatial_dims if self.dynamic_size else None,
+                compile_missing=self.compile != "cached")
         return self.precompiled[fn]
 
 

@@ -74,9 +74,10 @@ class Cosmos3VAE(torch.nn.Module):
         self.patch_size = cfg.patch_size
         self._frame_decoders: dict[tuple, WanFrameDecoder] = {}  # by (compile, backend, channels_last)
 
-    def frame_decoder(self, compile: bool = False, compile_backend: str = "inductor") -> WanFrameDecoder:
+    def frame_decoder(self, compile: bool | str = False, compile_backend: str = "inductor") -> WanFrameDecoder:
         """The per-latent-frame decoder over ``self.vae.decoder`` (``compile``: torch.compile'd steady state, with
-        ``compile_backend``; one decoder per setting, kept, so its compiled stages are made once).
+        ``compile_backend``, or ``"cached"``: only the stages already on disk; one decoder per setting, kept, so its
+        compiled stages are made once).
 
         On CUDA it keeps activations and convolution weights channels-last (vae_decoder.py): on the H200 at 720p/189f
         (bf16) that decodes in 5.61 s at an 8.4 GiB peak compiled against 6.42 s at 9.3 GiB with the default layout,
@@ -171,7 +172,7 @@ class Cosmos3VAE(torch.nn.Module):
         on_chunk: OnChunk | None = None,
         out_device="cpu",
         tile_on_oom: bool = True,
-        compile: bool = False,
+        compile: bool | str = False,
         compile_backend: str = "inductor",
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -185,9 +186,11 @@ class Cosmos3VAE(torch.nn.Module):
         larger than one tile, exactly as ``AutoencoderKLWan._decode``. An untiled decode that runs out of GPU memory
         is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
         card what else is resident decides, and tiling needs about half the activations (docs/benchmark-log.md).
-        ``compile=True`` runs every latent frame after the first through ``torch.compile`` (``compile_backend``; the run's
-        ``RuntimeOptions``; static shapes: the first
-        decode at a new size, or tile size, compiles for a while; later ones reuse it). ``out``: a float32 tensor of
+        ``compile=True`` runs every latent frame after the first through ``torch.compile`` (``compile_backend``; the
+        run's ``RuntimeOptions.vae_compile``): the first decode at a new size, or tile size, compiles for a while; later ones
+        reuse it, also in later processes (kept on disk). ``compile="cached"`` uses compiled stages only where they
+        are on disk already and runs the others eagerly (what ``compile="auto"`` does: compiling costs a first run
+        more than it saves). ``out``: a float32 tensor of
         ``decoded_shape(latents)`` to decode into instead of a new one on ``out_device`` (frames
         ``[0, num_pixel_frames(done))`` of it are final when ``on_chunk(done, total)`` is called — until an untiled
         decode that ran out of memory starts again tiled, when the count starts again too).
