@@ -195,9 +195,7 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolv
                                       r.guidance_interval, r.batch_size)
     shape = _MODE_SHAPES[mode](r)  # the mode's own checks that need no checkpoint
     info = checkpoint if isinstance(checkpoint, CheckpointInfo) else CheckpointInfo.read(checkpoint)
-    if mode != "clip" and info.distilled is not None:
-        raise ValueError(f"checkpoint {info.name!r} is distilled (a fixed few-step schedule for one clip); the "
-                         f"{mode} mode needs a base (non-distilled) checkpoint.")
+    _check_mode(info, mode)
     frames, height, width = shape["frames"], shape["height"], shape["width"]
     if mode == "action":
         check_action_request(r.action, info.config)
@@ -263,6 +261,7 @@ def resolve_sampling(checkpoint: CheckpointInfo, *, num_frames: int, height: int
     """The sampling values of a clip of ``num_frames`` × ``height`` × ``width`` in ``mode`` on ``checkpoint`` (a
     sampler's stage of ``resolve``)."""
     schedule = defaults.SCHEDULE if schedule is None else schedule
+    _check_mode(checkpoint, mode)  # before its fixed values: a sampler's steps are not what is wrong here
     interval = _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidance_interval, batch_size)
     return _sampling_defaults(checkpoint, mode, num_frames=num_frames, height=height, width=width, seed=seed,
                               steps=steps, guidance=guidance, schedule=schedule, shift=shift, sound=sound,
@@ -291,6 +290,13 @@ def check_options(options: RuntimeOptions) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- sampling
+def _check_mode(checkpoint: CheckpointInfo, mode: str) -> None:
+    """A distilled checkpoint samples one clip on its fixed schedule: the other modes need a base checkpoint."""
+    if mode != "clip" and checkpoint.distilled is not None:
+        raise ValueError(f"checkpoint {checkpoint.name!r} is distilled (a fixed few-step schedule for one clip); the "
+                         f"{mode} mode needs a base (non-distilled) checkpoint.")
+
+
 def _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidance_interval, batch_size):
     """The sampling values on their own (no checkpoint); returns the guidance interval as a pair."""
     if guidance_interval is not None:
@@ -430,6 +436,7 @@ def _action_shape(r: Request) -> dict:
                          "guidance by default); drop it.")
     fps = defaults.ACTION_FPS if r.fps is None else r.fps
     check_clip(1, defaults.VAE_SPATIAL_STRIDE, defaults.VAE_SPATIAL_STRIDE, fps)  # the fps (any frame count is fine)
+    check_action_request(r.action)  # what needs no checkpoint; resolve checks it against the checkpoint's config
     return dict(frames=r.action.num_frames, total=r.action.num_frames, height=0, width=0, fps=float(fps))
 
 
@@ -465,7 +472,10 @@ def _prompts(prompt, *, many: bool) -> tuple[str, ...]:
         prompts = (prompt[0],)
     else:
         raise ValueError(f"prompt={prompt!r} must be a string (windows: or a list of strings, one per window).")
-    for p in prompts:
+    for i, p in enumerate(prompts, 1):
+        if len(prompts) > 1 and isinstance(p, str) and not p.strip():
+            raise ValueError(f"prompt {i} of {len(prompts)} (window {i}) is empty; describe what each window shows, or "
+                             "give one prompt for the whole video.")
         _check_prompt(p)
     return prompts
 

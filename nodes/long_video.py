@@ -19,8 +19,8 @@ import folder_paths
 from comfy_api.latest import InputImpl, io, ui
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.media import VideoWriter
-from ..cosmos3_core.modes.long_video import generate_long
+from ..cosmos3_core.media import OutputError, VideoWriter
+from ..cosmos3_core.modes.long_video import generate_long, stopped_writing
 from ..cosmos3_core.modes.stream_decode import preview_image
 from ..cosmos3_core.modes.transfer import CONTROL_KEYS
 from ..cosmos3_core.request import Request, resolve
@@ -118,9 +118,6 @@ class Cosmos3LongVideo(io.ComfyNode):
         if num_frames == 0 and controls is None:
             raise ValueError(f"{NODE}: num_frames=0 means 'the control videos' length', but no control video is "
                              "connected; set num_frames (4k+1, e.g. 721 for 30 s at 24 fps).")
-        if not all(prompts):
-            raise ValueError(f"{NODE}: prompt is empty (or one window's prompt between {PROMPT_SEPARATOR} lines is); "
-                             "describe what to generate.")
         if image is not None and image.shape[0] != 1:
             raise ValueError(f"{NODE}: image holds {image.shape[0]} frames; connect one image for image-to-video "
                              "(or connect the frames to `video`, whose first frames then seed the first window).")
@@ -159,10 +156,14 @@ class Cosmos3LongVideo(io.ComfyNode):
             filename_prefix, folder_paths.get_output_directory(), width, height)
         file = f"{filename}_{counter:05}_.mp4"
         path = os.path.join(folder, file)
-        with VideoWriter(path, fps, width, height, audio=sound) as writer:  # closed (playable) on a cancel too
-            with node_errors(NODE):
-                generate_long(pipe, run, [writer.append, _window_preview(bar)], progress=progress,
-                              device=model.generation_device, prepare=prepare)
+        with node_errors(NODE):
+            try:  # closed (playable) on a cancel too; a full disk keeps the windows written whole (fragmented)
+                with VideoWriter(path, fps, width, height, audio=sound, fragmented=True) as writer:
+                    generate_long(pipe, run, [writer.append, _window_preview(bar)], progress=progress,
+                                  device=model.generation_device, prepare=prepare)
+            except OutputError as exc:
+                raise ValueError(f"could not write {exc.path} (filename_prefix={filename_prefix!r}): "
+                                 f"{stopped_writing(exc, run.windows)}") from None
         return io.NodeOutput(InputImpl.VideoFromFile(path),
                              ui=ui.PreviewVideo([ui.SavedResult(file, subfolder, io.FolderType.output)]))
 

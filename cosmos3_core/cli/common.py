@@ -20,6 +20,7 @@ from .. import defaults
 from ..config import DTYPES, CheckpointError
 from ..request import Request
 from ..runtime import COMPILE_MODES, RuntimeOptions
+from .interrupt import end_status_line, interrupted, status_line
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -101,7 +102,8 @@ def parse_controls(items: list[str]) -> dict[str, Path]:
         if key in controls:
             raise ValueError(f"--control {key} is given twice; give each control key once.")
         if not Path(path).is_file():
-            raise ValueError(f"--control {key}={path}: no such file.")
+            what = "is a folder, not a video file" if Path(path).is_dir() else "does not exist"
+            raise ValueError(f"--control {key}={path}: {path} {what}.")
         controls[key] = Path(path)
     return controls
 
@@ -156,6 +158,27 @@ def check_writable(path: Path, flag: str) -> None:
 
 
 @contextmanager
+def writing(flag: str):
+    """An output the disk refuses (``media.OutputError``: a full disk) is one message naming its flag."""
+    from ..media import OutputError
+
+    try:
+        yield
+    except OutputError as exc:
+        raise ValueError(f"{flag} {exc.path}: {exc.reason}") from None
+
+
+def save_safetensors(flag: str, path: str, tensors: dict, metadata: dict) -> None:
+    """``--latents-out`` / ``--frames-out``: the tensors as a .safetensors file, written whole or not at all."""
+    from safetensors.torch import save
+
+    from ..media import write_file
+
+    with writing(flag):
+        write_file(path, save(tensors, metadata=metadata))
+
+
+@contextmanager
 def removed_if_unfinished(path):
     """Deletes ``path`` when the block fails or is interrupted, so no half-written file is left behind."""
     try:
@@ -179,7 +202,7 @@ def load_pipeline(args: argparse.Namespace, timings: dict[str, float], *, sound:
 
 def print_progress(step: int, total: int, _preview=None) -> None:
     """The CLIs' step counter on stderr (a sampling callback)."""
-    print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+    status_line(f"step {step}/{total}", done=step >= total)
 
 
 def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, float]) -> None:
@@ -194,7 +217,7 @@ def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, f
 
     timings["preprocess"] = out.timings["preprocess"]
     timings["inference"] = out.timings["inference"] + out.timings.get("decode", 0.0)
-    with removed_if_unfinished(args.out):
+    with writing("--out"), removed_if_unfinished(args.out):
         writer = None
         if out.frames is None:
             start = time.perf_counter()
@@ -212,20 +235,14 @@ def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, f
         else:
             media.write_video(args.out, frames, run.fps, audio=waveform)
     if args.latents_out:
-        from safetensors.torch import save_file
-
         tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
         if out.sound_latent is not None:
             tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
-        Path(args.latents_out).parent.mkdir(parents=True, exist_ok=True)
-        with removed_if_unfinished(args.latents_out):
-            save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
+        save_safetensors("--latents-out", args.latents_out, tensors,
+                         {"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
     if args.frames_out:
-        from safetensors.torch import save_file
-
-        with removed_if_unfinished(args.frames_out):
-            save_file({"frames": out.frames.float().cpu().contiguous()}, args.frames_out,
-                      metadata={"format": "frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
+        save_safetensors("--frames-out", args.frames_out, {"frames": out.frames.float().cpu().contiguous()},
+                         {"format": "frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
     timings["encode"] = time.perf_counter() - start
 
 
@@ -275,11 +292,11 @@ def run_reporting_user_errors(run_fn, args: argparse.Namespace):
     try:
         return True, run_fn(args)
     except (ValueError, FileNotFoundError, CheckpointError) as exc:
+        end_status_line()
         print(f"error: {exc}", file=sys.stderr)
         return False, None
     except KeyboardInterrupt:
-        print("\ninterrupted (Ctrl-C); nothing more was written.", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(interrupted()) from None
 
 
 def print_timings(timings: dict[str, float], out: str) -> None:

@@ -148,3 +148,16 @@ def generate_long(
         decoder.commit(k, result.latents, waveform)
         timings["decode"].append(time.perf_counter() - start)
     return LongVideoResult(geometry, decoder.frames_done, timings)
+
+
+def stopped_writing(error, geometry: WindowGeometry) -> str:
+    """What a streamed write the disk refused (``media.OutputError`` from a ``fragmented`` ``VideoWriter`` sink)
+    left of a windowed video, in a sentence: the run stopped at that write, the file keeps its whole fragments."""
+    kept = error.frames_kept
+    if kept:
+        whole = geometry.windows_within(kept)
+        left = (f"{error.path.name} keeps the first {kept} of {geometry.total_frames} frames ({whole} of "
+                f"{geometry.num_windows} windows whole) and plays")
+    else:
+        left = "no window reached the disk whole, so no file was left"
+    return f"{error.cause}: generation stopped at the first failed write; {left}; {error.fix}."
