@@ -9,11 +9,13 @@ blocks' declared ``InputParam`` defaults and their one ``check_inputs`` per bloc
   (``frames_per_chunk`` given, or ``num_frames`` above one clip — ``defaults.NUM_FRAMES`` — unless ``one_pass``)
   or ``clip`` (text/image/video to image or video);
 * **every default**, by mode and by what the checkpoint decides (``CheckpointInfo``, read from its files without
-  loading weights): fps (24; action 5), guidance (6; 1 for a distilled checkpoint, whose guidance is baked in, and
-  for the action models), steps (by frames: image 50 / video 35; a distilled checkpoint's schedule length; action
-  30), shift (by resolution tier; action 10; none on a distilled schedule), the negative prompt (the checkpoint's
-  ``assets/negative_prompt.json``; ``""`` for Transfer and action, as their references), the system prompt, the
-  window geometry;
+  loading weights): the clip (189 frames at 1280×720; action: the input's frames), fps (24; action 5), guidance (6;
+  1 for a distilled checkpoint, whose guidance is baked in, and for the action models), steps (by frames: image 50
+  / video 35; a distilled checkpoint's schedule length; action 30), shift (by resolution tier; action 10; none on a
+  distilled schedule), the negative prompt (the checkpoint's ``assets/negative_prompt.json``; ``""`` for Transfer
+  and action, as their references), the system prompt, the window geometry — and where the checkpoint publishes a
+  recipe for the mode (``checkpoint_recipe``: Cosmos3-Edge image-to-video, 832×480, 121 frames, 20 steps, guidance
+  6, shift 12), each of those values the request leaves unset comes from the recipe instead;
 * **every check**, one ``ValueError`` per mistake naming the argument, its value and the fix: the clip shape, the
   sampling values, the distilled checkpoint's fixed values, sound support, the conditioning, the windows and
   controls, the action condition against the checkpoint, and whether the runtime options can run here.
@@ -80,6 +82,11 @@ class CheckpointInfo:
     def has_action(self) -> bool:
         return bool(self.config.action_gen)
 
+    @property
+    def is_edge(self) -> bool:
+        """Cosmos3-Edge's architecture (relu² MLP, Nemotron norms), as the reasoner and the layers tell it apart."""
+        return self.config.hidden_act == "relu2"
+
 
 @dataclass
 class Request:
@@ -89,8 +96,8 @@ class Request:
     negative_prompt: str | None = None
     # the clip
     num_frames: int | None = None  # None: 189 (Transfer: the controls' length; action: chunk_size + 1)
-    height: int = defaults.HEIGHT
-    width: int = defaults.WIDTH
+    height: int | None = None  # None: 720 (a checkpoint recipe's; action: the input's size)
+    width: int | None = None  # None: 1280 (likewise)
     fps: float | None = None
     # sampling
     seed: int = defaults.SEED
@@ -163,6 +170,8 @@ class Resolved:
     control_guidance: float = defaults.CONTROL_GUIDANCE
     control_guidance_interval: tuple[float, float] | None = None
     action: ActionRequest | None = None  # checked against the checkpoint
+    recipe: str | None = None  # the checkpoint recipe the mode's defaults came from (``checkpoint_recipe``)
+    recipe_defaults: tuple[tuple[str, Any], ...] = ()  # (name, value) the request left unset, taken from it
 
     @property
     def prompt(self) -> str:
@@ -196,12 +205,15 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolv
     shape = _MODE_SHAPES[mode](r)  # the mode's own checks that need no checkpoint
     info = checkpoint if isinstance(checkpoint, CheckpointInfo) else CheckpointInfo.read(checkpoint)
     _check_mode(info, mode)
+    recipe = checkpoint_recipe(info, mode, r)
+    if recipe is not None:
+        shape = _MODE_SHAPES[mode](r, recipe)
     frames, height, width = shape["frames"], shape["height"], shape["width"]
     if mode == "action":
         check_action_request(r.action, info.config)
     sampling = _sampling_defaults(info, mode, num_frames=frames, height=height, width=width, seed=r.seed,
                                   steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
-                                  sound=r.sound, guidance_interval=interval, batch_size=r.batch_size)
+                                  sound=r.sound, guidance_interval=interval, batch_size=r.batch_size, recipe=recipe)
     negative = r.negative_prompt
     if mode == "clip" and info.distilled is not None and negative:
         info.distilled.check(steps=None, guidance=None, negative_prompt=negative)
@@ -217,7 +229,23 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolv
                     condition_latent_frames=tuple(r.condition_latent_frames), keep=r.keep,
                     windows=shape.get("windows"), controls=shape.get("controls"),
                     control_guidance=float(r.control_guidance),
-                    control_guidance_interval=r.control_guidance_interval, action=r.action)
+                    control_guidance_interval=r.control_guidance_interval, action=r.action,
+                    recipe=recipe.name if recipe else None, recipe_defaults=_recipe_defaults(r, recipe))
+
+
+def checkpoint_recipe(checkpoint: CheckpointInfo, mode: str, request: Request) -> defaults.ClipRecipe | None:
+    """The recipe ``checkpoint`` publishes for what ``request`` asks, or ``None`` (the general defaults): Cosmos3-Edge's
+    image-to-video (one clip from an image) on an Edge checkpoint that is not distilled."""
+    if checkpoint.is_edge and checkpoint.distilled is None and mode == "clip" and request.image is not None:
+        return defaults.EDGE_IMAGE_TO_VIDEO
+    return None
+
+
+def _recipe_defaults(r: Request, recipe: defaults.ClipRecipe | None) -> tuple[tuple[str, Any], ...]:
+    if recipe is None:
+        return ()
+    names = ("width", "height", "num_frames", "steps", "guidance", "shift")
+    return tuple((name, getattr(recipe, name)) for name in names if getattr(r, name) is None)
 
 
 def request_mode(r: Request) -> str:
@@ -309,7 +337,8 @@ def _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidan
 
 
 def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, height, width, seed, steps, guidance,
-                       schedule, shift, sound, guidance_interval, batch_size) -> Sampling:
+                       schedule, shift, sound, guidance_interval, batch_size,
+                       recipe: defaults.ClipRecipe | None = None) -> Sampling:
     """What the checkpoint and the mode decide about checked sampling values (see the module docstring)."""
     distilled = checkpoint.distilled
     if distilled is not None:
@@ -327,6 +356,10 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
         steps = defaults.ACTION_STEPS if steps is None else steps
         guidance = defaults.ACTION_GUIDANCE if guidance is None else guidance
         shift = defaults.ACTION_SHIFT if shift is None else shift
+    elif recipe is not None:
+        steps = recipe.steps if steps is None else steps
+        guidance = recipe.guidance if guidance is None else guidance
+        shift = recipe.shift if shift is None else shift
     else:
         steps = (defaults.STEPS_VIDEO if mode != "clip" else defaults.default_steps(num_frames)) if steps is None \
             else steps
@@ -342,10 +375,12 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
 # ---------------------------------------------------------------------------------------------- mode shapes
 # Each mode's checks that need no checkpoint, and the clip it generates: {frames, height, width (of one generated
 # clip), total (output frames), fps, ...mode parts}.
-def _clip_shape(r: Request) -> dict:
+def _clip_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict:
     fps = defaults.FPS if r.fps is None else r.fps
-    num_frames = defaults.NUM_FRAMES if r.num_frames is None else r.num_frames
-    check_clip(num_frames, r.height, r.width, fps)
+    num_frames = _given(r.num_frames, recipe.num_frames if recipe else defaults.NUM_FRAMES)
+    height = _given(r.height, recipe.height if recipe else defaults.HEIGHT)
+    width = _given(r.width, recipe.width if recipe else defaults.WIDTH)
+    check_clip(num_frames, height, width, fps)
     if (r.image is not None or r.video is not None) and num_frames == 1:
         what = "image" if r.image is not None else "video"
         raise ValueError(
@@ -359,12 +394,13 @@ def _clip_shape(r: Request) -> dict:
                          "for Transfer), or drop it.")
     if r.control_guidance != defaults.CONTROL_GUIDANCE:
         raise ValueError("control_guidance applies to Transfer only; give control videos, or drop it.")
-    return dict(frames=num_frames, total=num_frames, height=r.height, width=r.width, fps=float(fps), image=r.image,
+    return dict(frames=num_frames, total=num_frames, height=height, width=width, fps=float(fps), image=r.image,
                 video=r.video)
 
 
-def _windows_shape(r: Request) -> dict:
+def _windows_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict:
     fps = defaults.FPS if r.fps is None else r.fps
+    height, width = _given(r.height, defaults.HEIGHT), _given(r.width, defaults.WIDTH)
     chunk = defaults.NUM_FRAMES if r.frames_per_chunk is None else r.frames_per_chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5 or (chunk - 1) % 4:
         near = max(5, (chunk - 1) // 4 * 4 + 1) if isinstance(chunk, int) and not isinstance(chunk, bool) else 0
@@ -374,7 +410,7 @@ def _windows_shape(r: Request) -> dict:
     if r.batch_size != 1:
         raise ValueError(f"batch_size={r.batch_size!r}: windowed generation and Transfer run one video at a time; "
                          "set batch_size to 1.")
-    check_clip(chunk, r.height, r.width, fps)
+    check_clip(chunk, height, width, fps)
     transfer = r.controls is not None
     cf = r.conditional_frames
     if cf is None:
@@ -394,7 +430,7 @@ def _windows_shape(r: Request) -> dict:
                              f"{defaults.MAX_GUIDANCE:g} (1 = the controls as given).")
         if r.control_guidance_interval is not None:
             _pair(r.control_guidance_interval, "control_guidance_interval")
-        controls = prepare_controls(r.controls, r.height, r.width)
+        controls = prepare_controls(r.controls, height, width)
         total = next(iter(controls.values())).shape[2]
         if r.num_frames is not None:
             if isinstance(r.num_frames, bool) or not isinstance(r.num_frames, int) or r.num_frames < 1:
@@ -419,14 +455,14 @@ def _windows_shape(r: Request) -> dict:
             f"windows of {geometry.chunk_frames} overlapping by {geometry.conditional_frames}); give one prompt, "
             f"or exactly {geometry.num_windows}."
         )
-    return dict(frames=chunk, total=geometry.total_frames, height=r.height, width=r.width, fps=float(fps),
+    return dict(frames=chunk, total=geometry.total_frames, height=height, width=width, fps=float(fps),
                 image=r.image, video=r.video, windows=geometry, controls=controls)
 
 
-def _action_shape(r: Request) -> dict:
+def _action_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict:
     if not isinstance(r.action, ActionRequest):
         raise ValueError(f"action={r.action!r} must be an ActionRequest (cosmos3_core.modes.action).")
-    if r.num_frames is not None or (r.height, r.width) != (defaults.HEIGHT, defaults.WIDTH):
+    if r.num_frames is not None or r.height is not None or r.width is not None:
         raise ValueError("num_frames / height / width do not apply to an action mode: the clip spans chunk_size + 1 "
                          "frames at the input's size (bucketed by resolution_tier).")
     if r.image is not None or r.video is not None:
@@ -444,6 +480,11 @@ _MODE_SHAPES = {"clip": _clip_shape, "windows": _windows_shape, "transfer": _win
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _given(value, default):
+    """``value`` unless unset (``None``)."""
+    return default if value is None else value
+
+
 def _system_prompt(r: Request, checkpoint: CheckpointInfo) -> bool:
     if r.use_system_prompt is None:
         return checkpoint.default_use_system_prompt
@@ -499,5 +540,5 @@ def _read_model_index(root: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-__all__ = ["CheckpointInfo", "MODES", "Request", "Resolved", "Sampling", "check_options", "request_mode", "resolve",
-           "resolve_clip", "resolve_sampling", "replace"]
+__all__ = ["CheckpointInfo", "MODES", "Request", "Resolved", "Sampling", "check_options", "checkpoint_recipe",
+           "request_mode", "resolve", "resolve_clip", "resolve_sampling", "replace"]

@@ -306,7 +306,8 @@ def print_timings(timings: dict[str, float], out: str) -> None:
 
 
 DEFAULT_FRAMES_HELP = (f"default {defaults.NUM_FRAMES}; more than one clip ({defaults.NUM_FRAMES}) runs as windows "
-                       "(--one-pass: one clip); with --control: the control videos' length (this caps it)")
+                       "(--one-pass: one clip); with --control: the control videos' length (this caps it); a "
+                       f"Cosmos3-Edge checkpoint with --image: {defaults.EDGE_IMAGE_TO_VIDEO.num_frames} (its recipe)")
 
 
 def checkpoint_config(checkpoint: str):
