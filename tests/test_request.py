@@ -19,25 +19,23 @@ import pytest
 from cosmos3_core import defaults
 from cosmos3_core.modes.action import ActionRequest
 from cosmos3_core.request import CheckpointInfo, Request, resolve, resolve_clip
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def nano(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_request"), variant="nano", sound=True, seed=1)
+def nano(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=1)
 
 
 @pytest.fixture(scope="module")
-def edge(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge_request"), variant="edge", sound=False, seed=2)
+def edge(tiny_checkpoint):
+    return tiny_checkpoint("edge", sound=False, seed=2)
 
 
 @pytest.fixture(scope="module")
-def distilled(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("super_4step"), variant="super", sound=False, seed=3,
-                                 distilled=True)
+def distilled(tiny_checkpoint):
+    return tiny_checkpoint("super", sound=False, seed=3, distilled=True)
 
 
 def test_clip_defaults_follow_the_reference(nano):
@@ -91,7 +89,7 @@ def test_action_defaults(nano):
 
 
 def test_the_checkpoint_decides_sound_and_the_distilled_schedule(edge, distilled):
-    with pytest.raises(ValueError, match="sound=True, but checkpoint 'edge_request.*' has no sound_tokenizer/"):
+    with pytest.raises(ValueError, match="sound=True, but checkpoint 'edge' has no sound_tokenizer/"):
         resolve(Request(prompt="a car", num_frames=9, height=32, width=48, sound=True), edge)
     run = resolve(Request(prompt="a car", num_frames=1, height=32, width=48), distilled)
     info = CheckpointInfo.read(distilled)
