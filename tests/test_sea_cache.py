@@ -17,7 +17,7 @@ from diffusers.hooks.hooks import CacheContext, StateManager
 from diffusers.hooks.sea_cache import (SeaCacheConfig as RefConfig, SeaCacheContextState, SeaCacheRootHook,
                                        SeaCacheSharedState, _apply_sea_filter, _SeaCacheForwardMetadata)
 
-from cosmos3_core.sampling.sea_cache import SeaCache, SeaCacheConfig, sea_filter
+from cosmos3_core.sampling.sea_cache import SeaCache, SeaCacheConfig, check_sea_cache, sea_filter
 
 SHAPE = (6, 3, 4, 6)  # latent [C, T, h, w]
 TOKENS, DIM = 10, 8
@@ -126,15 +126,17 @@ def test_knobs_the_reference_rejects_are_rejected_by_name(name, value):
     with pytest.raises(ValueError):
         RefConfig(**{name: value})
     with pytest.raises(ValueError) as info:
-        SeaCacheConfig(**{name: value}).check(who="generate", prefix="--sea-cache-")
+        SeaCacheConfig(**{name: value}).check()
     message = str(info.value)
     flag = "--sea-cache-" + name.replace("_", "-")
-    assert message.startswith("generate: ") and f"{flag}={value!r}" in message and "default" in message
+    assert message.startswith(f"sea_cache_{name}={value!r} ") and f"CLI: {flag}" in message and "default" in message
 
 
 def test_too_few_steps_is_refused():
     with pytest.raises(ValueError, match="distilled few-step checkpoint"):
-        SeaCacheConfig().check_steps(4, who="generate", distilled=True)
+        SeaCacheConfig().check_steps(4, distilled=True)
     with pytest.raises(ValueError, match="a 4-step run"):
-        SeaCacheConfig().check_steps(4, who="generate")
+        SeaCacheConfig().check_steps(4)
     SeaCacheConfig().check_steps(35)
+    with pytest.raises(ValueError, match=r"sea_cache=0\.25 must be a SeaCacheConfig"):
+        check_sea_cache(0.25, 35)

@@ -5,7 +5,9 @@ and sound agree as in the plain parity tests (1e-4: fp32 summation order; the ga
 
 The reference runs each guidance branch in its own ``cache_context``; ours runs both branches as one batch and
 decides per branch (and per batch item: a batch of two is two reference runs with seeds ``s`` and ``s + 1``). Which
-contexts ran the stack is read from the reference by counting its first decoder layer's calls per context.
+contexts ran the stack is read from the reference by counting its first decoder layer's calls per context. A whole
+request (``modes.dispatch.generate``) with ``sea_cache`` runs the same steps as the staged plan; a Transfer window
+names its branches as the reference's contexts.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from PIL import Image
 
 from diffusers import Cosmos3OmniPipeline, SeaCacheConfig as RefConfig, UniPCMultistepScheduler
 
-from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import Request
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 H, W, F, STEPS, SEED = 64, 96, 9, 12, 2024
 PROMPT = "a red robot walking on the street at night"
@@ -27,18 +31,13 @@ NEGATIVE = "blurry low quality video"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("sea"), variant="nano", sound=True, seed=7)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=7)
 
 
 @pytest.fixture(scope="module")
 def ours(checkpoint):
     return Cosmos3Pipeline.load(checkpoint, dtype=torch.float32, device="cpu")
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def reference_run(checkpoint, knobs, seed, **kwargs):
@@ -83,22 +82,24 @@ def test_same_steps_reused_and_same_outputs_as_the_reference(checkpoint, ours, c
         args["image"] = _image(3)
     ref, ran = reference_run(checkpoint, knobs, SEED, **args)
     guidance = args.get("guidance_scale", 6.0)
-    request = GenerationRequest(
-        prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=args["num_frames"], height=H, width=W, fps=24.0,
-        steps=STEPS, guidance=guidance, seed=SEED, schedule="flow_shift", shift=3.0,
-        sound=args.get("enable_sound", False), image=args.get("image"), sea_cache=SeaCacheConfig(**knobs))
-    text = ours.encode_text(PROMPT, NEGATIVE, num_frames=request.num_frames, height=H, width=W, fps=24.0)
-    x0, clean = ours.encode_condition(text, image=request.image)
+    sound, sea = args.get("enable_sound", False), SeaCacheConfig(**knobs)
+    text = ours.encode_text(PROMPT, NEGATIVE, num_frames=args["num_frames"], height=H, width=W, fps=24.0)
+    x0, clean = ours.encode_condition(text, image=args.get("image"))
     plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=guidance, schedule="flow_shift", shift=3.0,
-                     sound=request.sound, x0=x0, clean_frames=clean, sea_cache=request.sea_cache)
+                     sound=sound, x0=x0, clean_frames=clean, sea_cache=sea)
     result = ours.run(plan)
     mine = {(step, branch): computed for step, branch, item, computed in plan.cache.trace}
     assert mine == ran, case
     assert not all(ran.values()), "the case must exercise reuse"
     assert rel(result.latents, ref.video) <= 1e-4, case
-    if request.sound:
+    if sound:
         wave = ours.decode_sound(result.sound[0], F, 24.0)
         assert rel(wave, ref.sound[:, : wave.shape[1]]) <= 1e-4
+    if case == "t2v":  # the whole request, resolved once: the same run
+        whole = generate(ours, Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W,
+                                       fps=24.0, steps=STEPS, guidance=guidance, seed=SEED, schedule="flow_shift",
+                                       shift=3.0, sea_cache=sea), decode=False)
+        assert torch.equal(whole.latents, result.latents)
 
 
 def test_batch_items_decide_as_separate_reference_runs(checkpoint, ours):
@@ -126,3 +127,28 @@ def test_a_branch_outside_the_guidance_interval_restarts_its_trajectory(ours):
     assert first > 0 and uncond[0][1] is True  # its first observation computes
     cond = {s: c for s, b, _, c in plan.cache.trace if b == "cond"}
     assert not all(cond.values())
+
+
+@pytest.mark.parametrize("transfer", [False, True], ids=["windows", "transfer"])
+def test_every_window_has_contexts_of_its_own(ours, transfer):
+    """Each long-video window is a run of its own (as each reference call is): a fresh SeaCache whose contexts
+    start computing; Transfer's branches are the reference's three contexts."""
+    from cosmos3_core.modes.long_video import generate_long
+    from cosmos3_core.request import resolve
+
+    extra = dict(num_frames=13)
+    if transfer:
+        edges = np.random.default_rng(5).random((13, 32, 48, 3), dtype=np.float32)
+        extra = dict(controls={"edge": edges}, control_guidance=2.0)
+    run = resolve(Request(prompt=PROMPT, negative_prompt=NEGATIVE, height=32, width=48, steps=STEPS, seed=3,
+                          frames_per_chunk=9, conditional_frames=1, shift=3.0,
+                          sea_cache=SeaCacheConfig(threshold=0.6), **extra), ours.info)
+    plans = []
+    generate_long(ours, run, prepare=lambda part, need: plans.append(need) if part == "generation" else None)
+    assert len(plans) == run.windows.num_windows == 2
+    assert plans[0].cache is not plans[1].cache
+    names = ("cond", "cond_no_control", "uncond") if transfer else ("cond", "uncond")
+    for plan in plans:
+        first = [(branch, computed) for step, branch, _, computed in plan.cache.trace if step == 0]
+        assert first == [(name, True) for name in names]  # a fresh trajectory: every context computes
+        assert not all(c for *_, c in plan.cache.trace)  # and later steps reuse
