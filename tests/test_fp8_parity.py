@@ -6,7 +6,8 @@ graph (``transformer/modelopt_state.pth``, written here by ModelOpt for the refe
 it), diffusers' ModelOpt quantizer loads the FP8 weights and quantizer tensors, and the pipeline's
 ``Cosmos3MixedPrecisionRuntime`` switches W8A8/W8A16 per step. ModelOpt's W8A8 forward is its FP8-GPU path
 (``fp8_per_tensor_gemm``); so that the reference runs it on the CPU each of its FP8 linears is given that function
-(its uncompiled body, torch's CPU ``_scaled_mm``). Ours runs the exact emulation (``gemm='emulate'``).
+(its uncompiled body, torch's CPU ``_scaled_mm``). Ours runs the exact emulation
+(``RuntimeOptions(fp8_gemm="emulate")``), a whole ``Request`` resolved once (``modes.dispatch.generate``).
 
 What is compared, and why the tolerances:
 
@@ -36,10 +37,13 @@ import torch
 from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
 
 from cosmos3_core.model.fp8 import Fp8Linear
-from cosmos3_core.model.precision import Fp8Options, StepPrecision
-from cosmos3_core.pipeline import Cosmos3Pipeline, GenerationRequest
+from cosmos3_core.model.precision import StepPrecision
+from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import Request, resolve
+from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.testing.fp8 import build_fp8_checkpoint
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 warnings.filterwarnings("ignore", module="modelopt")
 mtq = pytest.importorskip("modelopt.torch.quantization")
@@ -49,6 +53,7 @@ fpg = pytest.importorskip("modelopt.torch.quantization.backends.fp8_per_tensor_g
 H, W, F, STEPS, SEED = 64, 96, 9, 8, 99
 PROMPT = "a red robot walking on the street at night"
 NEGATIVE = "blurry low quality video"
+EMULATE = RuntimeOptions(fp8_gemm="emulate", compile="off")
 
 
 def write_modelopt_state(dense_dir, fp8_dir) -> None:
@@ -76,9 +81,9 @@ def use_real_fp8_gemm(transformer) -> int:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("fp8")
-    dense = build_tiny_checkpoint(root / "nano", variant="nano", sound=True, seed=7)
+    dense = tiny_checkpoint("nano", sound=True, seed=7)
     out = {}
     for name, policy in (("fp8", "default"), ("fp8-distilled", None)):
         kwargs = {} if policy == "default" else {"policy": None}
@@ -102,11 +107,6 @@ def load_reference(path):
     pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=3.0,
                                                          use_karras_sigmas=False)
     return pipe
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
-    return float((a - b).norm() / b.norm())
 
 
 CASES = {  # name: (checkpoint, overrides, latent tolerance or None: trace only)
@@ -139,13 +139,13 @@ def test_generation_equals_the_reference_mixed_precision_pipeline(checkpoints, r
         return real(*args, precision=precision, **kwargs)
 
     ours.transformer.denoise_step = recording
-    out = ours.generate(GenerationRequest(
-        prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, fps=24.0, steps=STEPS,
-        guidance=6.0, seed=SEED, schedule="flow_shift", shift=3.0, sound=True,
-        mixed_precision=Fp8Options(gemm="emulate", **overrides)), decode=False)
+    request = Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, fps=24.0,
+                      steps=STEPS, guidance=6.0, seed=SEED, schedule="flow_shift", shift=3.0, sound=True,
+                      options=EMULATE, **overrides)
+    out = generate(ours, request, decode=False)
     trace = reference._mixed_precision_trace
     assert len(trace) == STEPS
-    assert ours.last_fp8.policy.schedule(STEPS) == tuple(trace)
+    assert resolve(request, ours.info).sampling.mixed_precision.schedule(STEPS) == tuple(trace)
     modes = [StepPrecision.from_key(p) for p in seen]
     if reference._mixed_precision_config.enabled:
         assert [m.generation for m in modes] == trace
@@ -164,12 +164,12 @@ def test_generation_equals_the_reference_mixed_precision_pipeline(checkpoints, r
 def test_w8a8_steps_really_differ_from_w8a16(checkpoints):
     """The schedule matters: the same run with every step W8A16 gives other latents."""
     ours = Cosmos3Pipeline.load(checkpoints["fp8"], dtype=torch.float32, device="cpu")
-    request = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, steps=STEPS, seed=SEED)
-    mixed = ours.generate(GenerationRequest(**request, mixed_precision=Fp8Options(gemm="emulate")), decode=False)
-    high = ours.generate(GenerationRequest(**request, mixed_precision=Fp8Options(
-        gemm="emulate", mixed_precision_first_steps=STEPS, mixed_precision_reasoner_policy="high_precision")),
-        decode=False)
-    assert ours.last_fp8.policy.schedule(STEPS) == ("W8A16",) * STEPS
+    request = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, steps=STEPS, seed=SEED,
+                   options=EMULATE)
+    mixed = generate(ours, Request(**request), decode=False)
+    all_high = Request(**request, mixed_precision_first_steps=STEPS, mixed_precision_reasoner_policy="high_precision")
+    high = generate(ours, all_high, decode=False)
+    assert resolve(all_high, ours.info).sampling.mixed_precision.schedule(STEPS) == ("W8A16",) * STEPS
     assert 1e-6 < rel(mixed.latents, high.latents) < 0.5
 
 
@@ -197,11 +197,9 @@ def test_every_fp8_linear_of_a_w8a8_step_computes_the_references_output(checkpoi
         return real(self, x)
 
     monkeypatch.setattr(Fp8Linear, "w8a8", recording)
-    ours.generate(GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W,
-                                    steps=1, guidance=6.0, seed=SEED, schedule="flow_shift", shift=3.0, sound=True,
-                                    mixed_precision=Fp8Options(gemm="emulate",
-                                                               mixed_precision_reasoner_policy="base_precision")),
-                  decode=False)
+    generate(ours, Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, steps=1,
+                           guidance=6.0, seed=SEED, schedule="flow_shift", shift=3.0, sound=True, options=EMULATE,
+                           mixed_precision_reasoner_policy="base_precision"), decode=False)
     last = len(ours.transformer.layers) - 1
     unused = {f"layers.{last}.self_attn.to_out"} | {f"layers.{last}.mlp.{p}" for p in ("gate_proj", "up_proj",
                                                                                       "down_proj")}
