@@ -192,8 +192,8 @@ def asked_fp8(fp8: Fp8Checkpoint | None, policy: MixedPrecision | None) -> str |
     if policy is None:
         return None
     if fp8 is not None and fp8.approximate:
-        return "weight_dtype fp8_e4m3fn_fast (approximate FP8 compute)"
-    return "mixed_precision_format='fp8'" if policy.forced else None
+        return "weight_dtype fp8_e4m3fn_fast (approximate FP8 compute; CLI: --weight-dtype fp8_e4m3fn_fast)"
+    return "mixed_precision_format='fp8' (CLI: --mixed-precision-format fp8)" if policy.forced else None
 
 
 @dataclass(frozen=True)
