@@ -209,3 +209,20 @@ def test_every_fp8_linear_of_a_w8a8_step_computes_the_references_output(checkpoi
         mine = real(ours.transformer.get_submodule(name), x)
         worst = max(worst, rel(mine, y))
     assert len(calls) == 2 * 28 and worst <= 2e-6
+
+
+def test_compiled_w8a8_and_sea_cache_steps_equal_eager(checkpoints):
+    """The FP8 layers and each step's precision key go through the compiled generation layer (the saved-graph
+    path, traced with aot_eager on the CPU), SeaCache's subsets of branches included: the same run, bit for bit."""
+    from cosmos3_core.sampling.sea_cache import SeaCacheConfig
+
+    ours = Cosmos3Pipeline.load(checkpoints["fp8"], dtype=torch.float32, device="cpu")
+    text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
+    runs = []
+    for options in (EMULATE, RuntimeOptions(fp8_gemm="emulate", compile="on", compile_backend="aot_eager")):
+        plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=6.0, sound=True, options=options,
+                         sea_cache=SeaCacheConfig(threshold=0.6))
+        assert {p for p in plan.precision} == {"W8A16,W8A16,W8A8", "W8A8,W8A16,W8A8"}
+        runs.append((ours.run(plan).latents, plan.cache.trace))
+    assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+    assert not all(computed for *_, computed in runs[0][1])
