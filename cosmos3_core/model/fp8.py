@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..runtime import compile_unavailable_reason
 from .precision import MixedPrecision, resolve
 from .weights import E4M3_MAX, CastLinear, Fp8Checkpoint
 
@@ -83,8 +84,9 @@ _COMPILED_TO_FP8: list = []
 
 def quantize_activation(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x`` → e4m3 with the per-tensor ``scale``; on CUDA through ``torch.compile(dynamic=True)`` as the reference
-    (one fused kernel, the reference's rounding of the division); inside a compiled layer, traced in place."""
-    if x.is_cuda and not torch.compiler.is_compiling():
+    (one fused kernel, the reference's rounding of the division) where Inductor can compile, else eagerly; inside
+    a compiled layer, traced in place."""
+    if x.is_cuda and not torch.compiler.is_compiling() and not compile_unavailable_reason(True):
         if not _COMPILED_TO_FP8:
             _COMPILED_TO_FP8.append(torch.compile(_to_fp8, dynamic=True))
         return _COMPILED_TO_FP8[0](x, scale)
