@@ -271,8 +271,7 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
             inp["file"] = video
         elif ct == "Cosmos3LongVideo":  # windows of `frames`; two or more windows (a control clip sets its own)
             inp.update(width=width, height=height, frames_per_chunk=frames, steps=steps, prompt=inp["prompt"] + prompt_suffix)
-            if inp["num_frames"]:
-                inp["num_frames"] = 2 * frames - 1
+            inp["num_frames"] = 2 * frames - 1  # with a control clip: a cap on its length
             if seed is not None:
                 inp["seed"] = seed
             if prefix is not None:
