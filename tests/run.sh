@@ -11,7 +11,7 @@
 # Nothing is ever installed inside the repository (ComfyUI is GPL-3.0: never vendor it).
 # Environment knobs: COSMOS3_VENV (venv dir), COSMOS3_PYTHON (interpreter used to create it,
 # default python3.11), COSMOS3_FORCE_SETUP=1 (redo step 2 even if the stamp matches),
-# COSMOS3_SETUP_ONLY=1 (stop after step 3: no pytest; workflows/run.sh uses it).
+# COSMOS3_SETUP_ONLY=1 (stop after step 3: no pytest; example_workflows/run.sh uses it).
 set -euo pipefail
 
 T_START=$(date +%s)
@@ -152,7 +152,7 @@ if ! setup_is_current; then
 fi
 exec 9>&-
 T_SETUP=$(date +%s)
-if [ "${COSMOS3_SETUP_ONLY:-}" = 1 ]; then  # set up the venv + host only (used by workflows/run.sh)
+if [ "${COSMOS3_SETUP_ONLY:-}" = 1 ]; then  # set up the venv + host only (used by example_workflows/run.sh)
     trap - EXIT
     log "setup only ($SETUP_STATE, $(( T_SETUP - T_START ))s): PY=$PY COMFYUI_DIR=$COMFYUI_DIR"
     exit 0

@@ -1,7 +1,7 @@
 """The shipped UI workflows in ComfyUI 0.3.75's real frontend (1.32.9), in headless Chromium, against a real server.
 
 One ``main.py --cpu`` server (tiny random checkpoints, test inputs) and one headless Debian Chromium driven over the
-Chrome DevTools Protocol (tests/support/cdp.py). For every UI workflow found in ``workflows/`` (test_workflows'
+Chrome DevTools Protocol (tests/support/cdp.py). For every UI workflow found in ``example_workflows/`` (test_workflows'
 glob), its sizes shrunk for the tiny checkpoint (the same values ``shrink_api`` gives the API twin, written into the
 UI file's widgets_values through the live schemas):
 
@@ -16,7 +16,7 @@ UI file's widgets_values through the live schemas):
 Also: ComfyUI's Templates listing (``/api/workflow_templates``) shows exactly the UI workflows (no API twins), each
 with its ``.jpg`` thumbnail served, and the real Templates dialog (the pack's category) shows that ``.jpg`` on every
 card (``templates_dialog.png``); a reload with unsaved workflows raises the "Leave site?" dialog, which is
-answered, and the app comes back. ``COSMOS3_UPDATE_THUMBNAILS=1`` also rewrites ``workflows/<name>.jpg`` from a
+answered, and the app comes back. ``COSMOS3_UPDATE_THUMBNAILS=1`` also rewrites ``example_workflows/<name>.jpg`` from a
 screenshot of each workflow as shipped (fit to view).
 """
 from __future__ import annotations

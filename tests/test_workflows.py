@@ -1,10 +1,10 @@
 """The shipped workflows against the live ComfyUI 0.3.75 host.
 
-Layout (discovered by glob, so a new workflow needs no edit here): a UI workflow ``workflows/<Title> (<mode>).json``
-(ComfyUI's Templates browser lists every ``*.json`` directly in ``workflows/`` and shows the file name as the card's
-title and description), its thumbnail ``workflows/<Title> (<mode>).jpg`` (a canvas screenshot, written by
-``tests/test_canvas.py``) and its API twin ``workflows/api/cosmos3_<mode>.json`` (outside the templates glob). A
-plain ``workflows/cosmos3_<mode>.json`` UI file also pairs with ``api/cosmos3_<mode>.json``.
+Layout (discovered by glob, so a new workflow needs no edit here): a UI workflow ``example_workflows/<Title> (<mode>).json``
+(ComfyUI's Templates browser lists every ``*.json`` directly in ``example_workflows/`` and shows the file name as the card's
+title and description), its thumbnail ``example_workflows/<Title> (<mode>).jpg`` (a canvas screenshot, written by
+``tests/test_canvas.py``) and its API twin ``example_workflows/api/cosmos3_<mode>.json`` (outside the templates glob). A
+plain ``example_workflows/cosmos3_<mode>.json`` UI file also pairs with ``api/cosmos3_<mode>.json``.
 
 (a) every UI workflow and its API twin agree: node ids, class types, links and widget values (widgets_values is
     mapped to input names with the node schemas the running host serves, control_after_generate and upload
@@ -35,17 +35,17 @@ from support import comfy_host
 
 pytestmark = pytest.mark.comfy
 
-WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
+WORKFLOWS_DIR = comfy_host.REPO_ROOT / "example_workflows"
 API_DIR = WORKFLOWS_DIR / "api"
 _UI_NAME = re.compile(r"^(?:.+ \((?P<mode>[a-z0-9_]+)\)|cosmos3_(?P<plain>[a-z0-9_]+))\.json$")
 
 
 def discover_workflows() -> dict[str, Path]:
-    """mode -> UI workflow file, for every ``workflows/*.json`` (the files ComfyUI lists as templates)."""
+    """mode -> UI workflow file, for every ``example_workflows/*.json`` (the files ComfyUI lists as templates)."""
     found: dict[str, Path] = {}
     for path in sorted(WORKFLOWS_DIR.glob("*.json")):
         m = _UI_NAME.match(path.name)
-        assert m, (f"{path.name}: a workflow in workflows/ must be named '<Title> (<mode>).json' "
+        assert m, (f"{path.name}: a workflow in example_workflows/ must be named '<Title> (<mode>).json' "
                    "(its API twin: api/cosmos3_<mode>.json)")
         mode = m.group("mode") or m.group("plain")
         assert mode not in found, f"two UI workflows for mode {mode!r}: {found[mode].name}, {path.name}"
@@ -271,8 +271,7 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
             inp["file"] = video
         elif ct == "Cosmos3LongVideo":  # windows of `frames`; two or more windows (a control clip sets its own)
             inp.update(width=width, height=height, frames_per_chunk=frames, steps=steps, prompt=inp["prompt"] + prompt_suffix)
-            if inp["num_frames"]:
-                inp["num_frames"] = 2 * frames - 1
+            inp["num_frames"] = 2 * frames - 1  # with a control clip: a cap on its length
             if seed is not None:
                 inp["seed"] = seed
             if prefix is not None:
@@ -426,7 +425,7 @@ def same_value(a, b) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def test_every_mode_ships_a_ui_and_api_pair():
-    """Templates browser hygiene: only UI workflows in workflows/ (API twins in api/), each with a thumbnail."""
+    """Templates browser hygiene: only UI workflows in example_workflows/ (API twins in api/), each with a thumbnail."""
     assert {"t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v"} <= set(MODES), MODES
     apis = sorted(p.name for p in API_DIR.glob("*.json"))
     assert apis == sorted(api_path(m).name for m in ALL_WORKFLOWS), "every api/*.json needs a UI workflow and vice versa"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Cosmos3 text-to-video with sound, end to end on a fresh machine, through a real ComfyUI server:
 #
-#   bash workflows/run.sh                                   # embedded tiny random checkpoint (CPU, seconds)
-#   bash workflows/run.sh --checkpoint /models/Cosmos3-Nano # a real checkpoint, full 1280x720x189 as shipped
-#   bash workflows/run.sh --checkpoint DIR --width 832 --height 480 --frames 93 --steps 35 --out fox.mp4
+#   bash example_workflows/run.sh                                   # embedded tiny random checkpoint (CPU, seconds)
+#   bash example_workflows/run.sh --checkpoint /models/Cosmos3-Nano # a real checkpoint, full 1280x720x189 as shipped
+#   bash example_workflows/run.sh --checkpoint DIR --width 832 --height 480 --frames 93 --steps 35 --out fox.mp4
 #
 # 1. Sets up the Python 3.11 venv and ComfyUI 0.3.75 exactly as the tests do (tests/run.sh, setup only).
 # 2. Makes a throwaway ComfyUI home with this pack in custom_nodes/ and either builds the tiny checkpoint
 #    (cosmos3_core.testing.tiny) into models/cosmos3/ or symlinks --checkpoint DIR there.
-# 3. Starts `main.py` on 127.0.0.1, queues workflows/api/cosmos3_t2av.json (shrunk to 96x64, 9 frames, 3 steps
+# 3. Starts `main.py` on 127.0.0.1, queues example_workflows/api/cosmos3_t2av.json (shrunk to 96x64, 9 frames, 3 steps
 #    on the tiny checkpoint; as shipped with a real one unless --width/--height/--frames/--steps are given),
 #    waits for /history, prints the absolute path of the mp4 (stdout, last line) and stops the server.
 #
@@ -44,10 +44,10 @@ from support import comfy_host  # noqa: E402
 
 
 def log(msg: str) -> None:
-    print(f"[workflows/run.sh] {msg}", file=sys.stderr, flush=True)
+    print(f"[example_workflows/run.sh] {msg}", file=sys.stderr, flush=True)
 
 
-ap = argparse.ArgumentParser(prog="workflows/run.sh")
+ap = argparse.ArgumentParser(prog="example_workflows/run.sh")
 ap.add_argument("--checkpoint", type=Path, help="a Cosmos3 checkpoint folder (Hub layout); default: tiny random")
 ap.add_argument("--width", type=int)
 ap.add_argument("--height", type=int)
@@ -68,7 +68,8 @@ args = ap.parse_args()
 t0 = time.monotonic()
 tiny = args.checkpoint is None
 if not tiny and not (args.checkpoint.expanduser() / "transformer" / "config.json").is_file():
-    sys.exit(f"[workflows/run.sh] {args.checkpoint} is not a Cosmos3 checkpoint folder (no transformer/config.json)")
+    sys.exit(f"[example_workflows/run.sh] {args.checkpoint} is not a Cosmos3 checkpoint folder "
+             "(no transformer/config.json)")
 home_parent = Path(tempfile.mkdtemp(prefix="cosmos3-run-"))
 base = comfy_host.comfy_home(home_parent)
 models = base / "models" / "cosmos3"
@@ -86,7 +87,7 @@ else:
     ckpt.symlink_to(src, target_is_directory=True)
     log(f"linked {src} as models/cosmos3/{name}")
 
-api = json.loads((REPO / "workflows" / "api" / "cosmos3_t2av.json").read_text())
+api = json.loads((REPO / "example_workflows" / "api" / "cosmos3_t2av.json").read_text())
 loader = next(k for k, v in api.items() if v["class_type"] == "Cosmos3Loader")
 text = next(k for k, v in api.items() if v["class_type"] == "Cosmos3TextEncode")
 sampler = next(k for k, v in api.items() if v["class_type"] == "Cosmos3KSamplerUniPCDualTower")
