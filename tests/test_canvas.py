@@ -95,23 +95,39 @@ def new_frontend_root() -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, tiny_checkpoint):
+    """Both servers, launched together (the second one starts while the first pass runs) and stopped at the end."""
+    wanted = ("bundled",) if UPDATE else FRONTENDS
+    out = {}
+    try:
+        for frontend in wanted:
+            base = comfy_host.comfy_home(tmp_path_factory.mktemp(f"canvas-{frontend}"))
+            ensure_tiny_checkpoints(base / "models" / "diffusers", tiny_checkpoint)
+            write_test_inputs(base / "input")
+            settings = base / "user" / "default" / "comfy.settings.json"
+            settings.parent.mkdir(parents=True, exist_ok=True)
+            settings.write_text(json.dumps(SETTINGS))  # no first-run template dialog, no minimap over the graph
+            extra = ["--front-end-root", str(new_frontend_root())] if frontend == "newest" else []
+            srv = comfy_host.ComfyServer(base, require_pack=True, extra_args=extra, start_timeout=300)
+            srv.frontend, srv.artifacts = frontend, ARTIFACTS / frontend
+            srv.launch()
+            out[frontend] = srv
+        yield out
+    finally:
+        for srv in out.values():
+            srv.stop()
+
+
 @pytest.fixture(scope="module", params=FRONTENDS)
-def server(request, tmp_path_factory, tiny_checkpoint):
-    frontend = request.param
-    if UPDATE and frontend != "bundled":
+def server(request, servers):
+    if request.param not in servers:
         pytest.skip("COSMOS3_UPDATE_TEMPLATES=1 writes the templates with the bundled frontend only")
-    base = comfy_host.comfy_home(tmp_path_factory.mktemp(f"canvas-{frontend}"))
-    ensure_tiny_checkpoints(base / "models" / "diffusers", tiny_checkpoint)
-    write_test_inputs(base / "input")
-    settings = base / "user" / "default" / "comfy.settings.json"
-    settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps(SETTINGS))  # no first-run template dialog, no minimap over the graph
-    extra = ["--front-end-root", str(new_frontend_root())] if frontend == "newest" else []
-    with comfy_host.ComfyServer(base, require_pack=True, extra_args=extra) as srv:
-        srv.frontend = frontend
-        srv.artifacts = ARTIFACTS / frontend
+    srv = servers[request.param]
+    if srv.startup_s is None:
+        srv.wait_ready()
         srv.infos = srv.object_info()  # every node's schema, once (what the frontend also reads at start)
-        yield srv
+    return srv
 
 
 @pytest.fixture(scope="module")
