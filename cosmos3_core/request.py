@@ -18,7 +18,11 @@ blocks' declared ``InputParam`` defaults and their one ``check_inputs`` per bloc
   6, shift 12), each of those values the request leaves unset comes from the recipe instead;
 * **every check**, one ``ValueError`` per mistake naming the argument, its value and the fix: the clip shape, the
   sampling values, the distilled checkpoint's fixed values, sound support, the conditioning, the windows and
-  controls, the action condition against the checkpoint, and whether the runtime options can run here.
+  controls, the action condition against the checkpoint, and whether the runtime options can run here;
+* **the fast modes**: an FP8 checkpoint's step policy (``model.precision.resolve``: the checkpoint's declared
+  ``diffusion_step_policy`` with the request's ``mixed_precision_*`` overrides, diffusers' arguments; a schedule of
+  W8A8 steps on a weight-only FP8 export is refused) and SeaCache's knobs against the run's steps — and FP8 compute
+  asked for explicitly (``mixed_precision_format='fp8'``, approximate FP8 compute) where the device has no FP8 GEMMs.
 
 Messages name arguments as ``name=value``; the boundary (a node, a CLI) adds its own name in front once, so the core
 never threads a caller's name through its functions. The stage-sized pieces (``resolve_clip`` for a text encode,
@@ -35,6 +39,10 @@ from typing import Any, Mapping, Sequence
 
 from . import defaults
 from .config import CheckpointError, Cosmos3Config
+from .model import precision
+from .model.fp8 import asked_fp8, check_fp8_compute, run_policy
+from .model.loader import read_fp8_checkpoint
+from .model.weights import Fp8Checkpoint
 from .modes.action import ActionRequest, check_action_request
 from .modes.transfer import prepare_controls
 from .modes.windows import WindowGeometry, window_geometry
@@ -42,6 +50,7 @@ from .runtime import DEFAULT, RuntimeOptions, compile_unavailable_reason
 from .sampling.distilled import DistilledSchedule, read_distilled
 from .sampling.plan import check_clip, check_sampling
 from .sampling.prompt import check_text, default_negative_prompt, default_use_system_prompt
+from .sampling.sea_cache import SeaCacheConfig, check_sea_cache
 from .kernels.attention import flash4_unavailable_reason
 from .kernels.gemv import triton_unavailable_reason
 
@@ -60,9 +69,13 @@ class CheckpointInfo:
     default_negative_prompt: str
     default_use_system_prompt: bool
     native_flow_schedule: bool = False  # model_index.json's use_native_flow_schedule
+    fp8: Fp8Checkpoint | None = None  # an FP8 transformer (or one loaded for approximate FP8 compute)
 
     @classmethod
-    def read(cls, checkpoint_dir: str | Path, config: Cosmos3Config | None = None) -> "CheckpointInfo":
+    def read(cls, checkpoint_dir: str | Path, config: Cosmos3Config | None = None, *,
+             fp8_compute: bool = False) -> "CheckpointInfo":
+        """``fp8_compute``: the checkpoint as it loads for approximate FP8 compute (the CLI's
+        ``--weight-dtype fp8_e4m3fn_fast``; a loaded pipeline's info says so itself)."""
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist or is not a folder; give the downloaded "
@@ -76,7 +89,8 @@ class CheckpointInfo:
         return cls(name=root.name, config=config, distilled=distilled,
                    has_sound=bool(config.sound_gen) and (root / "sound_tokenizer").is_dir(),
                    default_negative_prompt=default_negative_prompt(root), default_use_system_prompt=system,
-                   native_flow_schedule=bool(index.get("use_native_flow_schedule", False)))
+                   native_flow_schedule=bool(index.get("use_native_flow_schedule", False)),
+                   fp8=read_fp8_checkpoint(root, fp8_compute))
 
     @property
     def has_action(self) -> bool:
@@ -124,6 +138,14 @@ class Request:
     control_guidance_interval: tuple[float, float] | None = None
     # action (world-model) modes
     action: ActionRequest | None = None
+    # fast modes: an NVIDIA FP8 checkpoint's step policy (diffusers' mixed_precision_* arguments; None: the
+    # checkpoint's policy) and SeaCache (None: off)
+    mixed_precision_format: str | None = None  # none | fp8
+    mixed_precision_first_steps: int | None = None
+    mixed_precision_last_steps: int | None = None
+    mixed_precision_reasoner_policy: str | None = None  # high_precision | base_precision
+    mixed_precision_overlap: str | None = None  # a16 | native
+    sea_cache: SeaCacheConfig | None = None
     # how it runs
     options: RuntimeOptions = field(default_factory=lambda: DEFAULT)
 
@@ -141,6 +163,8 @@ class Sampling:
     guidance_interval: tuple[float, float] | None
     batch_size: int
     distilled: bool  # the checkpoint's few-step schedule (sampling/distilled.py) instead of UniPC
+    mixed_precision: precision.MixedPrecision | None = None  # the FP8 step policy (None: the model is not FP8)
+    sea_cache: SeaCacheConfig | None = None
 
     @property
     def use_cfg(self) -> bool:
@@ -184,10 +208,11 @@ class Resolved:
 
 
 # ---------------------------------------------------------------------------------------------- the resolver
-def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolved:
+def resolve(request: Request, checkpoint: CheckpointInfo | str | Path, *, fp8_compute: bool = False) -> Resolved:
     """Every default and every check of ``request`` on ``checkpoint`` (see the module docstring). Given a folder,
     the checkpoint is read only after every check that needs none of it passed (a CLI answers a bad fps at once,
-    even for a folder that is not a checkpoint)."""
+    even for a folder that is not a checkpoint); ``fp8_compute``: that folder will be loaded for approximate FP8
+    compute (a loaded pipeline's ``info`` says so itself)."""
     r = request
     if not isinstance(r.options, RuntimeOptions):
         raise ValueError(f"options={r.options!r} must be a RuntimeOptions.")
@@ -203,7 +228,13 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolv
     interval = _check_sampling_values(r.seed, r.steps, r.guidance, r.schedule, r.shift, r.sound,
                                       r.guidance_interval, r.batch_size)
     shape = _MODE_SHAPES[mode](r)  # the mode's own checks that need no checkpoint
-    info = checkpoint if isinstance(checkpoint, CheckpointInfo) else CheckpointInfo.read(checkpoint)
+    if isinstance(checkpoint, CheckpointInfo):
+        info = checkpoint
+        if fp8_compute and not (info.fp8 is not None and info.fp8.approximate):
+            raise ValueError("fp8_compute: this pipeline was loaded without approximate FP8 compute; load it with "
+                             "fp8_compute=True (CLI: --weight-dtype fp8_e4m3fn_fast).")
+    else:
+        info = CheckpointInfo.read(checkpoint, fp8_compute=fp8_compute)
     _check_mode(info, mode)
     recipe = checkpoint_recipe(info, mode, r)
     if recipe is not None:
@@ -213,7 +244,9 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolv
         check_action_request(r.action, info.config)
     sampling = _sampling_defaults(info, mode, num_frames=frames, height=height, width=width, seed=r.seed,
                                   steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
-                                  sound=r.sound, guidance_interval=interval, batch_size=r.batch_size, recipe=recipe)
+                                  sound=r.sound, guidance_interval=interval, batch_size=r.batch_size, recipe=recipe,
+                                  fast=_fast_args(r))
+    _check_fp8_device(info, sampling, r.options)
     negative = r.negative_prompt
     if mode == "clip" and info.distilled is not None and negative:
         info.distilled.check(steps=None, guidance=None, negative_prompt=negative)
@@ -285,15 +318,22 @@ def resolve_sampling(checkpoint: CheckpointInfo, *, num_frames: int, height: int
                      seed: int = defaults.SEED, steps: int | None = None, guidance: float | None = None,
                      schedule: str | None = None, shift: float | None = None, sound: bool = False,
                      guidance_interval: tuple[float, float] | None = None,
-                     batch_size: int = defaults.BATCH_SIZE) -> Sampling:
+                     batch_size: int = defaults.BATCH_SIZE, mixed_precision_format: str | None = None,
+                     mixed_precision_first_steps: int | None = None, mixed_precision_last_steps: int | None = None,
+                     mixed_precision_reasoner_policy: str | None = None, mixed_precision_overlap: str | None = None,
+                     sea_cache: SeaCacheConfig | None = None) -> Sampling:
     """The sampling values of a clip of ``num_frames`` × ``height`` × ``width`` in ``mode`` on ``checkpoint`` (a
-    sampler's stage of ``resolve``)."""
+    sampler's stage of ``resolve``), the fast modes' included."""
+    fast = dict(mixed_precision_format=mixed_precision_format, mixed_precision_first_steps=mixed_precision_first_steps,
+                mixed_precision_last_steps=mixed_precision_last_steps,
+                mixed_precision_reasoner_policy=mixed_precision_reasoner_policy,
+                mixed_precision_overlap=mixed_precision_overlap, sea_cache=sea_cache)
     schedule = defaults.SCHEDULE if schedule is None else schedule
     _check_mode(checkpoint, mode)  # before its fixed values: a sampler's steps are not what is wrong here
     interval = _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidance_interval, batch_size)
     return _sampling_defaults(checkpoint, mode, num_frames=num_frames, height=height, width=width, seed=seed,
                               steps=steps, guidance=guidance, schedule=schedule, shift=shift, sound=sound,
-                              guidance_interval=interval, batch_size=batch_size)
+                              guidance_interval=interval, batch_size=batch_size, fast=fast)
 
 
 def check_options(options: RuntimeOptions) -> None:
@@ -338,7 +378,7 @@ def _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidan
 
 def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, height, width, seed, steps, guidance,
                        schedule, shift, sound, guidance_interval, batch_size,
-                       recipe: defaults.ClipRecipe | None = None) -> Sampling:
+                       recipe: defaults.ClipRecipe | None = None, fast: dict | None = None) -> Sampling:
     """What the checkpoint and the mode decide about checked sampling values (see the module docstring)."""
     distilled = checkpoint.distilled
     if distilled is not None:
@@ -346,7 +386,8 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
         if guidance_interval is not None:
             raise ValueError(f"guidance_interval={list(guidance_interval)} has no effect on distilled checkpoint "
                              f"{checkpoint.name!r} (one branch, guidance baked in); drop it.")
-        return Sampling(seed, distilled.steps, 1.0, schedule, None, False, None, batch_size, True)
+        return Sampling(seed, distilled.steps, 1.0, schedule, None, False, None, batch_size, True,
+                        *_fast_modes(checkpoint, distilled.steps, True, **(fast or {})))
     if sound and not checkpoint.has_sound:
         raise ValueError(
             f"sound=True, but checkpoint {checkpoint.name!r} has no sound_tokenizer/ or sound head (Edge cannot "
@@ -369,7 +410,27 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
         raise ValueError(f"guidance_interval={list(guidance_interval)} has no effect with guidance 1 (no negative "
                          "branch to drop); drop it or raise the guidance.")
     return Sampling(int(seed), int(steps), float(guidance), schedule, float(shift), sound, guidance_interval,
-                    batch_size, False)
+                    batch_size, False, *_fast_modes(checkpoint, int(steps), False, **(fast or {})))
+
+
+# ---------------------------------------------------------------------------------------------- fast modes
+def _fast_args(r: Request) -> dict:
+    return {name: getattr(r, name) for name in (*precision.OVERRIDES, "sea_cache")}
+
+
+def _fast_modes(checkpoint: CheckpointInfo, steps: int, distilled: bool, sea_cache: SeaCacheConfig | None = None,
+                **mixed_precision) -> tuple[precision.MixedPrecision | None, SeaCacheConfig | None]:
+    """The FP8 step policy on ``checkpoint`` (None: it is not FP8) and the checked SeaCache knobs of a run."""
+    return run_policy(checkpoint.fp8, checkpoint.name, **mixed_precision), check_sea_cache(sea_cache, steps, distilled)
+
+
+def _check_fp8_device(checkpoint: CheckpointInfo, sampling: Sampling, options: RuntimeOptions) -> None:
+    """FP8 compute asked for explicitly where the run's device has no FP8 GEMMs, refused before any load (the
+    plan checks the device it runs on again: ``fp8.fp8_steps``)."""
+    import torch
+
+    kind = options.device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_fp8_compute(asked_fp8(checkpoint.fp8, sampling.mixed_precision), kind, options.fp8_gemm)
 
 
 # ---------------------------------------------------------------------------------------------- mode shapes

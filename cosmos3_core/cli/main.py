@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     cond = p.add_mutually_exclusive_group()
     cond.add_argument("--image", default=None, help="conditioning image (image-to-video)")
     cond.add_argument("--video", default=None, help="conditioning video (video-to-video)")
+    common.add_fast_mode_arguments(p)  # --mixed-precision-*, --weight-dtype fp8_e4m3fn_fast, --sea-cache[-KNOB]
     common.add_run_options(
         p, attention_help="attention kernels: auto = FlashAttention-4 (optional flash-attn-4) on Hopper GPUs for long "
                           "sequences, else PyTorch SDPA; sdpa forces SDPA (the reference's route); flash4 requires it")
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     action.check_flags(args)
     request = common.request_from_args(args)
     OUTPUT_CHECKS[request_mode(request)](args, request)  # output paths, before anything is read from the checkpoint
-    run = resolve(request, args.checkpoint)  # the checkpoint's files are read after the checks that need none
+    run = resolve(request, args.checkpoint, fp8_compute=common.fp8_compute(args))  # files read after the checks
+    common.show_run_notes()  # e.g. the FP8 policy in effect, said when the run is planned
     if run.recipe_defaults:  # say where the values nobody typed came from
         values = ", ".join(f"{name} {value:g}" for name, value in run.recipe_defaults)
         print(f"{run.recipe}: {values} (the checkpoint's published defaults; a flag given wins)", file=sys.stderr)

@@ -116,14 +116,17 @@ def generate_long(
                                       use_system_prompt=run.use_system_prompt)
             scheduler = make_scheduler(pipe.scheduler_config, sampling.steps, schedule=sampling.schedule,
                                        shift=sampling.shift)
+            cond, uncond = text_kv(ids.cond), text_kv(ids.uncond)
+            text = TextConditioning(cond, uncond, chunk, run.height, run.width, float(run.fps))
             plan = make_transfer_plan(
-                pipe.config, cond=text_kv(ids.cond), uncond=text_kv(ids.uncond),
+                pipe.config, cond=cond, uncond=uncond,
                 prefix=control_latents(pipe.vae, controls, geometry, k), latent_shape=latent_shape, fps=run.fps,
                 generator=generator, stepper=make_stepper(scheduler), x0=x0, clean_frames=clean,
                 guidance=sampling.guidance, control_guidance=run.control_guidance,
                 guidance_interval=sampling.guidance_interval,
                 control_guidance_interval=run.control_guidance_interval, device=device,
                 dtype=pipe.transformer.dtype, options=options,
+                **pipe.fast_modes(text, sampling, len(scheduler.timesteps), device, options),
             )
             pipe.check_memory(plan.memory_required, plan.num_tokens, plan.device)
         else:
