@@ -11,7 +11,7 @@ exists, so a stage cut short keeps what it measured):
 * ``ours``: an empty compile cache (``COSMOS3_CACHE_DIR`` = ``<work>/compile-cache``, emptied: a machine's first run),
   then ComfyUI 0.3.75's ``main.py`` (``--comfyui``, run by ``--python``) on the GPU with default flags, the pack linked
   as a custom node and the checkpoint as ``models/diffusers/Cosmos3-Nano``; per shape two runs, ``first`` and
-  ``second``, of ``workflows/api/cosmos3_<t2i|t2v|t2av>.json`` at full size (T2I 1280×720, T2V and T2AV 480p/93f,
+  ``second``, of ``example_workflows/api/cosmos3_<t2i|t2v|t2av>.json`` at full size (T2I 1280×720, T2V and T2AV 480p/93f,
   T2AV 720p/189f), 35 steps, CFG 6 as shipped, the ~1,500-token ``common.LONG_PROMPT``, ``compile`` as shipped unless
   ``--compile``. Every run has a new seed and a new one-token prompt tag, so the text encode runs each time (as in
   each diffusers call) and the loader is cached after the first run of the session.
@@ -141,7 +141,7 @@ def stage_write(args, res: Results) -> None:
 def build_graph(shape: tuple, steps: int, seed: int, prompt: str, compile_choice: str, prefix: str) -> dict:
     """The shipped API workflow of ``shape`` at its size with this run's seed, prompt and steps."""
     mode, height, width, frames = shape
-    graph = json.loads((REPO / "workflows" / "api" / f"cosmos3_{mode}.json").read_text())
+    graph = json.loads((REPO / "example_workflows" / "api" / f"cosmos3_{mode}.json").read_text())
 
     def put(nid: str, name: str, value) -> None:  # through a PrimitiveInt when the input is linked
         v = graph[nid]["inputs"][name]
@@ -291,7 +291,7 @@ def stage_server(args, res: Results, kind: str) -> None:
 
 def summarize_run(entry: dict, shape: tuple, label: str, rec: dict) -> None:
     mode, height, width, frames = shape
-    entry.update(workflow=f"workflows/api/cosmos3_{mode}.json", height=height, width=width, frames=frames,
+    entry.update(workflow=f"example_workflows/api/cosmos3_{mode}.json", height=height, width=width, frames=frames,
                  sound=mode == "t2av")
     entry.setdefault("runs", {})[label] = rec
     entry[f"{label}_s"] = rec["total_s"]

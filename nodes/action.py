@@ -3,8 +3,9 @@
 Cosmos3ActionCondition turns IMAGE frames (+ actions for forward dynamics) and the fields of diffusers'
 ``CosmosActionCondition`` into the two things the sampler needs: the action condition (clean latents, clean actions,
 embodiment) and the text K/V of the action caption (a JSON document describing the clip, as the action models were
-trained; no metadata templates). Wire both outputs into KSampler UniPC (Dual Tower) — ``text`` and ``action`` —
-and take the sampler's ``actions`` output into Cosmos3 Save Actions. All decisions live in ``cosmos3_core.modes.action``.
+trained; no metadata templates). Wire both outputs into Cosmos3 KSampler UniPC (Dual Tower) — ``text`` and
+``action`` — and take the sampler's ``actions`` output into Cosmos3 Save Actions. All decisions live in
+``cosmos3_core.modes.action``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Cosmos3ActionCondition(io.ComfyNode):
             category=CATEGORY,
             description="World-model modes: policy (start frame + prompt → future video + actions), forward dynamics "
                         "(start frame + actions → video), inverse dynamics (video → actions). Encodes the frames and "
-                        "the prompt's action caption; feed both outputs to KSampler UniPC (Dual Tower).",
+                        "the prompt's action caption; feed both outputs to Cosmos3 KSampler UniPC "
+                        "(Dual Tower).",
             inputs=[
                 Cosmos3Model.Input("model", tooltip="The loaded checkpoint (trained with an action head)."),
                 io.Image.Input("image", tooltip="Policy / forward dynamics: the start frame (the first of a batch). "

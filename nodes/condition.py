@@ -105,7 +105,7 @@ class Cosmos3FirstLastFrame(io.ComfyNode):
                                      "to it, as for image-to-video)."),
                 io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
                              tooltip="Must equal Cosmos3TextEncode's height."),
-                io.Int.Input("num_frames", default=defaults.NUM_FRAMES, min=1, max=defaults.MAX_FRAMES, step=4,
+                io.Int.Input("num_frames", default=defaults.NUM_FRAMES, min=5, max=defaults.MAX_FRAMES, step=4,
                              tooltip="Must equal Cosmos3TextEncode's num_frames (4k+1, at least 5): the end image "
                                      "is the clip's last frame."),
                 io.Image.Input("end_image", optional=True, tooltip="The last frame of the video (one image)."),

@@ -88,7 +88,7 @@ class Cosmos3AudioDecode(io.ComfyNode):
     def execute(cls, model, sound) -> io.NodeOutput:
         if sound is None:
             raise ValueError("Cosmos3AudioDecode: the sampler produced no sound; set sound=true on "
-                             "KSampler UniPC (Dual Tower).")
+                             "Cosmos3 KSampler UniPC (Dual Tower).")
         _check_create_video_fps(cls.hidden.prompt, cls.hidden.unique_id, sound.fps)
         pipe = model.pipeline
         if pipe.sound_decoder is None:

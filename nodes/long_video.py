@@ -58,9 +58,9 @@ class Cosmos3LongVideo(io.ComfyNode):
                              tooltip="Video width in pixels (a multiple of 16)."),
                 io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
                              tooltip="Video height in pixels (a multiple of 16)."),
-                io.Int.Input("num_frames", default=defaults.LONG_NUM_FRAMES, min=0, max=defaults.MAX_LONG_FRAMES,
-                             step=4, tooltip="Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: a cap "
-                                             "on their length (0 = all of it)."),
+                io.Int.Input("num_frames", default=defaults.LONG_NUM_FRAMES, min=5, max=defaults.MAX_LONG_FRAMES,
+                             step=4, tooltip="Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: at most "
+                                             "this many of their frames (all of them when they are shorter)."),
                 io.Int.Input("frames_per_chunk", default=defaults.NUM_FRAMES, min=5, max=defaults.MAX_FRAMES, step=4,
                              tooltip="Frames generated per window, 4k+1 (one Cosmos3 clip: up to 189)."),
                 io.Int.Input("conditional_frames", default=-1, min=-1, max=defaults.MAX_FRAMES,
@@ -117,9 +117,6 @@ class Cosmos3LongVideo(io.ComfyNode):
                 **control_inputs) -> io.NodeOutput:
         controls = {k: v for k, v in control_inputs.items() if k in CONTROL_KEYS and v is not None} or None
         prompts = [p.strip() for p in prompt.split(f"\n{PROMPT_SEPARATOR}\n")]
-        if num_frames == 0 and controls is None:
-            raise ValueError(f"{NODE}: num_frames=0 means 'the control videos' length', but no control video is "
-                             "connected; set num_frames (4k+1, e.g. 721 for 30 s at 24 fps).")
         if image is not None and image.shape[0] != 1:
             raise ValueError(f"{NODE}: image holds {image.shape[0]} frames; connect one image for image-to-video "
                              "(or connect the frames to `video`, whose first frames then seed the first window).")
@@ -128,7 +125,7 @@ class Cosmos3LongVideo(io.ComfyNode):
         request = Request(
             prompt=prompts[0] if len(prompts) == 1 else prompts,
             negative_prompt=negative_prompt if negative_prompt.strip() else None,
-            num_frames=num_frames or None, frames_per_chunk=frames_per_chunk,
+            num_frames=num_frames, frames_per_chunk=frames_per_chunk,
             conditional_frames=None if conditional_frames < 0 else conditional_frames, height=height, width=width,
             fps=fps, steps=steps, guidance=cfg, seed=seed, schedule=schedule, shift=shift or None, sound=sound,
             image=None if image is None else image[0], video=video, controls=controls,

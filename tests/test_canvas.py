@@ -1,23 +1,38 @@
-"""The shipped UI workflows in ComfyUI 0.3.75's real frontend (1.32.9), in headless Chromium, against a real server.
+"""The shipped UI workflows in ComfyUI's real frontend, in headless Chromium, against a real ComfyUI 0.3.75 server —
+twice: with the frontend 0.3.75 serves (``comfyui_frontend_package`` 1.32.9) and with the newest one on PyPI
+(``NEW_FRONTEND``, served through ComfyUI's ``--front-end-root``; tests/run.sh installs it beside the venv).
 
-One ``main.py --cpu`` server (tiny random checkpoints, test inputs) and one headless Debian Chromium driven over the
-Chrome DevTools Protocol (tests/support/cdp.py). For every UI workflow found in ``workflows/`` (test_workflows'
-glob), its sizes shrunk for the tiny checkpoint (the same values ``shrink_api`` gives the API twin, written into the
-UI file's widgets_values through the live schemas):
+One ``main.py --cpu`` server per frontend (tiny random checkpoints, test inputs) and one headless Debian Chromium
+driven over the Chrome DevTools Protocol (tests/support/cdp.py). For every UI workflow in ``example_workflows/``
+(test_workflows' glob):
 
-* the file is dropped onto ``#graph-canvas`` (``Input.dispatchDragEvent`` with the real file);
+* the file is dropped onto ``#graph-canvas`` (``Input.dispatchDragEvent`` with the real file) with the tiny
+  checkpoint and the test inputs picked in its combo widgets (as a user picks them) and every number as shipped;
 * no missing-node dialog and no error toast appear, every node's type is registered in the frontend;
-* each widget holds the value saved for it (by widget name, so a value in the wrong widget fails);
-* the **Run** button is clicked (a real mouse event), the prompt finishes with ``success`` in /history and its output
-  file exists and reads back (``check_outputs``);
-* a screenshot of the canvas before and after the run is kept in ``$COSMOS3_ARTIFACTS/canvas`` (default
+* the saved viewport (``extra.ds``) shows every node whole inside ``FREE`` (the canvas left free by the frontend's
+  bars in a 1280×720 window) and every node's title fits its node;
+* the numbers the tiny run needs (sizes, frames, steps, ...; ``shrink_api``'s values) are TYPED into their widgets
+  as a user does (click the widget, Ctrl+A, type, Enter); a stepped widget first gets the value one below (off its
+  grid: it must snap to the valid value, e.g. 720 → 721 frames), then the value itself; each widget must then hold
+  exactly that value;
+* the **Run** button is clicked (a real mouse event), the prompt finishes with ``success`` in /history, the graph the
+  frontend queued carries the typed values and its output file reads back with them (frames, size, fps, sound);
+* a screenshot of the canvas before and after the run is kept in ``$COSMOS3_ARTIFACTS/canvas/<frontend>`` (default
   ``<repo>/.out/canvas``).
 
-Also: ComfyUI's Templates listing (``/api/workflow_templates``) shows exactly the UI workflows (no API twins), each
-with its ``.jpg`` thumbnail served, and the real Templates dialog (the pack's category) shows that ``.jpg`` on every
-card (``templates_dialog.png``); a reload with unsaved workflows raises the "Leave site?" dialog, which is
-answered, and the app comes back. ``COSMOS3_UPDATE_THUMBNAILS=1`` also rewrites ``workflows/<name>.jpg`` from a
-screenshot of each workflow as shipped (fit to view).
+Also: every stepped INT widget of every pack node, typed on and off its grid near its ends, holds only valid values;
+ComfyUI's Templates listing (``/api/workflow_templates``) shows exactly the UI workflows (no API twins), each with its
+``.jpg`` served, and the real Templates dialog (the pack's category) shows that ``.jpg`` on every card under a title
+that is not cut off (``templates_dialog.png``); a reload with unsaved workflows raises the "Leave site?" dialog, which
+is answered, and the app comes back.
+
+``COSMOS3_UPDATE_TEMPLATES=1`` (with the bundled frontend) rewrites each UI workflow's ``extra.ds`` to frame its graph
+in ``FREE`` and its thumbnail ``example_workflows/<Title>.jpg`` from the output of its run (the middle frame of the
+video, the image, or for an actions-only workflow a plot of the actions), enlarged to ``THUMBNAIL_SIZE``.
+
+What the newest frontend cannot do with the 0.3.75 backend (README, "Frontends"): its queue and history panels read
+``/api/jobs``, which 0.3.75 lacks (404; the panels stay empty and the console logs the error). Running, previews,
+outputs and templates work; this test ignores only those ``/api/jobs`` console errors.
 """
 from __future__ import annotations
 
@@ -31,17 +46,32 @@ from pathlib import Path
 import pytest
 
 from support import comfy_host
-from test_workflows import (ALL_WORKFLOWS, check_outputs, ensure_tiny_checkpoints, load_api, load_ui, schema_inputs,
-                            shrink_api, source_node, thumbnail_path, ui_path, widget_slots, write_test_inputs)
+from test_workflows import (ALL_WORKFLOWS, THUMBNAIL_SIZE, check_mp4, check_outputs, ensure_tiny_checkpoints,
+                            load_api, load_ui, node_info, nodes_of, schema_inputs, shrink_api, source_node,
+                            thumbnail_path, ui_path, widget_slots, write_test_inputs)
 
 pytestmark = pytest.mark.comfy
 
+BUNDLED_FRONTEND = "1.32.9"  # what ComfyUI 0.3.75's requirements install
+NEW_FRONTEND = "1.58.1"  # the newest comfyui-frontend-package on PyPI (tests/run.sh pins the same)
+FRONTENDS = ("bundled", "newest")
 ARTIFACTS = Path(os.environ.get("COSMOS3_ARTIFACTS", comfy_host.REPO_ROOT / ".out")) / "canvas"
-UPDATE_THUMBNAILS = os.environ.get("COSMOS3_UPDATE_THUMBNAILS") == "1"
+UPDATE = os.environ.get("COSMOS3_UPDATE_TEMPLATES") == "1"
 APP_READY = ("window.app && window.app.graph && window.LiteGraph && "
              "!!LiteGraph.registered_node_types['Cosmos3Loader'] && !!document.querySelector('#graph-canvas')")
 SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False,
             "LiteGraph.Canvas.LowQualityRenderingZoomThreshold": 0.2}  # widgets drawn at fit-view zoom
+# The canvas a 1280x720 window leaves free of both frontends' bars (tabs and menu on top, the workflow name and the
+# Run bar floating below them, the side bar on the left, the zoom controls bottom right): x0, y0, x1, y1 in pixels.
+FREE = (72, 128, 1260, 650)
+CLIP_FRAMES = 13  # write_test_inputs' clip: Transfer's length when the cap (num_frames) is above it
+
+
+def canvas_shrink(mode: str) -> dict:
+    """``shrink_api`` arguments of the canvas runs: one step and 5 frames (half the run time of the default 9 and
+    2), 9 frames where the workflow needs more than 2 latent frames (first+last frame, video continuation, windows)."""
+    return dict(frames=9 if mode in ("flf2v", "v2v", "long_t2v", "transfer") else 5, steps=1,
+                prefix=f"cosmos3_canvas/{mode}")
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +86,48 @@ def browser():
         yield b
 
 
+def new_frontend_root() -> Path:
+    raw = os.environ.get("COSMOS3_NEW_FRONTEND_ROOT", "")
+    root = Path(raw) if raw else None
+    if root is None or not (root / "index.html").is_file():
+        pytest.fail(f"comfyui-frontend-package {NEW_FRONTEND} is not installed (COSMOS3_NEW_FRONTEND_ROOT="
+                    f"{raw!r}): run the tests with `bash tests/run.sh`, which installs it beside the venv")
+    return root
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_checkpoint):
-    base = comfy_host.comfy_home(tmp_path_factory.mktemp("canvas"))
-    ensure_tiny_checkpoints(base / "models" / "diffusers", tiny_checkpoint)
-    write_test_inputs(base / "input")
-    settings = base / "user" / "default" / "comfy.settings.json"
-    settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps(SETTINGS))  # no first-run template dialog, no minimap over the graph
-    with comfy_host.ComfyServer(base, require_pack=True) as srv:
-        yield srv
+def servers(tmp_path_factory, tiny_checkpoint):
+    """Both servers, launched together (the second one starts while the first pass runs) and stopped at the end."""
+    wanted = ("bundled",) if UPDATE else FRONTENDS
+    out = {}
+    try:
+        for frontend in wanted:
+            base = comfy_host.comfy_home(tmp_path_factory.mktemp(f"canvas-{frontend}"))
+            ensure_tiny_checkpoints(base / "models" / "diffusers", tiny_checkpoint)
+            write_test_inputs(base / "input")
+            settings = base / "user" / "default" / "comfy.settings.json"
+            settings.parent.mkdir(parents=True, exist_ok=True)
+            settings.write_text(json.dumps(SETTINGS))  # no first-run template dialog, no minimap over the graph
+            extra = ["--front-end-root", str(new_frontend_root())] if frontend == "newest" else []
+            srv = comfy_host.ComfyServer(base, require_pack=True, extra_args=extra, start_timeout=300)
+            srv.frontend, srv.artifacts = frontend, ARTIFACTS / frontend
+            srv.launch()
+            out[frontend] = srv
+        yield out
+    finally:
+        for srv in out.values():
+            srv.stop()
+
+
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request, servers):
+    if request.param not in servers:
+        pytest.skip("COSMOS3_UPDATE_TEMPLATES=1 writes the templates with the bundled frontend only")
+    srv = servers[request.param]
+    if srv.startup_s is None:
+        srv.wait_ready()
+        srv.infos = srv.object_info()  # every node's schema, once (what the frontend also reads at start)
+    return srv
 
 
 @pytest.fixture(scope="module")
@@ -75,32 +137,62 @@ def page(server, browser):
     browser.wait_for(APP_READY, timeout=180, what="the ComfyUI frontend with the Cosmos3 nodes")
     browser.pump(1.0)
     browser.load_s = time.monotonic() - t0
+    version = browser.eval("window.__COMFYUI_FRONTEND_VERSION__")
+    assert version == {"bundled": BUNDLED_FRONTEND, "newest": NEW_FRONTEND}[server.frontend], version
+    # errors while the app starts are the frontend's own (1.32.9 logs a TypeError in a settings onChange with any
+    # settings, with or without this pack); none may come from the pack
+    ours = [e for e in browser.errors if "cosmos3" in e.lower()]
+    assert not ours, ours
+    browser.errors.clear()
     return browser
 
 
-def shrunk_ui(server, mode: str) -> dict:
-    """The UI workflow with the values ``shrink_api`` gives its API twin, by widget name (so sizes, steps, the tiny
-    checkpoint and the test inputs are what the canvas shows)."""
-    ui, api = load_ui(mode), load_api(mode)
-    small = shrink_api(api, prefix=f"cosmos3_canvas/{mode}")
+# -------------------------------------------------------------------------------------------- helpers
+
+def typed_values(server, mode: str, ui: dict) -> list[tuple[int, str, object]]:
+    """(node id, widget, value) for every number ``shrink_api`` changes in the workflow: what the test types."""
+    small = shrink_api(load_api(mode), **canvas_shrink(mode))
+    out = []
     for node in ui["nodes"]:
         nid = str(node["id"])
         if nid not in small:
             continue  # a frontend-only note
-        info = server.object_info(node["type"])
+        info = server.infos.get(node["type"])
+        kinds = schema_inputs(info)
+        for (name, kind), shipped in zip(widget_slots(info), node.get("widgets_values") or []):
+            value = small[nid]["inputs"].get(name)
+            if (kind == "value" and kinds[name]["type"] in ("INT", "FLOAT") and name in small[nid]["inputs"]
+                    and source_node(small, value) is None and value != shipped):
+                out.append((node["id"], name, value))
+    return out
+
+
+def picked_ui(server, mode: str) -> dict:
+    """The UI workflow with ``shrink_api``'s combo and text values (the tiny checkpoint, the test inputs, output
+    prefixes, fp32): what a user picks from lists; numbers stay as shipped (they are typed)."""
+    ui = load_ui(mode)
+    small = shrink_api(load_api(mode), **canvas_shrink(mode))
+    for node in ui["nodes"]:
+        nid = str(node["id"])
+        if nid not in small:
+            continue
+        info = server.infos.get(node["type"])
+        kinds = schema_inputs(info)
         values = node.get("widgets_values") or []
         for i, (name, kind) in enumerate(widget_slots(info)[:len(values)]):
             literal = small[nid]["inputs"].get(name)
-            if kind == "value" and name in small[nid]["inputs"] and source_node(small, literal) is None:
+            if (kind == "value" and name in small[nid]["inputs"] and source_node(small, literal) is None
+                    and kinds[name]["type"] not in ("INT", "FLOAT")):
                 values[i] = literal
     return ui
 
 
 def graph_state(b) -> dict:
     return b.eval("""(() => {
-        const dialogs = [...document.querySelectorAll('.p-dialog')].map(d => d.textContent.trim().slice(0, 300));
-        const toasts = [...document.querySelectorAll('.p-toast-message')].map(
-            t => ({cls: t.className, text: t.textContent.trim().slice(0, 300)}));
+        const dialogs = [...document.querySelectorAll('.p-dialog, [role=dialog]')].map(
+            d => d.textContent.trim().slice(0, 300));
+        const toasts = [...document.querySelectorAll('.p-toast-message, [data-sonner-toast]')].map(
+            t => ({cls: t.className + ' ' + (t.getAttribute('data-type') || ''), text: t.textContent.trim().slice(0, 300)}));
         const nodes = app.graph._nodes.map(n => ({
             id: n.id, type: n.type, registered: !!LiteGraph.registered_node_types[n.type], errors: !!n.has_errors,
             widgets: Object.fromEntries((n.widgets || []).map(w => [w.name, w.value]))}));
@@ -118,17 +210,81 @@ def assert_clean(state: dict, what: str) -> None:
 
 
 def drop(b, path: Path, n_nodes: int) -> None:
-    rect = b.eval("(() => { const r = document.querySelector('#graph-canvas').getBoundingClientRect();"
-                  " return [r.x + r.width / 2, r.y + r.height / 2]; })()")
     b.eval("app.graph.clear(); true")  # so the wait below sees the dropped graph, not the previous one
-    b.drop_file(path, *rect)
+    b.drop_file(path, 800, 500)
     b.wait_for(f"app.graph._nodes.length === {n_nodes}", timeout=30, what=f"{path.name} on the canvas")
-    b.pump(0.5)
+    b.pump(0.25)
+
+
+def node_boxes(b) -> list:
+    """[id, title, x0, y0, x1, y1 (screen px, title bar included), title width + its margins (px)] per node."""
+    return b.eval("""(() => {
+        const ds = app.canvas.ds, r = document.querySelector('#graph-canvas').getBoundingClientRect();
+        const ctx = document.createElement('canvas').getContext('2d');
+        return app.graph._nodes.map(n => {
+            const [x, y, w, h] = n.getBounding();
+            const title = n.getTitle ? n.getTitle() : n.title;
+            ctx.font = n.titleFontStyle;  // the frontend draws the title in width - 2 title heights, else cuts it
+            const need = ctx.measureText(title).width + 2 * LiteGraph.NODE_TITLE_HEIGHT;
+            return [n.id, title, r.x + (x + ds.offset[0]) * ds.scale, r.y + (y + ds.offset[1]) * ds.scale,
+                    r.x + (x + w + ds.offset[0]) * ds.scale, r.y + (y + h + ds.offset[1]) * ds.scale, need, w,
+                    n.collapsed || n.type === 'MarkdownNote' || n.type === 'Note'];
+        });
+    })()""")
+
+
+def frame_graph(b) -> dict:
+    """The ``extra.ds`` that centres the graph (as the frontend lays it out) in ``FREE``."""
+    bounds = b.eval("""(() => { const bs = app.graph._nodes.map(n => n.getBounding());
+        return [Math.min(...bs.map(b => b[0])), Math.min(...bs.map(b => b[1])),
+                Math.max(...bs.map(b => b[0] + b[2])), Math.max(...bs.map(b => b[1] + b[3]))]; })()""")
+    x0, y0, x1, y1 = bounds
+    pad = 12
+    w, h = FREE[2] - FREE[0] - 2 * pad, FREE[3] - FREE[1] - 2 * pad
+    scale = round(min(w / (x1 - x0), h / (y1 - y0), 1.0) - 0.0005, 3)
+    ox = (FREE[0] + (FREE[2] - FREE[0] - (x1 - x0) * scale) / 2) / scale - x0
+    oy = (FREE[1] + (FREE[3] - FREE[1] - (y1 - y0) * scale) / 2) / scale - y0
+    return {"scale": scale, "offset": [round(ox, 1), round(oy, 1)]}
+
+
+def node_js(nid) -> str:
+    """The JavaScript expression of node ``nid`` (1.32.9 keeps ids as numbers, 1.58 as strings)."""
+    return f"app.graph._nodes.find(n => String(n.id) === {json.dumps(str(nid))})"
+
+
+def show_widget(b, nid: int, name: str) -> list:
+    """Pan and zoom (scale 1) so the widget sits mid-canvas, as a user does before editing; its screen point."""
+    return b.eval(f"""(() => {{
+        const n = {node_js(nid)}, w = n.widgets.find(w => w.name === {json.dumps(name)});
+        const ds = app.canvas.ds, r = document.querySelector('#graph-canvas').getBoundingClientRect();
+        app.canvas.draw(true, true);  // lays the widgets out (their y)
+        const gx = n.pos[0] + n.size[0] / 2, gy = n.pos[1] + w.y + (w.computedHeight || LiteGraph.NODE_WIDGET_HEIGHT) / 2;
+        ds.scale = 1; ds.offset[0] = r.width / 2 - gx; ds.offset[1] = r.height / 2 - gy;
+        app.canvas.setDirty(true, true); app.canvas.draw(true, true);
+        return [r.x + r.width / 2, r.y + r.height / 2];
+    }})()""")
+
+
+def widget_value(b, nid: int, name: str):
+    return b.eval(f"{node_js(nid)}.widgets.find(w => w.name === {json.dumps(name)}).value")
+
+
+def type_into_widget(b, nid: int, name: str, text: str):
+    """Click the number widget (the frontend opens its value box, focused), Ctrl+A, type, Enter; the value held."""
+    x, y = show_widget(b, nid, name)
+    b.click(x, y)
+    b.wait_for("!!document.querySelector('.graphdialog input') && "
+               "document.activeElement === document.querySelector('.graphdialog input')",
+               timeout=5, what=f"the value box of widget {name!r} (node {nid})")
+    b.replace_text(text)
+    b.wait_for("!document.querySelector('.graphdialog input')", timeout=5, what="the value box to close")
+    return widget_value(b, nid, name)
 
 
 def click_run(b) -> None:
     center = b.eval("""(() => {
-        const btn = [...document.querySelectorAll('button')].find(x => x.getAttribute('aria-label') === 'Run');
+        const btn = document.querySelector('[data-testid="queue-button"]')
+            || [...document.querySelectorAll('button')].find(x => x.getAttribute('aria-label') === 'Run');
         if (!btn) return null;
         const r = btn.getBoundingClientRect();
         return [r.x + r.width / 2, r.y + r.height / 2];
@@ -143,10 +299,160 @@ def wait_history(server, before: set, timeout: float = 300.0) -> dict:
         hist = server.get("/history")
         new = [k for k in hist if k not in before]
         if new:
-            entry = server.wait(new[0], timeout=max(1.0, deadline - time.monotonic()))
-            return entry
+            return server.wait(new[0], timeout=max(1.0, deadline - time.monotonic()))
         time.sleep(0.25)
     raise TimeoutError(f"the Run button queued nothing within {timeout} s; log:\n{server.log_tail()}")
+
+
+def output_items(base_dir: Path, outputs: dict) -> list[Path]:
+    return [base_dir / "output" / item.get("subfolder", "") / item["filename"]
+            for ui_out in outputs.values() for items in ui_out.values() if isinstance(items, list)
+            for item in items if isinstance(item, dict) and item.get("type") == "output" and "filename" in item]
+
+
+def check_run(server, mode: str, api: dict, outputs: dict) -> list[Path]:
+    """The files a finished run wrote, read back against the values in the graph the frontend queued."""
+    if nodes_of(api, "Cosmos3TextEncode"):
+        return check_outputs(server.base_dir, mode, api, outputs)
+    files = output_items(server.base_dir, outputs)
+    assert files and all(f.is_file() for f in files), (files, outputs)
+    for nid in nodes_of(api, "Cosmos3LongVideo"):  # the mp4 it wrote: the typed length, size and fps
+        inp = api[nid]["inputs"]
+        controlled = any(source_node(api, inp.get(k)) is not None for k in ("edge", "blur", "depth", "seg", "wsm"))
+        frames = min(CLIP_FRAMES, inp["num_frames"]) if controlled else inp["num_frames"]
+        (mp4,) = [f for f in files if f.suffix == ".mp4"]
+        check_mp4(mp4, inp["width"], inp["height"], frames, inp["fps"], audio=inp["sound"])
+    return files
+
+
+def write_thumbnail(files: list[Path], path: Path) -> None:
+    """The template's picture from its run: the middle frame of the video, the image, else a plot of the actions."""
+    from PIL import Image, ImageDraw
+
+    media = [f for f in files if f.suffix in (".mp4", ".png")]
+    if media and media[0].suffix == ".png":
+        im = Image.open(media[0]).convert("RGB")
+    elif media:
+        import av
+
+        with av.open(str(media[0])) as c:
+            frames = [f.to_image() for f in c.decode(c.streams.video[0])]
+        im = frames[len(frames) // 2].convert("RGB")
+    else:  # inverse dynamics writes only actions: one line per action dimension over the chunk
+        (actions_file,) = [f for f in files if f.suffix == ".json"]
+        rows = json.loads(actions_file.read_text())["actions"]
+        im = Image.new("RGB", THUMBNAIL_SIZE, (24, 24, 28))
+        draw = ImageDraw.Draw(im)
+        w, h = THUMBNAIL_SIZE
+        lo = min(min(r) for r in rows)
+        hi = max(max(r) for r in rows)
+        for d in range(len(rows[0])):
+            color = tuple(int(80 + 175 * ((d * k) % 7) / 6) for k in (3, 5, 2))
+            pts = [(16 + (w - 32) * t / max(1, len(rows) - 1), h - 16 - (h - 32) * (r[d] - lo) / max(1e-6, hi - lo))
+                   for t, r in enumerate(rows)]
+            draw.line(pts, fill=color, width=3)
+    im.resize(THUMBNAIL_SIZE, Image.LANCZOS).save(path, "JPEG", quality=90)
+
+
+def write_viewport(mode: str, ds: dict) -> None:
+    path = ui_path(mode)
+    ui = json.loads(path.read_text())
+    ui.setdefault("extra", {})["ds"] = ds
+    path.write_text(json.dumps(ui, indent=2, ensure_ascii=False) + "\n")
+
+
+# -------------------------------------------------------------------------------------------- tests
+# (in this order: with COSMOS3_UPDATE_TEMPLATES=1 the workflow runs write the thumbnails the Templates tests read)
+
+def test_stepped_int_widgets_hold_only_valid_values_as_typed(server, page):
+    """Every pack node's INT widgets with a step, typed as a user types: on the grid near both ends (kept), one off
+    it (snapped to the nearest valid value), past max (clamped to max, itself valid)."""
+    b = page
+    b.eval("app.graph.clear(); true")
+    cases = []
+    infos = {k: v for k, v in server.infos.items() if v.get("python_module") == comfy_host.PACK_MODULE}
+    for node_id, info in sorted(infos.items()):
+        for name, s in schema_inputs(info).items():
+            if s["type"] == "INT" and s["widget"] and (s["opts"].get("step") or 1) > 1:
+                cases.append((node_id, name, s["opts"]["min"], s["opts"]["max"], s["opts"]["step"]))
+    assert len(cases) >= 8, cases
+    for k, (node_id, name, lo, hi, step) in enumerate(cases):
+        nid = b.eval(f"""(() => {{ const n = LiteGraph.createNode({json.dumps(node_id)}); n.pos = [100, 100];
+            app.graph.add(n); return n.id; }})()""")
+        typed = {lo: lo, lo + 2 * step - 1: lo + 2 * step, lo + 3 * step + 1: lo + 3 * step, hi - step: hi - step,
+                 hi + 1000: hi}
+        for text, want in typed.items():
+            held = type_into_widget(b, nid, name, str(text))
+            assert held == want, f"{node_id}.{name}: typed {text}, the widget holds {held} (want {want})"
+        b.eval(f"app.graph.remove({node_js(nid)}); true")
+
+
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
+def test_workflow_typed_on_canvas_runs_from_the_run_button(server, page, tmp_path, mode):
+    b = page
+    ui_file = ui_path(mode)
+    if UPDATE:  # the viewport of the shipped file, as the frontend lays it out
+        drop(b, ui_file, len(load_ui(mode)["nodes"]))
+        write_viewport(mode, frame_graph(b))
+    ui = picked_ui(server, mode)
+    path = tmp_path / ui_file.name  # same name: the workflow tab shows the template's title
+    path.write_text(json.dumps(ui))
+    drop(b, path, len(ui["nodes"]))
+    state = graph_state(b)
+    assert_clean(state, f"{mode} after the drop")
+    b.screenshot(server.artifacts / f"{mode}_opened.png")
+
+    # the saved viewport frames the whole graph; every title fits its node
+    for nid, title, x0, y0, x1, y1, need, width, free_title in node_boxes(b):
+        assert FREE[0] <= x0 and FREE[1] <= y0 and x1 <= FREE[2] and y1 <= FREE[3], \
+            f"{mode}: node {nid} ({title}) at {[round(v) for v in (x0, y0, x1, y1)]} is outside the view {FREE}"
+        assert free_title or need <= width, f"{mode}: the title {title!r} needs {need:.0f} px, node {nid} is {width}"
+
+    # every shipped widget value is shown (the numbers before typing)
+    by_id = {str(n["id"]): n for n in state["nodes"]}  # 1.58 keeps node ids as strings
+    for node in ui["nodes"]:
+        info = server.infos.get(node["type"])
+        if not node.get("widgets_values") or info is None:  # a frontend-only note
+            continue
+        widgets = by_id[str(node["id"])]["widgets"]
+        for (name, kind), value in zip(widget_slots(info), node["widgets_values"]):
+            if kind == "upload":
+                continue
+            shown = widgets.get("control_after_generate" if kind == "control" else name)
+            if kind == "value" and schema_inputs(info)[name]["type"] in ("INT", "FLOAT"):
+                assert shown is not None and float(shown) == float(value), (mode, node["type"], name, shown, value)
+            else:
+                assert shown == value, (mode, node["type"], name, shown, value)
+
+    # the tiny run's numbers, typed
+    typed = typed_values(server, mode, ui)
+    assert typed, f"{mode}: nothing to type"
+    types = {n["id"]: n["type"] for n in ui["nodes"]}
+    for nid, name, value in typed:
+        step = schema_inputs(server.infos[types[nid]])[name]["opts"].get("step") or 1
+        if isinstance(value, int) and step > 1:  # off the grid first: the frontend must snap it to the value
+            held = type_into_widget(b, nid, name, str(value - 1))
+            assert held == value, f"{mode}: typed {value - 1} into {types[nid]}.{name} (step {step}), it holds {held}"
+        held = type_into_widget(b, nid, name, str(value))
+        assert held == value, f"{mode}: typed {value} into {types[nid]}.{name}, it holds {held}"
+
+    before = set(server.get("/history"))
+    click_run(b)
+    entry = wait_history(server, before)
+    status = entry.get("status") or {}
+    b.key(".", "Period", 190)  # fit view, for the screenshot
+    b.pump(0.2)
+    b.screenshot(server.artifacts / f"{mode}_after_run.png")
+    assert status.get("status_str") == "success", json.dumps(status.get("messages"), default=str)[:3000]
+    api = entry["prompt"][2]  # what the frontend queued: its own conversion of the canvas
+    assert {n["class_type"] for n in api.values()} == {n["class_type"] for n in load_api(mode).values()}
+    for nid, name, value in typed:  # the typed values went into the run
+        node = api[str(nid)]["inputs"]
+        assert node[name] == value, (mode, nid, name, node[name], value)
+    files = check_run(server, mode, api, entry["outputs"])
+    assert_clean(graph_state(b), f"{mode} after the run")
+    if UPDATE:
+        write_thumbnail(files, thumbnail_path(mode))
 
 
 def test_templates_list_ui_workflows_with_thumbnails(server):
@@ -162,96 +468,47 @@ def test_templates_list_ui_workflows_with_thumbnails(server):
 
 def test_templates_dialog_cards_show_the_thumbnails(server, page):
     """The real Templates dialog (Comfy.BrowseTemplates), the pack's category: one card per UI workflow, titled by the
-    file name, whose picture is our ``.jpg`` (LazyImage fetches it once the card is in view: scroll each card in)."""
+    file name without being cut off, whose picture is our ``.jpg`` (fetched once the card is in view)."""
     b = page
     titles = sorted(ui_path(m).stem for m in ALL_WORKFLOWS)
     b.eval("app.extensionManager.command.execute('Comfy.BrowseTemplates'); true")
     pack = json.dumps(comfy_host.PACK_NAME)
-    b.wait_for(f"[...document.querySelectorAll('.p-dialog *')]"
-               f".some(e => !e.children.length && e.textContent.trim() === {pack})",
-               timeout=30, what="the Templates dialog with the pack's category")
-    b.eval(f"""(() => {{ const nav = [...document.querySelectorAll('.p-dialog *')].filter(
-        e => !e.children.length && e.textContent.trim() === {pack}); nav[nav.length - 1].click(); return true; }})()""")
-    cards = "[...document.querySelectorAll('.p-dialog [data-testid^=\"template-workflow-\"]')]"
+    labels = f"[...document.querySelectorAll('[role=dialog] *')].filter(e => !e.children.length && " \
+             f"e.textContent.trim() === {pack})"
+    b.wait_for(f"{labels}.length > 0", timeout=30, what="the Templates dialog with the pack's category")
+    b.eval(f"(() => {{ const nav = {labels}; nav[nav.length - 1].click(); return true; }})()")
+    cards = "[...document.querySelectorAll('[role=dialog] [data-testid^=\"template-workflow-\"]')]" \
+            ".filter(c => c.getAttribute('data-testid') !== 'template-workflow-detail')"
     b.wait_for(f"{cards}.length === {len(titles)}", timeout=30, what=f"{len(titles)} cards in the pack's category")
     names = b.eval(f"{cards}.map(c => c.getAttribute('data-testid').slice('template-workflow-'.length))")
     assert sorted(names) == titles, names
-    img = "(() => {{ const im = {cards}[{i}].querySelector('img'); return {what}; }})()"
+    card = "(() => {{ const c = {cards}[{i}], im = c.querySelector('img'), h = c.querySelector('h3'); return {what}; }})()"
     loaded = {}
     for i in range(len(titles)):
         b.eval(f"{cards}[{i}].scrollIntoView({{block: 'center'}}); true")
-        b.wait_for(img.format(cards=cards, i=i, what="!!im && im.complete && im.naturalWidth > 0"),
+        b.wait_for(card.format(cards=cards, i=i, what="!!im && im.complete && im.naturalWidth > 0"),
                    timeout=15, what=f"the thumbnail of template card {names[i]!r}")
-        src, *size = b.eval(img.format(cards=cards, i=i, what="[im.src, im.naturalWidth, im.naturalHeight]"))
+        src, w, h, title, cut = b.eval(card.format(cards=cards, i=i, what=(
+            "[im.src, im.naturalWidth, im.naturalHeight, h.textContent.trim(), "
+            "h.scrollWidth > h.clientWidth + 1 || h.scrollHeight > h.clientHeight + 1]")))
         assert "default-template" not in src, f"template card {names[i]!r} shows the frontend's placeholder: {src}"
-        loaded[names[i]] = size
-    b.screenshot(ARTIFACTS / "templates_dialog.png")
+        assert title == names[i] and not cut, f"the card's title {title!r} is cut off"
+        loaded[names[i]] = [w, h]
+    b.screenshot(server.artifacts / "templates_dialog.png")
     from PIL import Image
 
     for mode in ALL_WORKFLOWS:  # the picture shown is our file (its size), not the frontend's default-template.png
         with Image.open(thumbnail_path(mode)) as im:
             assert loaded[ui_path(mode).stem] == list(im.size), (mode, loaded[ui_path(mode).stem], im.size)
     closed = b.eval("""(() => {
-        const dlg = document.querySelector('[data-testid="template-workflows-content"]').closest('.p-dialog');
-        const btn = [...dlg.querySelectorAll('button')].find(x => x.querySelector('[class*="lucide--x"], .pi-times'));
+        const dlg = document.querySelector('[data-testid="template-workflows-content"]').closest('[role=dialog]');
+        const btn = [...dlg.querySelectorAll('button')].find(x => /close/i.test(x.getAttribute('aria-label') || '')
+            || x.querySelector('[class*="lucide--x"], .pi-times'));
         if (btn) btn.click();
         return !!btn;
     })()""")
     assert closed, "no close (x) button on the Templates dialog"
     b.wait_for(f"{cards}.length === 0", timeout=10, what="the Templates dialog to close")
-
-
-@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
-def test_workflow_dropped_on_canvas_runs_from_the_run_button(server, page, tmp_path, mode):
-    b = page
-    ui_file = ui_path(mode)
-    if UPDATE_THUMBNAILS:  # the shipped file as a user sees it first, fit to view
-        shipped = tmp_path / f"shipped {ui_file.name}"
-        shipped.write_text(ui_file.read_text())
-        drop(b, shipped, len(load_ui(mode)["nodes"]))
-        write_thumbnail(b, thumbnail_path(mode))
-    ui = shrunk_ui(server, mode)
-    path = tmp_path / ui_file.name  # same name: the workflow tab shows the template's title
-    path.write_text(json.dumps(ui))
-    drop(b, path, len(ui["nodes"]))
-    state = graph_state(b)
-    assert_clean(state, f"{mode} after the drop")
-    by_id = {n["id"]: n for n in state["nodes"]}
-    for node in ui["nodes"]:
-        info = server.object_info(node["type"])
-        if not node.get("widgets_values") or info is None:  # a frontend-only note
-            continue
-        widgets = by_id[node["id"]]["widgets"]
-        for (name, kind), value in zip(widget_slots(info), node["widgets_values"]):
-            if kind == "upload":
-                continue
-            shown = widgets.get("control_after_generate" if kind == "control" else name)
-            if kind == "value" and schema_inputs(info)[name]["type"] in ("INT", "FLOAT"):
-                assert shown is not None and float(shown) == float(value), (mode, node["type"], name, shown, value)
-            else:
-                assert shown == value, (mode, node["type"], name, shown, value)
-    b.key(".", "Period", 190)  # fit view, for the screenshots
-    b.pump(0.5)
-    b.screenshot(ARTIFACTS / f"{mode}_loaded.png")
-
-    before = set(server.get("/history"))
-    click_run(b)
-    entry = wait_history(server, before)
-    status = entry.get("status") or {}
-    b.pump(1.0)
-    b.screenshot(ARTIFACTS / f"{mode}_after_run.png")
-    assert status.get("status_str") == "success", json.dumps(status.get("messages"), default=str)[:3000]
-    api = entry["prompt"][2]  # what the frontend queued: its own conversion of the canvas
-    assert {n["class_type"] for n in api.values()} == {n["class_type"] for n in load_api(mode).values()}
-    if any(n["class_type"] == "Cosmos3TextEncode" for n in api.values()):
-        files = check_outputs(server.base_dir, mode, api, entry["outputs"])  # reads the media back
-    else:  # action workflows write their own files (actions JSON, video): each one named must exist
-        files = [server.base_dir / "output" / item.get("subfolder", "") / item["filename"]
-                 for ui_out in entry["outputs"].values() for items in ui_out.values() if isinstance(items, list)
-                 for item in items if isinstance(item, dict) and item.get("type") == "output" and "filename" in item]
-        assert files, entry["outputs"]
-    assert all(f.is_file() for f in files), files
-    assert_clean(graph_state(b), f"{mode} after the run")
 
 
 def test_reload_with_unsaved_workflows_asks_to_leave(server, page):
@@ -266,31 +523,21 @@ def test_reload_with_unsaved_workflows_asks_to_leave(server, page):
     })()""")
     b.drag(x, y, x + 80, y + 40)
     b.wait_for("app.extensionManager.workflow.modifiedWorkflows.length > 0", timeout=10, what="the edit to register")
-    seen = len(b.dialogs)
+    seen, seen_errors = len(b.dialogs), len(b.errors)
     b.reload()
     b.wait_for(APP_READY, timeout=180, what="the frontend after the reload")
+    b.pump(1.0)
+    ours = [e for e in b.errors[seen_errors:] if "cosmos3" in e.lower()]  # the start's own errors: as in ``page``
+    assert not ours, ours
+    del b.errors[seen_errors:]
     beforeunload = [d for d in b.dialogs[seen:] if d.get("type") == "beforeunload"]
     assert beforeunload, f"no 'Leave site?' dialog on reload (dialogs: {b.dialogs})"
 
 
-def write_thumbnail(b, path: Path) -> None:
-    """A JPEG of the graph (fit to view, cropped to the nodes) for the Templates browser."""
-    from PIL import Image
-
-    b.call("Input.dispatchMouseEvent", type="mouseMoved", x=5, y=995)  # no hover tooltip in the picture
-    b.key(".", "Period", 190)
-    b.pump(0.8)
-    raw = b.screenshot(ARTIFACTS / f"{path.stem}.png")
-    x0, y0, x1, y1 = b.eval("""(() => {
-        const ds = app.canvas.ds, r = document.querySelector('#graph-canvas').getBoundingClientRect();
-        const xs = [], ys = [];
-        for (const n of app.graph._nodes) {
-            xs.push(n.pos[0], n.pos[0] + n.size[0]); ys.push(n.pos[1] - LiteGraph.NODE_TITLE_HEIGHT, n.pos[1] + n.size[1]);
-        }
-        const sx = v => r.x + (v + ds.offset[0]) * ds.scale, sy = v => r.y + (v + ds.offset[1]) * ds.scale;
-        return [sx(Math.min(...xs)) - 16, sy(Math.min(...ys)) - 16, sx(Math.max(...xs)) + 16, sy(Math.max(...ys)) + 16];
-    })()""")
-    with Image.open(raw) as im:
-        crop = im.convert("RGB").crop((max(0, int(x0)), max(0, int(y0)), min(im.width, int(x1)), min(im.height, int(y1))))
-    crop.thumbnail((640, 400))
-    crop.save(path, "JPEG", quality=88)
+def test_console_has_no_errors_but_the_missing_jobs_api(server, page):
+    """Uncaught exceptions and console errors since the app started (drops, typing, runs, dialogs, the reload); with
+    the newest frontend the ``/api/jobs`` requests 0.3.75 cannot answer are the only ones allowed (the queue and
+    history panels' known gap)."""
+    errors = [e for e in page.errors if not ("Jobs API" in e or "fetch jobs" in e or "/api/jobs" in e)]
+    page.errors.clear()
+    assert not errors, errors

@@ -6,6 +6,9 @@
   saved loader values keep working, and bad values are refused with one clear message;
 * ``Cosmos3 LoRA Loader`` patches the generation tower through ComfyUI's ModelPatcher: strength 0 equals no LoRA,
   changing the strength does not reload the checkpoint, two LoRAs stack, bad files are refused clearly;
+* every INT input the frontend steps (``step`` > 1) offers exactly its valid values on the canvas: the frontend
+  snaps a typed number to ``min + k·step`` inside ``[min, max]``, and that grid is the set of values the core accepts
+  (tests/test_canvas.py types them through both frontends);
 * the Templates thumbnails follow the contract of the bundled frontend (1.32.9): a custom pack's card is built from
   the file name alone with ``mediaSubtype: "jpg"`` and its picture URL is ``/api/workflow_templates/<pack>/<name>.jpg``
   (no ``-1`` suffix, no index.json), so each UI workflow has a JPEG of the same name beside it.
@@ -65,6 +68,73 @@ def test_each_template_has_the_thumbnail_the_frontend_asks_for():
     for mode in ALL_WORKFLOWS:
         jpg = thumbnail_path(mode)
         assert jpg.is_file() and jpg.read_bytes()[:3] == b"\xff\xd8\xff", f"{jpg}: missing or not a JPEG"
+
+
+# -------------------------------------------------------------------------------------------- stepped INT widgets
+
+def _valid_values(host):
+    """(node, input) -> whether the core accepts a value there: its own checks decide (the frontend's grid must
+    match them, not the other way round)."""
+    import numpy as np
+
+    from cosmos3_core.modes.action import ActionRequest, check_action_request
+    from cosmos3_core.request import CheckpointInfo, Request, resolve
+    from cosmos3_core.sampling.conditioning import keyframe_indexes
+    from cosmos3_core.sampling.plan import check_clip
+
+    info = CheckpointInfo.read(host.base_dir / "models" / "diffusers" / "cosmos3-tiny-nano")
+
+    def accepts(check):
+        def ok(v):
+            try:
+                check(v)
+            except ValueError:
+                return False
+            return True
+        return ok
+
+    def windows(**kw):
+        return lambda v: resolve(Request(prompt="a fox", height=64, width=96, **{k: (v if a is None else a)
+                                                                                 for k, a in kw.items()}), info)
+
+    size = {"width": accepts(lambda v: check_clip(1, 64, v, 24.0)),
+            "height": accepts(lambda v: check_clip(1, v, 96, 24.0))}
+    return {
+        **{(node, name): rule for node in ("Cosmos3TextEncode", "Cosmos3VAEEncodeCond", "Cosmos3FirstLastFrame",
+                                           "Cosmos3LongVideo") for name, rule in size.items()},
+        ("Cosmos3TextEncode", "num_frames"): accepts(lambda v: check_clip(v, 64, 96, 24.0)),
+        ("Cosmos3FirstLastFrame", "num_frames"): accepts(lambda v: keyframe_indexes(1, v)),
+        ("Cosmos3LongVideo", "num_frames"): accepts(windows(num_frames=None, frames_per_chunk=9)),
+        ("Cosmos3LongVideo", "frames_per_chunk"): accepts(windows(frames_per_chunk=None)),
+        ("Cosmos3ActionCondition", "chunk_size"): accepts(lambda v: check_action_request(ActionRequest(
+            mode="policy", chunk_size=v, domain_name="bridge_orig_lerobot", image=np.zeros((64, 96, 3), np.float32)))),
+    }
+
+
+def test_stepped_int_widgets_offer_exactly_the_valid_values(host):
+    """The frontend's INT widget (1.32.9 and 1.58.1: ``useIntWidget``'s ``onValueChange``) turns a typed ``v`` into
+    ``round((v − o) / step)·step + o`` with ``o = min % step``, clamped to ``[min, max]``; so the values a user can
+    put on the canvas are the grid ``min, min + step, …``. For every stepped INT input of every pack node that grid
+    must be the values the core accepts: near ``min`` and near ``max``, on and off the grid."""
+    rules = _valid_values(host)
+    seen = set()
+    for node_id in host.pack_node_ids():
+        for group in ("required", "optional"):
+            for name, spec in node_info(host, node_id)["input"].get(group, {}).items():
+                opts = spec[1] if len(spec) > 1 else {}
+                if spec[0] != "INT" or (opts.get("step") or 1) == 1:
+                    continue
+                lo, hi, step = opts["min"], opts["max"], opts["step"]
+                assert (node_id, name) in rules, f"{node_id}.{name} (step {step}): add its valid values to this test"
+                seen.add((node_id, name))
+                assert (hi - lo) % step == 0, f"{node_id}.{name}: max {hi} is off the grid {lo} + k·{step}"
+                valid = rules[(node_id, name)]
+                for v in [*range(max(1, lo - 2 * step), lo + 3 * step + 1), *range(hi - 3 * step, hi + 1)]:
+                    on_grid = lo <= v <= hi and (v - lo) % step == 0
+                    canvas, core = ("offers", "refuses") if on_grid else ("cannot give", "accepts")
+                    assert on_grid == valid(v), (f"{node_id}.{name}={v}: the canvas {canvas} it but the core {core} "
+                                                 f"it (min {lo}, step {step}, max {hi})")
+    assert seen == set(rules), f"no stepped INT input any more: {set(rules) - seen}"
 
 
 # -------------------------------------------------------------------------------------------- weight dtype

@@ -157,7 +157,10 @@ def test_a_batch_as_start_image_is_refused(host):
 
 
 def test_one_frame_is_refused(host):
-    _error(host, flf_graph(num_frames=1, text_frames=1), "Cosmos3FirstLastFrame", "at least 5")
+    """The widget's range starts at 5 (the canvas offers 5, 9, 13, …); ComfyUI refuses 1 before any node runs."""
+    with pytest.raises(comfy_host.PromptValidationError) as err:
+        host.run(flf_graph(num_frames=1, text_frames=1))
+    assert "num_frames" in str(err.value) and "smaller than min of 5" in str(err.value), err.value
 
 
 def test_the_next_run_succeeds(host):

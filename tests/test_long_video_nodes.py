@@ -89,7 +89,6 @@ def test_interrupt_in_window_two_keeps_a_playable_file_of_window_one(host):
     (dict(num_frames=20), "Cosmos3LongVideo: num_frames=20 must be 4k+1"),
     (dict(conditional_frames=9), "conditional_frames=9 must be smaller than frames_per_chunk=9"),
     (dict(prompt="a fox\n---\nthe fox sleeps"), "2 prompts were given for 3 windows"),
-    (dict(num_frames=0), "num_frames=0 means 'the control videos' length', but no control video is connected"),
     pytest.param(dict(attention="flash4"), "Cosmos3LongVideo: attention='flash4': FlashAttention-4 cannot run here",
                  marks=pytest.mark.skipif(not flash4_unavailable_reason(), reason="FlashAttention-4 runs here")),
 ])
@@ -101,6 +100,16 @@ def test_bad_input_is_one_clear_message(host, change, message):
     assert not success
     text = comfy_host._execution_error_text(messages)
     assert message in text and "Traceback" not in text.split("\n")[0], text
+
+
+def test_num_frames_below_one_window_is_refused_by_the_host(host):
+    """num_frames's range starts at 5 (the canvas offers 5, 9, 13, …: the valid lengths); ComfyUI refuses 1."""
+    graph = shrink_api(load_api("long_t2v"), prefix="cosmos3_tests/long_bad")
+    (nid,) = nodes_of(graph, "Cosmos3LongVideo")
+    graph[nid]["inputs"]["num_frames"] = 1
+    with pytest.raises(comfy_host.PromptValidationError) as err:
+        host.run(graph)
+    assert "num_frames" in str(err.value) and "smaller than min of 5" in str(err.value), err.value
 
 
 def test_control_videos_of_different_sizes_are_refused(host):

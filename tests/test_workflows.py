@@ -1,10 +1,12 @@
 """The shipped workflows against the live ComfyUI 0.3.75 host.
 
-Layout (discovered by glob, so a new workflow needs no edit here): a UI workflow ``workflows/<Title> (<mode>).json``
-(ComfyUI's Templates browser lists every ``*.json`` directly in ``workflows/`` and shows the file name as the card's
-title and description), its thumbnail ``workflows/<Title> (<mode>).jpg`` (a canvas screenshot, written by
-``tests/test_canvas.py``) and its API twin ``workflows/api/cosmos3_<mode>.json`` (outside the templates glob). A
-plain ``workflows/cosmos3_<mode>.json`` UI file also pairs with ``api/cosmos3_<mode>.json``.
+Layout (discovered by glob, so a new workflow needs no edit here): a UI workflow ``example_workflows/<Title>.json``
+(ComfyUI lists every ``*.json`` directly in a pack's ``example_workflows/`` as a template; the frontend shows the
+file name as the card's title), its thumbnail ``example_workflows/<Title>.jpg`` (an output frame of the workflow run
+on the tiny checkpoints, written by ``tests/test_canvas.py``) and its API twin
+``example_workflows/api/cosmos3_<mode>.json`` (outside the templates glob). The UI workflow's **Read me** note names
+its twin on its last line and carries the template's one-line description under its title (the frontend has no
+description field for a pack's template: it repeats the file name).
 
 (a) every UI workflow and its API twin agree: node ids, class types, links and widget values (widgets_values is
     mapped to input names with the node schemas the running host serves, control_after_generate and upload
@@ -14,8 +16,9 @@ plain ``workflows/cosmos3_<mode>.json`` UI file also pairs with ``api/cosmos3_<m
     numbers are inside min/max; link types match the schemas on both ends;
 (c) the API graphs pass ``execution.validate_prompt`` once the tiny checkpoint and test inputs are substituted,
     both at the shipped size and shrunk;
-plus the real-use defaults of the shipped files. A widget converted to an input (``prompt`` of Cosmos3TextEncode fed
-by the reasoner's caption in ``reasoner_to_i2v``; width/height fed by PrimitiveInt) is a UI input entry with
+plus the real-use defaults of the shipped files and the templates' own hygiene (titles that fit a card, a one-line
+description, ``randomize`` seeds, a saved viewport). A widget converted to an input (``prompt`` of Cosmos3TextEncode
+fed by the reasoner's caption in ``reasoner_to_i2v``; width/height fed by PrimitiveInt) is a UI input entry with
 ``widget: {"name": ...}`` and a link, keeps its slot in widgets_values, and is a ``[node, slot]`` link in the API.
 
 This module also holds the helpers the node and server tests share (``shrink_api``, ``ensure_tiny_checkpoints``,
@@ -35,19 +38,28 @@ from support import comfy_host
 
 pytestmark = pytest.mark.comfy
 
-WORKFLOWS_DIR = comfy_host.REPO_ROOT / "workflows"
+WORKFLOWS_DIR = comfy_host.REPO_ROOT / "example_workflows"
 API_DIR = WORKFLOWS_DIR / "api"
-_UI_NAME = re.compile(r"^(?:.+ \((?P<mode>[a-z0-9_]+)\)|cosmos3_(?P<plain>[a-z0-9_]+))\.json$")
+_API_LINE = re.compile(r"`example_workflows/api/cosmos3_(?P<mode>[a-z0-9_]+)\.json`")
+README_NOTE = "Read me"  # the MarkdownNote every UI workflow opens with: title, description, details, API twin
+
+
+def readme_note(ui: dict) -> str:
+    notes = [n for n in ui["nodes"] if n["type"] == "MarkdownNote" and n.get("title") == README_NOTE]
+    assert len(notes) == 1, f"{len(notes)} MarkdownNote nodes titled {README_NOTE!r} (want one)"
+    return notes[0]["widgets_values"][0]
 
 
 def discover_workflows() -> dict[str, Path]:
-    """mode -> UI workflow file, for every ``workflows/*.json`` (the files ComfyUI lists as templates)."""
+    """mode -> UI workflow file, for every ``example_workflows/*.json`` (the files ComfyUI lists as templates): the
+    mode is the API twin its Read me note names (``example_workflows/api/cosmos3_<mode>.json``)."""
     found: dict[str, Path] = {}
     for path in sorted(WORKFLOWS_DIR.glob("*.json")):
-        m = _UI_NAME.match(path.name)
-        assert m, (f"{path.name}: a workflow in workflows/ must be named '<Title> (<mode>).json' "
-                   "(its API twin: api/cosmos3_<mode>.json)")
-        mode = m.group("mode") or m.group("plain")
+        ui = json.loads(path.read_text())
+        assert "nodes" in ui, f"{path.name} is not a UI workflow (an API graph here is a broken template card)"
+        modes = _API_LINE.findall(readme_note(ui))
+        assert len(modes) == 1, f"{path.name}: its Read me note must name its API twin once, got {modes}"
+        mode = modes[0]
         assert mode not in found, f"two UI workflows for mode {mode!r}: {found[mode].name}, {path.name}"
         found[mode] = path
     return found
@@ -82,6 +94,8 @@ TINY_EDGE = "cosmos3-tiny-edge"
 TINY_NANO_VLM = "cosmos3-tiny-nano-vlm"  # + vision_encoder/ and processor files (the reasoner can look at images)
 TINY_EDGE_VLM = "cosmos3-tiny-edge-vlm"
 TINY_DISTILLED = "cosmos3-tiny-nano-4step"  # the distilled layout (modular_model_index.json, distilled_sigmas)
+EDGE_CHECKPOINT = "Cosmos3-Edge"
+EDGE_RECIPE = dict(width=832, height=480, num_frames=121, steps=20, cfg=6.0, schedule="flow_shift", shift=12.0)
 DISTILLED_CHECKPOINTS = {"distilled_t2i": "Cosmos3-Super-Text2Image-4Step",
                          "distilled_i2v": "Cosmos3-Super-Image2Video-4Step"}
 TEST_IMAGE = "cosmos3_test_image.png"
@@ -89,6 +103,11 @@ TEST_CLIP = "cosmos3_test_clip.mp4"
 # combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
 REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file"),
                      ("Cosmos3LoadActions", "file")}
+THUMBNAIL_SIZE = (384, 256)  # the shrunk run's 96x64 output frame, enlarged 4x
+MAX_TITLE_CHARS = 26  # fits a Templates card at 1600 px (≈250 px of bold 14 px text; test_canvas measures it)
+# control_after_generate stays "fixed" on these: a size (PrimitiveInt) and the reasoner's seed (a re-queue re-uses
+# its cached caption); every other seed is "randomize", as in ComfyUI's own templates
+KEEP_FIXED = ("PrimitiveInt", "Cosmos3Reasoner")
 TEST_ACTIONS = "cosmos3_test_actions.json"  # 4 bridge actions (10-dim), for the shrunk forward-dynamics workflow
 SAVE_NODES = ("SaveImage", "SaveVideo", "Cosmos3SaveActions", "Cosmos3LongVideo")  # output nodes that write files
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
@@ -154,10 +173,12 @@ def ensure_tiny_checkpoints(models_dir: Path, tiny_checkpoint) -> dict[str, Path
 
 def tiny_checkpoint_for(api: dict, variant: str = "nano") -> str:
     """The tiny checkpoint a graph runs on: the ``*-vlm`` one when a reasoner looks at an image, the distilled one
-    for a graph made for a distilled (``*-4Step``) checkpoint."""
-    if any(n["class_type"] == "Cosmos3Loader" and str(n["inputs"].get("checkpoint", "")).endswith("-4Step")
-           for n in api.values()):
+    for a graph made for a distilled (``*-4Step``) checkpoint, the Edge one for a graph made for Cosmos3-Edge."""
+    names = [str(n["inputs"].get("checkpoint", "")) for n in api.values() if n["class_type"] == "Cosmos3Loader"]
+    if any(name.endswith("-4Step") for name in names):
         return TINY_DISTILLED
+    if any("-Edge" in name for name in names):  # a graph made for Cosmos3-Edge runs on the tiny Edge
+        variant = "edge"
     looks = any(n["class_type"] == "Cosmos3Reasoner" and source_node(api, n["inputs"].get("image")) is not None
                 for n in api.values())
     if variant == "nano":
@@ -271,8 +292,7 @@ def shrink_api(api: dict, *, checkpoint: str | None = None, width: int = 96, hei
             inp["file"] = video
         elif ct == "Cosmos3LongVideo":  # windows of `frames`; two or more windows (a control clip sets its own)
             inp.update(width=width, height=height, frames_per_chunk=frames, steps=steps, prompt=inp["prompt"] + prompt_suffix)
-            if inp["num_frames"]:
-                inp["num_frames"] = 2 * frames - 1
+            inp["num_frames"] = 2 * frames - 1  # with a control clip: a cap on its length
             if seed is not None:
                 inp["seed"] = seed
             if prefix is not None:
@@ -426,7 +446,7 @@ def same_value(a, b) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def test_every_mode_ships_a_ui_and_api_pair():
-    """Templates browser hygiene: only UI workflows in workflows/ (API twins in api/), each with a thumbnail."""
+    """Templates browser hygiene: only UI workflows in example_workflows/ (API twins in api/), each with a thumbnail."""
     assert {"t2i", "t2v", "t2av", "i2v", "v2v", "reasoner_to_i2v"} <= set(MODES), MODES
     apis = sorted(p.name for p in API_DIR.glob("*.json"))
     assert apis == sorted(api_path(m).name for m in ALL_WORKFLOWS), "every api/*.json needs a UI workflow and vice versa"
@@ -442,15 +462,43 @@ def test_every_mode_ships_a_ui_and_api_pair():
         assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
         thumb = thumbnail_path(mode)
         assert thumb.is_file(), (f"{thumb.name} missing: the Templates browser shows no picture. Write it with "
-                                 "COSMOS3_UPDATE_THUMBNAILS=1 bash tests/run.sh tests/test_canvas.py")
+                                 "COSMOS3_UPDATE_TEMPLATES=1 bash tests/run.sh tests/test_canvas.py")
         from PIL import Image
 
-        with Image.open(thumb) as im:
-            assert im.format == "JPEG" and im.width >= 256 and im.height >= 128, (thumb.name, im.format, im.size)
+        with Image.open(thumb) as im:  # an output frame of the shrunk run (96x64), enlarged 4x
+            assert im.format == "JPEG" and im.size == THUMBNAIL_SIZE, (thumb.name, im.format, im.size)
     readme = (WORKFLOWS_DIR / "README.md").read_text()
     for mode in ALL_WORKFLOWS:
-        assert ui_path(mode).name in readme and api_path(mode).name in readme, mode
+        assert f"`{ui_path(mode).name}`" in readme and f"`api/{api_path(mode).name}`" in readme, mode
     assert "reasoner_to_i2v" in REASONER_MODES, REASONER_MODES
+
+
+@pytest.mark.parametrize("mode", ALL_WORKFLOWS)
+def test_template_title_description_seeds_and_viewport(host, mode):
+    """What the Templates browser and the first look at the canvas show: a title short enough for a card (the
+    frontend shows the file name; tests/test_canvas.py measures it on the card), a Read me note that opens with that
+    title and a one-line description not repeating it, seeds that change on every queue as in ComfyUI's own
+    templates (``randomize``; the reasoner's stays ``fixed`` so a re-queue re-uses its cached caption), and a saved
+    viewport (``extra.ds``, framing the whole graph: tests/test_canvas.py checks it on screen)."""
+    ui = load_ui(mode)
+    title = ui_path(mode).stem
+    assert title.startswith("Cosmos3 ") and len(title) <= MAX_TITLE_CHARS, title
+    heading, description, *rest = readme_note(ui).split("\n\n")
+    assert heading == f"## {title}", heading
+    assert "\n" not in description and 20 <= len(description) <= 120, description
+    short = title.removeprefix("Cosmos3 ").lower()
+    assert short not in description.lower() and not description.startswith("Cosmos3"), (title, description)
+    assert rest and rest[-1] == f"API version (for `/prompt`): `example_workflows/api/{api_path(mode).name}`"
+    controls = {}  # (node id, type, input) -> control_after_generate value
+    for n in ui["nodes"]:
+        if n["type"] not in FRONTEND_ONLY:
+            for (name, kind), value in zip(widget_slots(node_info(host, n["type"])), n.get("widgets_values") or []):
+                if kind == "control":
+                    controls[(n["id"], n["type"], name)] = value
+    want = {key: "fixed" if key[1] in KEEP_FIXED else "randomize" for key in controls}
+    assert controls == want and "randomize" in controls.values(), controls
+    ds = ui["extra"]["ds"]
+    assert 0.2 <= ds["scale"] <= 1.0 and len(ds["offset"]) == 2, ds
 
 
 @pytest.mark.parametrize("mode", ALL_WORKFLOWS)
@@ -582,14 +630,26 @@ def test_nodes_and_inputs_exist_in_host(host, mode):
 def test_shipped_real_use_defaults(mode):
     api = load_api(mode)
     (loader,) = nodes_of(api, "Cosmos3Loader")
-    checkpoint = DISTILLED_CHECKPOINTS.get(mode, REAL_CHECKPOINT)
+    checkpoint = {**DISTILLED_CHECKPOINTS, "edge_i2v": EDGE_CHECKPOINT}.get(mode, REAL_CHECKPOINT)
     assert api[loader]["inputs"] == {"checkpoint": checkpoint, "dtype": "auto", "device": "default"}
-    base = {"distilled_t2i": "t2i", "distilled_i2v": "i2v"}.get(mode, mode)  # distilled: as its base mode, but
-    if base != mode:  # 4 steps and cfg 1 (the checkpoint's fixed schedule, guidance baked in)
+    base = {"distilled_t2i": "t2i", "distilled_i2v": "i2v", "edge_i2v": "i2v"}.get(mode, mode)
+    if base != mode:  # a variant: as its base mode but for its checkpoint's own settings
         api = json.loads(json.dumps(api))
         (ks,) = nodes_of(api, "Cosmos3KSamplerUniPCDualTower")
-        assert (api[ks]["inputs"]["steps"], api[ks]["inputs"]["cfg"]) == (4, 1.0)
-        api[ks]["inputs"].update(steps=load_api(base)[ks]["inputs"]["steps"], cfg=6.0)
+        (te,) = nodes_of(api, "Cosmos3TextEncode")
+        k = api[ks]["inputs"]
+        if mode == "edge_i2v":  # Edge's published recipe (model card, 2026-08-25)
+            got = dict(width=resolve(api, te, "width"), height=resolve(api, te, "height"),
+                       num_frames=api[te]["inputs"]["num_frames"], steps=k["steps"], cfg=k["cfg"],
+                       schedule=k["schedule"], shift=k["shift"])
+            assert got == EDGE_RECIPE, got
+            _set(api, te, "width", 1280)
+            _set(api, te, "height", 720)
+            api[te]["inputs"]["num_frames"] = 189
+            k.update(shift=0.0)
+        else:  # distilled: 4 steps and cfg 1 (the checkpoint's fixed schedule, guidance baked in)
+            assert (k["steps"], k["cfg"]) == (4, 1.0)
+        k.update(steps=load_api(base)[ks]["inputs"]["steps"], cfg=6.0)
         mode = base
     (te,) = nodes_of(api, "Cosmos3TextEncode")
     t = api[te]["inputs"]

@@ -134,8 +134,8 @@ def check_action_request(request: ActionRequest, config=None) -> None:
                         f"{defaults.MAX_FRAMES}; use a smaller chunk_size.")
     if r.chunk_size % defaults.VAE_TEMPORAL_STRIDE:
         raise _bad(f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, but a Cosmos3 clip has 4k+1 frames "
-                   f"(the VAE keeps the first frame, then 4 per latent), so only {_clip_frames(r.chunk_size + 1)} would be "
-                   f"generated; use a multiple of 4, e.g. chunk_size={_valid_chunk(r.chunk_size)}.")
+                   f"(the VAE keeps the first frame, then 4 per latent), so only {_clip_frames(r.chunk_size + 1)} "
+                   f"would be generated; use a multiple of 4, e.g. chunk_size={_valid_chunk(r.chunk_size)}.")
     if r.domain_name not in EMBODIMENT_TO_RAW_ACTION_DIM:
         extra = (" (it has a domain id but no fixed action width, so the reference refuses it too)"
                  if r.domain_name in EMBODIMENT_TO_DOMAIN_ID else "")

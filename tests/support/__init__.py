@@ -7,7 +7,7 @@
   ``host`` (the in-process host, pack loaded, tiny checkpoints and test inputs in place); tests/conftest.py
   registers them.
 
-tests/conftest.py puts tests/ on ``sys.path``, so test files (and ``workflows/run.sh``) import these as
+tests/conftest.py puts tests/ on ``sys.path``, so test files (and ``example_workflows/run.sh``) import these as
 ``from support import comfy_host``. The folder is a package so that its modules never clash with a test module
 or with ComfyUI's top-level modules; pytest does not collect from it (no ``test_*.py`` here).
 """

@@ -6,6 +6,7 @@
         b.eval("app.graph._nodes.length")
         b.drop_file("/tmp/x.json", x, y)  # Input.dispatchDragEvent dragEnter/dragOver/drop with a real file
         b.click(x, y)                     # Input.dispatchMouseEvent press/release
+        b.replace_text("721")             # Ctrl+A, type, Enter (into the focused box)
         b.screenshot(path)
 
 JavaScript dialogs (the "Leave site?" ``beforeunload`` prompt a reload raises while the graph has unsaved changes)
@@ -211,6 +212,17 @@ class Browser:
     def key(self, key: str, code: str, key_code: int) -> None:
         for kind in ("keyDown", "keyUp"):
             self.call("Input.dispatchKeyEvent", type=kind, key=key, code=code, windowsVirtualKeyCode=key_code)
+
+    def replace_text(self, text: str, enter: bool = True) -> None:
+        """What a user does in a focused text box: select all (Ctrl+A), type ``text``, press Enter."""
+        self.call("Input.dispatchKeyEvent", type="keyDown", key="a", code="KeyA", windowsVirtualKeyCode=65,
+                  modifiers=2, commands=["selectAll"])
+        self.call("Input.dispatchKeyEvent", type="keyUp", key="a", code="KeyA", windowsVirtualKeyCode=65, modifiers=2)
+        self.call("Input.insertText", text=text)
+        if enter:
+            self.call("Input.dispatchKeyEvent", type="keyDown", key="Enter", code="Enter", windowsVirtualKeyCode=13,
+                      text="\r")
+            self.call("Input.dispatchKeyEvent", type="keyUp", key="Enter", code="Enter", windowsVirtualKeyCode=13)
 
     def screenshot(self, path: str | Path) -> Path:
         data = self.call("Page.captureScreenshot", format="png")["data"]

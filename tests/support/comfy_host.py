@@ -401,7 +401,12 @@ class ComfyServer:
         return cmd + self.extra_args
 
     def start(self) -> None:
-        t0 = time.monotonic()
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process and return at once (``wait_ready`` waits for it: two servers can start together)."""
+        self._t0 = time.monotonic()
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONUNBUFFERED"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -409,6 +414,9 @@ class ComfyServer:
         self.proc = subprocess.Popen(self.command(), cwd=str(self.comfyui_dir), env=env,
                                      stdin=subprocess.DEVNULL, stdout=self._log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self) -> None:
+        t0 = self._t0
         deadline = t0 + self.start_timeout
         while True:
             if self.proc.poll() is not None:
