@@ -108,8 +108,9 @@ def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, wa
     h, w, frames = shape
     sampling = dict(seed=0, guidance=GUIDANCE, sound=frames > 1,
                     sea_cache=SeaCacheConfig(threshold=THRESHOLD) if "sea" in mode else None)
-    if warmup_steps:
-        pipe.run(pipe.plan(text, steps=warmup_steps, options=options, **sampling))
+    if warmup_steps:  # SeaCache needs 8 steps or more
+        steps = max(warmup_steps, 8) if sampling["sea_cache"] is not None else warmup_steps
+        pipe.run(pipe.plan(text, steps=steps, options=options, **sampling))
     sync()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()

@@ -245,7 +245,7 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path, *, fp8_co
     sampling = _sampling_defaults(info, mode, num_frames=frames, height=height, width=width, seed=r.seed,
                                   steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
                                   sound=r.sound, guidance_interval=interval, batch_size=r.batch_size, recipe=recipe,
-                                  fast=_fast_args(r))
+                                  fast={name: getattr(r, name) for name in (*precision.OVERRIDES, "sea_cache")})
     _check_fp8_device(info, sampling, r.options)
     negative = r.negative_prompt
     if mode == "clip" and info.distilled is not None and negative:
@@ -414,10 +414,6 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
 
 
 # ---------------------------------------------------------------------------------------------- fast modes
-def _fast_args(r: Request) -> dict:
-    return {name: getattr(r, name) for name in (*precision.OVERRIDES, "sea_cache")}
-
-
 def _fast_modes(checkpoint: CheckpointInfo, steps: int, distilled: bool, sea_cache: SeaCacheConfig | None = None,
                 **mixed_precision) -> tuple[precision.MixedPrecision | None, SeaCacheConfig | None]:
     """The FP8 step policy on ``checkpoint`` (None: it is not FP8) and the checked SeaCache knobs of a run."""

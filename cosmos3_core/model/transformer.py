@@ -13,7 +13,8 @@ two towers are split along the line the architecture already draws:
   ``add_*`` weights over the vision (+ sound, + action) tokens. Clean (conditioning) latent frames get no timestep
   embedding and zero velocity. With two branches (cond, uncond) every linear layer runs once over the stacked
   batch ``[2, N, D]``; each branch keeps its own rotary offset (``L_b + 15000``) and attends only to its own text
-  K/V, even when the two prompts have different lengths. The step does no ``.item()`` or other host sync.
+  K/V, even when the two prompts have different lengths. The step does no ``.item()`` or other host sync (but for
+  SeaCache's gate, one device→host copy of its distances per step: ``sampling/sea_cache.py``).
 
 Parameter names equal the diffusers checkpoint keys, so ``transformer/*.safetensors`` loads by name (loader.py).
 """
