@@ -31,7 +31,7 @@ is answered, and the app comes back.
 in ``FREE`` and its thumbnail ``example_workflows/<Title>.jpg`` from the output of its run (the middle frame of the
 video, the image, or for an actions-only workflow a plot of the actions), enlarged to ``THUMBNAIL_SIZE``.
 
-What the newest frontend cannot do with the 0.3.75 backend (README, "Frontends"): its queue and history panels read
+What the newest frontend cannot do with the 0.3.75 backend (example_workflows/README.md): its queue and history panels read
 ``/api/jobs``, which 0.3.75 lacks (404; the panels stay empty and the console logs the error). Running, previews,
 outputs and templates work; this test ignores only those ``/api/jobs`` console errors.
 """
@@ -48,7 +48,7 @@ import pytest
 
 from support import comfy_host
 from test_workflows import (ALL_WORKFLOWS, THUMBNAIL_SIZE, check_mp4, check_outputs, ensure_tiny_checkpoints,
-                            load_api, load_ui, node_info, nodes_of, schema_inputs, shrink_api, source_node,
+                            load_api, load_ui, nodes_of, schema_inputs, shrink_api, source_node,
                             thumbnail_path, ui_path, widget_slots, write_test_inputs)
 
 pytestmark = pytest.mark.comfy
@@ -193,7 +193,8 @@ def graph_state(b) -> dict:
         const dialogs = [...document.querySelectorAll('.p-dialog, [role=dialog]')].map(
             d => d.textContent.trim().slice(0, 300));
         const toasts = [...document.querySelectorAll('.p-toast-message, [data-sonner-toast]')].map(
-            t => ({cls: t.className + ' ' + (t.getAttribute('data-type') || ''), text: t.textContent.trim().slice(0, 300)}));
+            t => ({cls: t.className + ' ' + (t.getAttribute('data-type') || ''),
+                   text: t.textContent.trim().slice(0, 300)}));
         const nodes = app.graph._nodes.map(n => ({
             id: n.id, type: n.type, registered: !!LiteGraph.registered_node_types[n.type], errors: !!n.has_errors,
             widgets: Object.fromEntries((n.widgets || []).map(w => [w.name, w.value]))}));
@@ -261,7 +262,8 @@ def show_widget(b, nid: int, name: str) -> list:
         const n = {node_js(nid)}, w = n.widgets.find(w => w.name === {json.dumps(name)});
         const ds = app.canvas.ds, c = document.querySelector('#graph-canvas'), r = c.getBoundingClientRect();
         if (!n.widgets.some(v => v.y)) app.canvas.draw(true, true);  // a node never drawn: lay its widgets out
-        const gx = n.pos[0] + n.size[0] / 2, gy = n.pos[1] + w.y + (w.computedHeight || LiteGraph.NODE_WIDGET_HEIGHT) / 2;
+        const gx = n.pos[0] + n.size[0] / 2;
+        const gy = n.pos[1] + w.y + (w.computedHeight || LiteGraph.NODE_WIDGET_HEIGHT) / 2;
         let x = r.x + (gx + ds.offset[0]) * ds.scale, y = r.y + (gy + ds.offset[1]) * ds.scale;
         if (ds.scale < 0.3 || document.elementFromPoint(x, y) !== c) {{
             ds.scale = 1; ds.offset[0] = r.width / 2 - gx; ds.offset[1] = r.height / 2 - gy;
@@ -385,7 +387,7 @@ def test_stepped_int_widgets_hold_only_valid_values_as_typed(server, page):
             if s["type"] == "INT" and s["widget"] and (s["opts"].get("step") or 1) > 1:
                 cases.append((node_id, name, s["opts"]["min"], s["opts"]["max"], s["opts"]["step"]))
     assert len(cases) >= 8, cases
-    for k, (node_id, name, lo, hi, step) in enumerate(cases):
+    for node_id, name, lo, hi, step in cases:
         nid = b.eval(f"""(() => {{ const n = LiteGraph.createNode({json.dumps(node_id)}); n.pos = [100, 100];
             app.graph.add(n); return n.id; }})()""")
         typed = {lo: lo, lo + 2 * step - 1: lo + 2 * step, lo + 3 * step + 1: lo + 3 * step, hi - step: hi - step,
@@ -416,9 +418,12 @@ def test_stepped_int_widgets_in_nodes_2_0(server, page):
             b.click(x, y)
             b.replace_text(text, enter=False)
             b.key("Tab", "Tab", 9)
-            b.wait_for(f"{node_js(nid)}.widgets.find(w => w.name === {json.dumps(name)}).value === {want}",
-                       timeout=5, what=f"Nodes 2.0: {name} typed {text} to hold {want} "
-                                       f"(holds {widget_value(b, nid, name)})")
+            try:
+                b.wait_for(f"{node_js(nid)}.widgets.find(w => w.name === {json.dumps(name)}).value === {want}",
+                           timeout=5)
+            except TimeoutError:
+                pytest.fail(f"Nodes 2.0: typed {text} into {name}, the widget holds {widget_value(b, nid, name)} "
+                            f"(want {want})")
     finally:
         b.eval("app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false)")
         b.eval("app.graph.clear(); true")
@@ -518,7 +523,8 @@ def test_templates_dialog_cards_show_the_thumbnails(server, page):
     b.wait_for(f"{cards}.length === {len(titles)}", timeout=30, what=f"{len(titles)} cards in the pack's category")
     names = b.eval(f"{cards}.map(c => c.getAttribute('data-testid').slice('template-workflow-'.length))")
     assert sorted(names) == titles, names
-    card = "(() => {{ const c = {cards}[{i}], im = c.querySelector('img'), h = c.querySelector('h3'); return {what}; }})()"
+    card = ("(() => {{ const c = {cards}[{i}], im = c.querySelector('img'), h = c.querySelector('h3'); "
+            "return {what}; }})()")
     loaded = {}
     for i in range(len(titles)):
         b.eval(f"{cards}[{i}].scrollIntoView({{block: 'center'}}); true")
