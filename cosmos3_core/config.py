@@ -11,6 +11,14 @@ Super and Edge differ only by values:
 
 Unknown keys (the Hub files carry legacy ones such as ``model_type`` or ``use_moe``) are ignored; a missing key
 that has no default, or a value of the wrong kind, is an error naming the file and the key.
+
+Checkpoints of the family that diffusers 0.42.1 cannot run, and so neither can this pack, are refused by name
+before anything loads (``unsupported_checkpoint``): their transformer config carries the export contract of another
+architecture — Cosmos3-Nano-Sim-Transfer and -Sim-Bimanual (``cosmos3_nano_sim_bimanual``, formerly
+``cosmos_dreams``: causal chunk-by-chunk rollouts over a K/V history, 4-step self-forcing students),
+Cosmos3-Nano-Sim-Auto (``cosmos3_nano_sim_auto``) and Cosmos3-Nano-Transfer-Auto (``backbone_type:
+cosmos3_multiview`` with a ``multiview`` block: block-sparse cross-camera attention and rig view embeddings). The
+markers are the ones vLLM-Omni's and SGLang's loaders for those models read.
 """
 
 from __future__ import annotations
@@ -148,6 +156,9 @@ class Cosmos3Config:
             ) from exc
         if not isinstance(values, dict):
             raise CheckpointError(f"{path} holds a JSON {type(values).__name__}, not a config object; download it again.")
+        unsupported = unsupported_checkpoint(values)
+        if unsupported:
+            raise CheckpointError(f"{path.parent.parent}: {unsupported}")
         class_name = values.get("_class_name")
         if class_name is not None and class_name != "Cosmos3OmniTransformer":
             raise CheckpointError(
@@ -157,6 +168,35 @@ class Cosmos3Config:
             if required not in values:
                 raise CheckpointError(f"{path}: required key {required!r} is missing.")
         return cls.from_dict(values, source=str(path))
+
+
+_NOT_RUN = ("diffusers 0.42.1 has no pipeline for it, and this pack runs what diffusers runs (the bidirectional "
+             "Cosmos3 models: Nano, Super, Edge, their 4-step and policy checkpoints); run as one of those it "
+             "would give wrong video, so it is refused before loading. Run it with NVIDIA's cosmos-framework or "
+             "vLLM-Omni.")
+_CAUSAL = ("a causal model that generates the video chunk by chunk (4 latent frames at a time after the first, each "
+           "attending to the K/V of the chunks already committed) with a 4-step self-forcing schedule, ")
+
+
+def unsupported_checkpoint(config: dict[str, Any]) -> str | None:
+    """Why a ``transformer/config.json`` (as a dict) belongs to a Cosmos3 model this pack cannot run, or ``None``."""
+    sim = config.get("cosmos3_nano_sim_bimanual") or config.get("cosmos_dreams")
+    if isinstance(sim, dict):
+        conditioning = sim.get("conditioning") if isinstance(sim.get("conditioning"), dict) else {}
+        if conditioning.get("mode") == "control_video":
+            return ("this is Cosmos3-Nano-Sim-Transfer, " + _CAUSAL + "driven by one control video (edge, blur, "
+                    "depth or seg) whose chunks the target attends causally; diffusers' Transfer pipeline denoises "
+                    "the whole clip at once with UniPC and its distilled pipeline takes no control video. " + _NOT_RUN)
+        return ("this is Cosmos3-Nano-Sim-Bimanual, " + _CAUSAL + "conditioned on robot actions as per-frame tokens "
+                "interleaved with the video tokens; diffusers' action pipeline denoises one clip at once. " + _NOT_RUN)
+    if isinstance(config.get("cosmos3_nano_sim_auto"), dict):
+        return ("this is Cosmos3-Nano-Sim-Auto, the causal chunk-by-chunk version of Cosmos3-Nano-Transfer-Auto "
+                "(several driving cameras, optional LiDAR). " + _NOT_RUN)
+    if config.get("backbone_type") == "cosmos3_multiview" or isinstance(config.get("multiview"), dict):
+        return ("this is Cosmos3-Nano-Transfer-Auto, a multi-camera driving model: up to 11 cameras in one sequence "
+                "with block-sparse cross-camera attention, a rig view embedding per camera (rig_view_embed), one "
+                "caption per camera and optional LiDAR (lidar_vae/); diffusers runs one camera. " + _NOT_RUN)
+    return None
 
 
 # Keys every real transformer/config.json carries; a file without them is not a Cosmos3 transformer config.

@@ -2,10 +2,13 @@
 
 Node schemas, ``request.resolve``, the plan and the CLIs read these names; nothing else spells the numbers.
 Values follow diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` defaults and the per-mode table of
-docs/architecture.md, "Defaults per mode" (the released checkpoints' training tiers).
+docs/architecture.md, "Defaults per mode" (the released checkpoints' training tiers), and the recipes checkpoints
+publish for a mode (``ClipRecipe``: Cosmos3-Edge's image-to-video).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 # ---------------------------------------------------------------------------------------------- model constants
 # Wan2.2 VAE (``AutoencoderKLWan``, TI2V-5B geometry): 4× in time, 16× in space, 48 latent channels.
@@ -43,6 +46,25 @@ ACTION_RESOLUTION_TIER = 480
 ACTION_VIEW_POINT = "ego_view"
 ACTION_CHUNK_SIZE = 16
 ACTION_DOMAIN = "bridge_orig_lerobot"
+
+# Checkpoint recipes: the defaults a checkpoint's publisher gives for one mode. ``request.resolve`` takes each value a
+# request leaves unset from the recipe (a value the user gives always wins); every other mode and checkpoint keeps
+# the general defaults above. The nodes cannot follow them (a widget's default is one value for every checkpoint).
+class ClipRecipe(NamedTuple):
+    """Published defaults of one checkpoint family for one mode."""
+
+    name: str
+    width: int
+    height: int
+    num_frames: int
+    steps: int
+    guidance: float
+    shift: float
+
+
+# Cosmos3-Edge image-to-video, as its model card publishes it (update of 2026-08-25).
+EDGE_IMAGE_TO_VIDEO = ClipRecipe("Cosmos3-Edge image-to-video", width=832, height=480, num_frames=121, steps=20,
+                                 guidance=6.0, shift=12.0)
 
 # Request limits: what the nodes' widgets and the request checks allow.
 MAX_SIZE = 4096  # pixels per side

@@ -14,18 +14,28 @@ these choices of our own:
 * float -> uint8 rounds to nearest (``round(clip(x, 0, 1) * 255)``), not diffusers' truncation.
 * audio: AAC-LC, 48 kHz, stereo (mono is duplicated; other input rates are resampled to 48 kHz). The mp4
   muxer records the encoder delay, so a decoder returns N samples (up to one 1024-sample AAC frame of padding).
+* writing: every output byte goes through one call, ``os_write``; a write the disk refuses (a full disk) is one
+  ``OutputError`` and leaves no partial file — whole files (PNG, ``write_file``) are written beside their name and
+  renamed into place; a streamed ``VideoWriter(fragmented=True)`` (a long video) is cut back to the fragments that
+  reached the disk whole, so it plays. Reading refuses folders by name and images above PIL's decompression-bomb
+  limit before decoding them.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import math
+import os
 import queue
 import threading
+import warnings
 from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
+from av.video.frame import PictureType
 from av.video.reformatter import ColorRange, Colorspace
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -136,6 +146,124 @@ class _AudioEncoder:
             self.container.mux(packet)
 
 
+class OutputError(ValueError):
+    """An output file that could not be written (a full disk, no permission). ``path``; ``cause`` (what the system
+    said); ``frames_kept`` (a streamed video: the frames the file still plays; 0: no file was left behind); ``fix``;
+    ``reason``: all of it in a sentence. A ``ValueError``, so the boundaries (CLI, nodes) report it as one message,
+    with their own name for the path in front."""
+
+    fix = "free space on that disk (or choose another folder) and run again"
+
+    def __init__(self, path, cause: str, left: str, frames_kept: int = 0):
+        self.path, self.cause, self.frames_kept = Path(path), cause, frames_kept
+        self.reason = f"{cause}; {left}; {self.fix}."
+        super().__init__(f"could not write {path}: {self.reason}")
+
+
+os_write = os.write  # the one call that puts output bytes on a disk (the tests make it fail as a full disk does)
+
+
+def _cause(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "the disk is full (No space left on device)"
+    if exc.errno == getattr(errno, "EDQUOT", None):
+        return "the disk quota is used up (Disk quota exceeded)"
+    return f"the system refused the write ({exc.strerror or exc})"
+
+
+class _OutputFile:
+    """A file written through ``os_write``: whole buffers (short writes resumed), seekable (for the mp4 muxer).
+    After a failed write ``failed`` holds the error and further bytes are dropped, so that a muxer can be shut down
+    without touching the disk again: the file stays as it was at the failure."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self.failed: OSError | None = None
+        self.closed = False
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        size = len(view)
+        if self.failed is None and not self.closed:
+            try:
+                while view:
+                    view = view[os_write(self.fd, view):]
+            except OSError as exc:
+                self.failed = exc
+                raise
+        return size
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return os.lseek(self.fd, offset, whence)
+
+    def tell(self) -> int:
+        return os.lseek(self.fd, 0, os.SEEK_CUR)
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+
+
+def write_file(path, data) -> Path:
+    """Write ``data`` (bytes) as the file ``path``: written beside it and renamed into place, so a failed write
+    (a full disk) leaves neither a partial nor an empty file, and an older file of that name stays as it was; the
+    failure is one ``OutputError``. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    out = None
+    try:
+        out = _OutputFile(part)
+        out.write(data)
+        out.close()
+        os.replace(part, path)
+    except OSError as exc:
+        if out is not None:
+            out.close()
+        part.unlink(missing_ok=True)
+        raise OutputError(path, _cause(exc), "nothing was written") from None
+    except BaseException:
+        if out is not None:
+            out.close()
+        part.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _playable_prefix(path: Path) -> int:
+    """Bytes of a fragmented mp4 that play: its header (``ftyp`` + ``moov``) and every ``moof`` + ``mdat`` pair
+    on disk whole (0: not even the header is whole)."""
+    size, good, header, fragment = path.stat().st_size, 0, False, False
+    with path.open("rb") as f:
+        pos = 0
+        while pos + 8 <= size:
+            f.seek(pos)
+            head = f.read(16)
+            n, kind = int.from_bytes(head[:4], "big"), head[4:8]
+            if n == 1 and len(head) == 16:
+                n = int.from_bytes(head[8:16], "big")
+            if n < 8 or pos + n > size:
+                break
+            pos += n
+            if kind == b"moov":
+                header, good = True, pos
+            elif kind == b"moof":
+                fragment = True
+            elif kind == b"mdat" and fragment:
+                fragment, good = False, pos
+            elif kind == b"mfra" and header and not fragment:
+                good = pos
+    return good if header else 0
+
+
 class VideoWriter:
     """An mp4 written while it is produced: ``append(frames, audio=None)`` any number of times, then ``close()``.
 
@@ -146,33 +274,56 @@ class VideoWriter:
     samples then come with each ``append``. ``threads``: x264's threads (0 = its automatic choice). x264 does not
     always repeat its bytes for identical frames on a busy machine, with one thread or several (measured here), so
     two files of the same frames are compared by their decoded content, never by bytes.
+
+    ``fragmented=True`` (a long video streamed window by window): a fragmented mp4 (``empty_moov``, an edit list
+    for the AAC priming) whose every ``append`` starts with a key frame and so a new fragment; each fragment reaches
+    the disk whole when the next one starts. The file then plays at every moment up to its last whole fragment.
+
+    A write the disk refuses (a full disk) stops the writer at once — that ``append`` or ``close`` raises
+    ``OutputError`` and nothing more is written. A fragmented file is cut back to its whole fragments, so it keeps
+    the appends written before the failure, playable (``OutputError.frames_kept``); any other file is deleted (an
+    mp4 without its index does not play), as is a fragmented one that kept no frame.
     """
 
     def __init__(self, path, fps, width: int, height: int, *, audio: bool = False, sample_rate: int = AUDIO_RATE,
-                 crf: int = DEFAULT_CRF, threads: int = 0):
+                 crf: int = DEFAULT_CRF, threads: int = 0, fragmented: bool = False):
         self.path = Path(path)
         if height % 2 or width % 2:
             raise ValueError(f"write_video: H.264 yuv420p needs even height and width, got {height}x{width}; "
                              "crop or pad to even sizes (Cosmos3 sizes are multiples of 16).")
         self.rate = as_fraction(fps)
         self.width, self.height, self.sample_rate = width, height, sample_rate
+        self.fragmented = fragmented
         self.frames_written = 0
+        self.error: OutputError | None = None
+        self.container = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.container = av.open(str(self.path), mode="w")
+            self._file = _OutputFile(self.path)
+        except OSError as exc:
+            raise OutputError(self.path, _cause(exc), "nothing was written") from None
+        options = {"movflags": "frag_keyframe+empty_moov+default_base_moof", "use_editlist": "1"} if fragmented \
+            else {}
+        try:
+            self.container = av.open(self._file, mode="w", format="mp4", options=options)
             vs = self.container.add_stream("libx264", rate=self.rate)
             vs.width, vs.height, vs.pix_fmt = width, height, "yuv420p"
             vs.codec_context.time_base = 1 / self.rate  # one tick per frame: pts = frame index
-            vs.options = {"crf": str(crf), "preset": "medium", "threads": str(threads)}
+            vs.options = {"crf": str(crf), "preset": "medium", "threads": str(threads),
+                          **({"forced-idr": "1"} if fragmented else {})}  # a forced key frame is an IDR frame
             cc = vs.codec_context  # tag what we convert to: BT.709, limited range (HD default of players)
             cc.colorspace, cc.color_primaries, cc.color_trc, cc.color_range = _BT709, _BT709, _BT709, ColorRange.MPEG
         except av.FFmpegError as e:
+            self._file.close()
+            self.path.unlink(missing_ok=True)
             raise ValueError(f"write_video: could not write {self.path}: {e}") from e
         self.stream = vs
         self.audio = _AudioEncoder(self.container) if audio else None
 
     def append(self, frames, audio=None) -> None:
         """Encode ``frames`` ``[F, H, W, 3]`` (float [0, 1] or uint8) and, with an audio track, their samples."""
+        if self.error is not None:
+            raise self.error
         x = _to_numpy(frames, "write_video: frames")
         if x.ndim != 4 or x.shape[-1] != 3 or x.shape[1:3] != (self.height, self.width):
             raise ValueError(f"write_video: frames must be [F, {self.height}, {self.width}, 3], got shape "
@@ -182,31 +333,68 @@ class VideoWriter:
                 raise ValueError("write_video: audio given, but the writer was opened without an audio track.")
             self.audio.push(_stereo48k(audio, self.sample_rate))
         try:
-            for frame_rgb in x:
+            for i, frame_rgb in enumerate(x):
                 frame = av.VideoFrame.from_ndarray(_to_uint8(frame_rgb, "write_video"), format="rgb24").reformat(
                     format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG,
                     dst_color_trc=_BT709, dst_color_primaries=_BT709)
                 frame.pts = self.frames_written
+                if self.fragmented and i == 0:
+                    frame.pict_type = PictureType.I  # a new fragment per append
                 for packet in self.stream.encode(frame):
                     self.container.mux(packet)
                 self.frames_written += 1
                 if self.audio is not None:  # audio up to the end of this frame
                     self.audio.feed_until(math.ceil(self.frames_written * AUDIO_RATE / self.rate))
-        except av.FFmpegError as e:
+        except (OSError, av.FFmpegError) as e:
+            if self._file.failed is not None:
+                raise self._write_failed() from None
             raise ValueError(f"write_video: could not write {self.path}: {e}") from e
 
     def close(self) -> Path:
         if self.container is None:
             return self.path
         try:
-            for packet in self.stream.encode(None):
-                self.container.mux(packet)
-            if self.audio is not None:
-                self.audio.finish()
-        finally:
-            self.container.close()
-            self.container = None
+            try:
+                for packet in self.stream.encode(None):
+                    self.container.mux(packet)
+                if self.audio is not None:
+                    self.audio.finish()
+            finally:
+                container, self.container = self.container, None
+                container.close()  # the trailer: the index, or the last fragment
+        except (OSError, av.FFmpegError) as e:
+            if self._file.failed is not None:
+                raise self._write_failed() from None
+            self._file.close()
+            raise ValueError(f"write_video: could not write {self.path}: {e}") from e
+        self._file.close()
         return self.path
+
+    def _write_failed(self) -> OutputError:
+        """The disk refused a write: shut the muxer without another write, keep what plays, say so."""
+        self._file.close()  # closed: the muxer skips its trailer, buffered packets are dropped
+        if self.container is not None:
+            container, self.container = self.container, None
+            try:
+                container.close()
+            except (OSError, av.FFmpegError):
+                pass
+        kept = 0
+        if self.fragmented and self.path.is_file():
+            os.truncate(self.path, _playable_prefix(self.path))
+            try:
+                with av.open(str(self.path)) as c:
+                    kept = sum(1 for p in c.demux(c.streams.video[0]) if p.size) if c.streams.video else 0
+            except av.FFmpegError:
+                kept = 0
+        if kept:
+            left = (f"stopped there; {self.path.name} keeps the first {kept} of the {self.frames_written} frames "
+                    f"({float(kept / self.rate):.1f} s) and plays")
+        else:
+            self.path.unlink(missing_ok=True)
+            left = "stopped there and left no file (nothing playable was written)"
+        self.error = OutputError(self.path, _cause(self._file.failed), left, frames_kept=kept)
+        return self.error
 
     def __enter__(self) -> "VideoWriter":
         return self
@@ -297,9 +485,9 @@ def write_png(path, frame) -> Path:
     x = _to_numpy(frame, "write_png: frame")
     if x.ndim != 3 or x.shape[-1] != 3:
         raise ValueError(f"write_png: frame must be [H, W, 3], got shape {tuple(x.shape)}.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(_to_uint8(x, "write_png")).save(path, format="PNG")
-    return path
+    data = io.BytesIO()
+    Image.fromarray(_to_uint8(x, "write_png")).save(data, format="PNG")
+    return write_file(path, data.getbuffer())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -308,18 +496,27 @@ def write_png(path, frame) -> Path:
 
 def _existing(path, who: str) -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{who}: {path} is a folder, not a file; give the file inside it.")
     if not path.is_file():
         raise FileNotFoundError(f"{who}: no such file: {path}")
     return path
 
 
 def read_image(path) -> np.ndarray:
-    """RGB float32 ``[H, W, 3]`` in [0, 1] (EXIF orientation applied, alpha dropped)."""
+    """RGB float32 ``[H, W, 3]`` in [0, 1] (EXIF orientation applied, alpha dropped). An image above PIL's
+    decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``, ~89 megapixels) is refused before it is decoded."""
     path = _existing(path, "read_image")
     try:
-        with Image.open(path) as im:
-            im = ImageOps.exif_transpose(im).convert("RGB")
-            return np.asarray(im, dtype=np.float32) / 255.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                im = ImageOps.exif_transpose(im).convert("RGB")
+                return np.asarray(im, dtype=np.float32) / 255.0
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ValueError(f"read_image: {path} has more than {Image.MAX_IMAGE_PIXELS / 1e6:.0f} megapixels, which "
+                         "this reader refuses (a decompression-bomb guard); downscale it first (Cosmos3 generates "
+                         "at most 4096 pixels a side).") from None
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise ValueError(f"read_image: could not read {path} as an image: {e}") from e
 

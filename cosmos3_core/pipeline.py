@@ -19,6 +19,7 @@ imports ComfyUI.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -31,7 +32,9 @@ import torch
 from . import defaults
 from .config import CheckpointError, Cosmos3Config
 from .kernels.compile import prepared
+from .model.fp8 import fp8_steps
 from .model.loader import load_transformer
+from .model.precision import W8A16, StepPrecision
 from .model.text_kv import TextConditioning, TextKV
 from .model.towers import step_memory_required
 from .model.transformer import Cosmos3Transformer
@@ -46,6 +49,8 @@ from .vae.audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_sample
 from .vae.video import Cosmos3VAE, load_vae
 
 __all__ = ["Cosmos3Pipeline", "GenerationOutput", "TextConditioning"]
+
+_log = logging.getLogger("cosmos3")
 
 
 @dataclass
@@ -77,8 +82,9 @@ class Cosmos3Pipeline:
         self.sound_decoder = sound_decoder
         self.scheduler_config = load_scheduler_config(self.checkpoint_dir)
         info = CheckpointInfo.read(self.checkpoint_dir, transformer.config)
-        # what this loaded pipeline can do: sound needs the decoder actually loaded
-        self.info = dataclasses.replace(info, has_sound=info.has_sound and sound_decoder is not None)
+        # what this loaded pipeline can do: sound needs the decoder actually loaded; FP8 is what the model holds
+        self.info = dataclasses.replace(info, has_sound=info.has_sound and sound_decoder is not None,
+                                        fp8=transformer.fp8_checkpoint)
         self.prefill_count = 0  # text-tower runs since load (tests and the ComfyUI cache check read it)
 
     @classmethod
@@ -93,8 +99,11 @@ class Cosmos3Pipeline:
         linear: type[torch.nn.Linear] = torch.nn.Linear,
         storage_dtype: torch.dtype | None = None,
         scaled_linear: type[torch.nn.Linear] | None = None,
+        fp8_compute: bool = False,
     ) -> "Cosmos3Pipeline":
-        """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``).
+        """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``);
+        ``fp8_compute``: approximate FP8 compute for a bf16 checkpoint (the CLI's ``--weight-dtype fp8_e4m3fn_fast``,
+        ``model/fp8.py``).
 
         Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
         holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
@@ -113,7 +122,8 @@ class Cosmos3Pipeline:
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
         transformer = load_transformer(
             root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear,
-            storage_dtype=storage_dtype, **({"scaled_linear": scaled_linear} if scaled_linear else {}),
+            storage_dtype=storage_dtype, fp8_compute=fp8_compute,
+            **({"scaled_linear": scaled_linear} if scaled_linear else {}),
         )
         return cls(root, transformer, vae, tokenizer, sound)
 
@@ -292,7 +302,44 @@ class Cosmos3Pipeline:
             sound_len=sound_len, action=action, guidance_interval=sampling.guidance_interval,
             batch_size=sampling.batch_size, reanchor_vision=sampling.distilled, generators=generators, device=device,
             dtype=self.transformer.dtype, options=options,
+            **self.fast_modes(text, sampling, len(stepper.timesteps), device, options),
         )
+
+    def fast_modes(self, text: TextConditioning, sampling: Sampling, steps: int, device: torch.device,
+                   options: RuntimeOptions) -> dict:
+        """The plan's fast-mode arguments (``make_plan``'s, ``make_transfer_plan``'s) for a run of ``steps`` on
+        ``device``: each step's FP8 modes on the loaded layers (``fp8.fp8_steps``; a notice is logged where the
+        checkpoint's W8A8 steps cannot run) with the text K/V in those modes, and the run's SeaCache."""
+        fp8 = fp8_steps(self.transformer, sampling.mixed_precision, steps, device, options.fp8_gemm)
+        out = {"sea_cache": sampling.sea_cache}
+        if fp8 is None:
+            return out
+        (_log.warning if fp8.fallback else _log.info)("FP8: %s", fp8.note)
+        out["fp8"] = fp8.note
+        if fp8.keys is not None:
+            out.update(step_precision=fp8.keys, text_for=self.text_in_precision(text, options))
+        return out
+
+    def text_in_precision(self, text: TextConditioning, options: RuntimeOptions = DEFAULT):
+        """``key → (cond, uncond)`` text K/V computed in the FP8 modes ``key`` (the reference re-runs the text tower
+        in each step's modes): the text tower's linears are the reference's "generation" (``to_q/k/v/out``) and
+        "reasoner" (``mlp``) paths; their W8A16 modes are the conditioning as encoded, other modes re-run the
+        tower from the prompts' token ids, once per mode and run."""
+        done: dict[tuple[str, str], tuple[TextKV, TextKV | None]] = {}
+
+        def text_for(key: str):
+            modes = StepPrecision.from_key(key)
+            tower = (modes.generation, modes.reasoner)
+            if tower == (W8A16, W8A16):
+                return text.cond, text.uncond
+            if tower not in done:
+                ids = [text.cond.token_ids] + ([] if text.uncond is None else [text.uncond.token_ids])
+                self.prefill_count += len(ids)
+                kvs = self.transformer.prefill_many(ids, options.attention, key)
+                done[tower] = (kvs[0], kvs[1] if len(kvs) > 1 else None)
+            return done[tower]
+
+        return text_for
 
     @staticmethod
     def check_memory(need: int, num_tokens: int, device: torch.device) -> None:
@@ -313,7 +360,10 @@ class Cosmos3Pipeline:
 
     def run(self, plan: SamplePlan, callback: StepCallback | None = None, denoiser=None) -> SampleResult:
         """Denoise ``plan`` with the kernels its ``options`` name. ``denoiser``: runs the steps instead of the
-        transformer, with its ``denoise_step`` contract (``sampling.loop.Denoiser``: parallel/)."""
+        transformer, with its ``denoise_step`` contract (``sampling.loop.Denoiser``: parallel/), SeaCache aside."""
+        if denoiser is not None and plan.cache is not None:
+            raise ValueError("sea_cache: SeaCache runs on one GPU; the guidance split over two GPUs and torchrun "
+                             "parallelism do not take it yet — turn sea_cache off there, or run on one GPU.")
         if plan.options.compiles:
             prepared()  # the compile settings in this run's context (kernels/compile.py)
         x = run(plan, denoiser or self.transformer, callback)

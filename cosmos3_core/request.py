@@ -9,14 +9,20 @@ blocks' declared ``InputParam`` defaults and their one ``check_inputs`` per bloc
   (``frames_per_chunk`` given, or ``num_frames`` above one clip — ``defaults.NUM_FRAMES`` — unless ``one_pass``)
   or ``clip`` (text/image/video to image or video);
 * **every default**, by mode and by what the checkpoint decides (``CheckpointInfo``, read from its files without
-  loading weights): fps (24; action 5), guidance (6; 1 for a distilled checkpoint, whose guidance is baked in, and
-  for the action models), steps (by frames: image 50 / video 35; a distilled checkpoint's schedule length; action
-  30), shift (by resolution tier; action 10; none on a distilled schedule), the negative prompt (the checkpoint's
-  ``assets/negative_prompt.json``; ``""`` for Transfer and action, as their references), the system prompt, the
-  window geometry;
+  loading weights): the clip (189 frames at 1280×720; action: the input's frames), fps (24; action 5), guidance (6;
+  1 for a distilled checkpoint, whose guidance is baked in, and for the action models), steps (by frames: image 50
+  / video 35; a distilled checkpoint's schedule length; action 30), shift (by resolution tier; action 10; none on a
+  distilled schedule), the negative prompt (the checkpoint's ``assets/negative_prompt.json``; ``""`` for Transfer
+  and action, as their references), the system prompt, the window geometry — and where the checkpoint publishes a
+  recipe for the mode (``checkpoint_recipe``: Cosmos3-Edge image-to-video, 832×480, 121 frames, 20 steps, guidance
+  6, shift 12), each of those values the request leaves unset comes from the recipe instead;
 * **every check**, one ``ValueError`` per mistake naming the argument, its value and the fix: the clip shape, the
   sampling values, the distilled checkpoint's fixed values, sound support, the conditioning, the windows and
-  controls, the action condition against the checkpoint, and whether the runtime options can run here.
+  controls, the action condition against the checkpoint, and whether the runtime options can run here;
+* **the fast modes**: an FP8 checkpoint's step policy (``model.precision.resolve``: the checkpoint's declared
+  ``diffusion_step_policy`` with the request's ``mixed_precision_*`` overrides, diffusers' arguments; a schedule of
+  W8A8 steps on a weight-only FP8 export is refused) and SeaCache's knobs against the run's steps — and FP8 compute
+  asked for explicitly (``mixed_precision_format='fp8'``, approximate FP8 compute) where the device has no FP8 GEMMs.
 
 Messages name arguments as ``name=value``; the boundary (a node, a CLI) adds its own name in front once, so the core
 never threads a caller's name through its functions. The stage-sized pieces (``resolve_clip`` for a text encode,
@@ -33,6 +39,10 @@ from typing import Any, Mapping, Sequence
 
 from . import defaults
 from .config import CheckpointError, Cosmos3Config
+from .model import precision
+from .model.fp8 import asked_fp8, check_fp8_compute, run_policy
+from .model.loader import read_fp8_checkpoint
+from .model.weights import Fp8Checkpoint
 from .modes.action import ActionRequest, check_action_request
 from .modes.transfer import prepare_controls
 from .modes.windows import WindowGeometry, window_geometry
@@ -40,6 +50,7 @@ from .runtime import DEFAULT, RuntimeOptions, compile_unavailable_reason
 from .sampling.distilled import DistilledSchedule, read_distilled
 from .sampling.plan import check_clip, check_sampling
 from .sampling.prompt import check_text, default_negative_prompt, default_use_system_prompt
+from .sampling.sea_cache import SeaCacheConfig, check_sea_cache
 from .kernels.attention import flash4_unavailable_reason
 from .kernels.gemv import triton_unavailable_reason
 
@@ -58,9 +69,13 @@ class CheckpointInfo:
     default_negative_prompt: str
     default_use_system_prompt: bool
     native_flow_schedule: bool = False  # model_index.json's use_native_flow_schedule
+    fp8: Fp8Checkpoint | None = None  # an FP8 transformer (or one loaded for approximate FP8 compute)
 
     @classmethod
-    def read(cls, checkpoint_dir: str | Path, config: Cosmos3Config | None = None) -> "CheckpointInfo":
+    def read(cls, checkpoint_dir: str | Path, config: Cosmos3Config | None = None, *,
+             fp8_compute: bool = False) -> "CheckpointInfo":
+        """``fp8_compute``: the checkpoint as it loads for approximate FP8 compute (the CLI's
+        ``--weight-dtype fp8_e4m3fn_fast``; a loaded pipeline's info says so itself)."""
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist or is not a folder; give the downloaded "
@@ -74,11 +89,17 @@ class CheckpointInfo:
         return cls(name=root.name, config=config, distilled=distilled,
                    has_sound=bool(config.sound_gen) and (root / "sound_tokenizer").is_dir(),
                    default_negative_prompt=default_negative_prompt(root), default_use_system_prompt=system,
-                   native_flow_schedule=bool(index.get("use_native_flow_schedule", False)))
+                   native_flow_schedule=bool(index.get("use_native_flow_schedule", False)),
+                   fp8=read_fp8_checkpoint(root, fp8_compute))
 
     @property
     def has_action(self) -> bool:
         return bool(self.config.action_gen)
+
+    @property
+    def is_edge(self) -> bool:
+        """Cosmos3-Edge's architecture (relu² MLP, Nemotron norms), as the reasoner and the layers tell it apart."""
+        return self.config.hidden_act == "relu2"
 
 
 @dataclass
@@ -89,8 +110,8 @@ class Request:
     negative_prompt: str | None = None
     # the clip
     num_frames: int | None = None  # None: 189 (Transfer: the controls' length; action: chunk_size + 1)
-    height: int = defaults.HEIGHT
-    width: int = defaults.WIDTH
+    height: int | None = None  # None: 720 (a checkpoint recipe's; action: the input's size)
+    width: int | None = None  # None: 1280 (likewise)
     fps: float | None = None
     # sampling
     seed: int = defaults.SEED
@@ -117,6 +138,14 @@ class Request:
     control_guidance_interval: tuple[float, float] | None = None
     # action (world-model) modes
     action: ActionRequest | None = None
+    # fast modes: an NVIDIA FP8 checkpoint's step policy (diffusers' mixed_precision_* arguments; None: the
+    # checkpoint's policy) and SeaCache (None: off)
+    mixed_precision_format: str | None = None  # none | fp8
+    mixed_precision_first_steps: int | None = None
+    mixed_precision_last_steps: int | None = None
+    mixed_precision_reasoner_policy: str | None = None  # high_precision | base_precision
+    mixed_precision_overlap: str | None = None  # a16 | native
+    sea_cache: SeaCacheConfig | None = None
     # how it runs
     options: RuntimeOptions = field(default_factory=lambda: DEFAULT)
 
@@ -134,6 +163,8 @@ class Sampling:
     guidance_interval: tuple[float, float] | None
     batch_size: int
     distilled: bool  # the checkpoint's few-step schedule (sampling/distilled.py) instead of UniPC
+    mixed_precision: precision.MixedPrecision | None = None  # the FP8 step policy (None: the model is not FP8)
+    sea_cache: SeaCacheConfig | None = None
 
     @property
     def use_cfg(self) -> bool:
@@ -163,6 +194,8 @@ class Resolved:
     control_guidance: float = defaults.CONTROL_GUIDANCE
     control_guidance_interval: tuple[float, float] | None = None
     action: ActionRequest | None = None  # checked against the checkpoint
+    recipe: str | None = None  # the checkpoint recipe the mode's defaults came from (``checkpoint_recipe``)
+    recipe_defaults: tuple[tuple[str, Any], ...] = ()  # (name, value) the request left unset, taken from it
 
     @property
     def prompt(self) -> str:
@@ -175,10 +208,11 @@ class Resolved:
 
 
 # ---------------------------------------------------------------------------------------------- the resolver
-def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolved:
+def resolve(request: Request, checkpoint: CheckpointInfo | str | Path, *, fp8_compute: bool = False) -> Resolved:
     """Every default and every check of ``request`` on ``checkpoint`` (see the module docstring). Given a folder,
     the checkpoint is read only after every check that needs none of it passed (a CLI answers a bad fps at once,
-    even for a folder that is not a checkpoint)."""
+    even for a folder that is not a checkpoint); ``fp8_compute``: that folder will be loaded for approximate FP8
+    compute (a loaded pipeline's ``info`` says so itself)."""
     r = request
     if not isinstance(r.options, RuntimeOptions):
         raise ValueError(f"options={r.options!r} must be a RuntimeOptions.")
@@ -194,16 +228,25 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolv
     interval = _check_sampling_values(r.seed, r.steps, r.guidance, r.schedule, r.shift, r.sound,
                                       r.guidance_interval, r.batch_size)
     shape = _MODE_SHAPES[mode](r)  # the mode's own checks that need no checkpoint
-    info = checkpoint if isinstance(checkpoint, CheckpointInfo) else CheckpointInfo.read(checkpoint)
-    if mode != "clip" and info.distilled is not None:
-        raise ValueError(f"checkpoint {info.name!r} is distilled (a fixed few-step schedule for one clip); the "
-                         f"{mode} mode needs a base (non-distilled) checkpoint.")
+    if isinstance(checkpoint, CheckpointInfo):
+        info = checkpoint
+        if fp8_compute and not (info.fp8 is not None and info.fp8.approximate):
+            raise ValueError("fp8_compute: this pipeline was loaded without approximate FP8 compute; load it with "
+                             "fp8_compute=True (CLI: --weight-dtype fp8_e4m3fn_fast).")
+    else:
+        info = CheckpointInfo.read(checkpoint, fp8_compute=fp8_compute)
+    _check_mode(info, mode)
+    recipe = checkpoint_recipe(info, mode, r)
+    if recipe is not None:
+        shape = _MODE_SHAPES[mode](r, recipe)
     frames, height, width = shape["frames"], shape["height"], shape["width"]
     if mode == "action":
         check_action_request(r.action, info.config)
     sampling = _sampling_defaults(info, mode, num_frames=frames, height=height, width=width, seed=r.seed,
                                   steps=r.steps, guidance=r.guidance, schedule=r.schedule, shift=r.shift,
-                                  sound=r.sound, guidance_interval=interval, batch_size=r.batch_size)
+                                  sound=r.sound, guidance_interval=interval, batch_size=r.batch_size, recipe=recipe,
+                                  fast=_fast_args(r))
+    _check_fp8_device(info, sampling, r.options)
     negative = r.negative_prompt
     if mode == "clip" and info.distilled is not None and negative:
         info.distilled.check(steps=None, guidance=None, negative_prompt=negative)
@@ -219,7 +262,23 @@ def resolve(request: Request, checkpoint: CheckpointInfo | str | Path) -> Resolv
                     condition_latent_frames=tuple(r.condition_latent_frames), keep=r.keep,
                     windows=shape.get("windows"), controls=shape.get("controls"),
                     control_guidance=float(r.control_guidance),
-                    control_guidance_interval=r.control_guidance_interval, action=r.action)
+                    control_guidance_interval=r.control_guidance_interval, action=r.action,
+                    recipe=recipe.name if recipe else None, recipe_defaults=_recipe_defaults(r, recipe))
+
+
+def checkpoint_recipe(checkpoint: CheckpointInfo, mode: str, request: Request) -> defaults.ClipRecipe | None:
+    """The recipe ``checkpoint`` publishes for what ``request`` asks, or ``None`` (the general defaults): Cosmos3-Edge's
+    image-to-video (one clip from an image) on an Edge checkpoint that is not distilled."""
+    if checkpoint.is_edge and checkpoint.distilled is None and mode == "clip" and request.image is not None:
+        return defaults.EDGE_IMAGE_TO_VIDEO
+    return None
+
+
+def _recipe_defaults(r: Request, recipe: defaults.ClipRecipe | None) -> tuple[tuple[str, Any], ...]:
+    if recipe is None:
+        return ()
+    names = ("width", "height", "num_frames", "steps", "guidance", "shift")
+    return tuple((name, getattr(recipe, name)) for name in names if getattr(r, name) is None)
 
 
 def request_mode(r: Request) -> str:
@@ -259,14 +318,22 @@ def resolve_sampling(checkpoint: CheckpointInfo, *, num_frames: int, height: int
                      seed: int = defaults.SEED, steps: int | None = None, guidance: float | None = None,
                      schedule: str | None = None, shift: float | None = None, sound: bool = False,
                      guidance_interval: tuple[float, float] | None = None,
-                     batch_size: int = defaults.BATCH_SIZE) -> Sampling:
+                     batch_size: int = defaults.BATCH_SIZE, mixed_precision_format: str | None = None,
+                     mixed_precision_first_steps: int | None = None, mixed_precision_last_steps: int | None = None,
+                     mixed_precision_reasoner_policy: str | None = None, mixed_precision_overlap: str | None = None,
+                     sea_cache: SeaCacheConfig | None = None) -> Sampling:
     """The sampling values of a clip of ``num_frames`` × ``height`` × ``width`` in ``mode`` on ``checkpoint`` (a
-    sampler's stage of ``resolve``)."""
+    sampler's stage of ``resolve``), the fast modes' included."""
+    fast = dict(mixed_precision_format=mixed_precision_format, mixed_precision_first_steps=mixed_precision_first_steps,
+                mixed_precision_last_steps=mixed_precision_last_steps,
+                mixed_precision_reasoner_policy=mixed_precision_reasoner_policy,
+                mixed_precision_overlap=mixed_precision_overlap, sea_cache=sea_cache)
     schedule = defaults.SCHEDULE if schedule is None else schedule
+    _check_mode(checkpoint, mode)  # before its fixed values: a sampler's steps are not what is wrong here
     interval = _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidance_interval, batch_size)
     return _sampling_defaults(checkpoint, mode, num_frames=num_frames, height=height, width=width, seed=seed,
                               steps=steps, guidance=guidance, schedule=schedule, shift=shift, sound=sound,
-                              guidance_interval=interval, batch_size=batch_size)
+                              guidance_interval=interval, batch_size=batch_size, fast=fast)
 
 
 def check_options(options: RuntimeOptions) -> None:
@@ -291,6 +358,13 @@ def check_options(options: RuntimeOptions) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- sampling
+def _check_mode(checkpoint: CheckpointInfo, mode: str) -> None:
+    """A distilled checkpoint samples one clip on its fixed schedule: the other modes need a base checkpoint."""
+    if mode != "clip" and checkpoint.distilled is not None:
+        raise ValueError(f"checkpoint {checkpoint.name!r} is distilled (a fixed few-step schedule for one clip); the "
+                         f"{mode} mode needs a base (non-distilled) checkpoint.")
+
+
 def _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidance_interval, batch_size):
     """The sampling values on their own (no checkpoint); returns the guidance interval as a pair."""
     if guidance_interval is not None:
@@ -303,7 +377,8 @@ def _check_sampling_values(seed, steps, guidance, schedule, shift, sound, guidan
 
 
 def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, height, width, seed, steps, guidance,
-                       schedule, shift, sound, guidance_interval, batch_size) -> Sampling:
+                       schedule, shift, sound, guidance_interval, batch_size,
+                       recipe: defaults.ClipRecipe | None = None, fast: dict | None = None) -> Sampling:
     """What the checkpoint and the mode decide about checked sampling values (see the module docstring)."""
     distilled = checkpoint.distilled
     if distilled is not None:
@@ -311,7 +386,8 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
         if guidance_interval is not None:
             raise ValueError(f"guidance_interval={list(guidance_interval)} has no effect on distilled checkpoint "
                              f"{checkpoint.name!r} (one branch, guidance baked in); drop it.")
-        return Sampling(seed, distilled.steps, 1.0, schedule, None, False, None, batch_size, True)
+        return Sampling(seed, distilled.steps, 1.0, schedule, None, False, None, batch_size, True,
+                        *_fast_modes(checkpoint, distilled.steps, True, **(fast or {})))
     if sound and not checkpoint.has_sound:
         raise ValueError(
             f"sound=True, but checkpoint {checkpoint.name!r} has no sound_tokenizer/ or sound head (Edge cannot "
@@ -321,6 +397,10 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
         steps = defaults.ACTION_STEPS if steps is None else steps
         guidance = defaults.ACTION_GUIDANCE if guidance is None else guidance
         shift = defaults.ACTION_SHIFT if shift is None else shift
+    elif recipe is not None:
+        steps = recipe.steps if steps is None else steps
+        guidance = recipe.guidance if guidance is None else guidance
+        shift = recipe.shift if shift is None else shift
     else:
         steps = (defaults.STEPS_VIDEO if mode != "clip" else defaults.default_steps(num_frames)) if steps is None \
             else steps
@@ -330,16 +410,38 @@ def _sampling_defaults(checkpoint: CheckpointInfo, mode: str, *, num_frames, hei
         raise ValueError(f"guidance_interval={list(guidance_interval)} has no effect with guidance 1 (no negative "
                          "branch to drop); drop it or raise the guidance.")
     return Sampling(int(seed), int(steps), float(guidance), schedule, float(shift), sound, guidance_interval,
-                    batch_size, False)
+                    batch_size, False, *_fast_modes(checkpoint, int(steps), False, **(fast or {})))
+
+
+# ---------------------------------------------------------------------------------------------- fast modes
+def _fast_args(r: Request) -> dict:
+    return {name: getattr(r, name) for name in (*precision.OVERRIDES, "sea_cache")}
+
+
+def _fast_modes(checkpoint: CheckpointInfo, steps: int, distilled: bool, sea_cache: SeaCacheConfig | None = None,
+                **mixed_precision) -> tuple[precision.MixedPrecision | None, SeaCacheConfig | None]:
+    """The FP8 step policy on ``checkpoint`` (None: it is not FP8) and the checked SeaCache knobs of a run."""
+    return run_policy(checkpoint.fp8, checkpoint.name, **mixed_precision), check_sea_cache(sea_cache, steps, distilled)
+
+
+def _check_fp8_device(checkpoint: CheckpointInfo, sampling: Sampling, options: RuntimeOptions) -> None:
+    """FP8 compute asked for explicitly where the run's device has no FP8 GEMMs, refused before any load (the
+    plan checks the device it runs on again: ``fp8.fp8_steps``)."""
+    import torch
+
+    kind = options.device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_fp8_compute(asked_fp8(checkpoint.fp8, sampling.mixed_precision), kind, options.fp8_gemm)
 
 
 # ---------------------------------------------------------------------------------------------- mode shapes
 # Each mode's checks that need no checkpoint, and the clip it generates: {frames, height, width (of one generated
 # clip), total (output frames), fps, ...mode parts}.
-def _clip_shape(r: Request) -> dict:
+def _clip_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict:
     fps = defaults.FPS if r.fps is None else r.fps
-    num_frames = defaults.NUM_FRAMES if r.num_frames is None else r.num_frames
-    check_clip(num_frames, r.height, r.width, fps)
+    num_frames = _given(r.num_frames, recipe.num_frames if recipe else defaults.NUM_FRAMES)
+    height = _given(r.height, recipe.height if recipe else defaults.HEIGHT)
+    width = _given(r.width, recipe.width if recipe else defaults.WIDTH)
+    check_clip(num_frames, height, width, fps)
     if (r.image is not None or r.video is not None) and num_frames == 1:
         what = "image" if r.image is not None else "video"
         raise ValueError(
@@ -353,12 +455,13 @@ def _clip_shape(r: Request) -> dict:
                          "for Transfer), or drop it.")
     if r.control_guidance != defaults.CONTROL_GUIDANCE:
         raise ValueError("control_guidance applies to Transfer only; give control videos, or drop it.")
-    return dict(frames=num_frames, total=num_frames, height=r.height, width=r.width, fps=float(fps), image=r.image,
+    return dict(frames=num_frames, total=num_frames, height=height, width=width, fps=float(fps), image=r.image,
                 video=r.video)
 
 
-def _windows_shape(r: Request) -> dict:
+def _windows_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict:
     fps = defaults.FPS if r.fps is None else r.fps
+    height, width = _given(r.height, defaults.HEIGHT), _given(r.width, defaults.WIDTH)
     chunk = defaults.NUM_FRAMES if r.frames_per_chunk is None else r.frames_per_chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 5 or (chunk - 1) % 4:
         near = max(5, (chunk - 1) // 4 * 4 + 1) if isinstance(chunk, int) and not isinstance(chunk, bool) else 0
@@ -368,7 +471,7 @@ def _windows_shape(r: Request) -> dict:
     if r.batch_size != 1:
         raise ValueError(f"batch_size={r.batch_size!r}: windowed generation and Transfer run one video at a time; "
                          "set batch_size to 1.")
-    check_clip(chunk, r.height, r.width, fps)
+    check_clip(chunk, height, width, fps)
     transfer = r.controls is not None
     cf = r.conditional_frames
     if cf is None:
@@ -388,7 +491,7 @@ def _windows_shape(r: Request) -> dict:
                              f"{defaults.MAX_GUIDANCE:g} (1 = the controls as given).")
         if r.control_guidance_interval is not None:
             _pair(r.control_guidance_interval, "control_guidance_interval")
-        controls = prepare_controls(r.controls, r.height, r.width)
+        controls = prepare_controls(r.controls, height, width)
         total = next(iter(controls.values())).shape[2]
         if r.num_frames is not None:
             if isinstance(r.num_frames, bool) or not isinstance(r.num_frames, int) or r.num_frames < 1:
@@ -413,14 +516,14 @@ def _windows_shape(r: Request) -> dict:
             f"windows of {geometry.chunk_frames} overlapping by {geometry.conditional_frames}); give one prompt, "
             f"or exactly {geometry.num_windows}."
         )
-    return dict(frames=chunk, total=geometry.total_frames, height=r.height, width=r.width, fps=float(fps),
+    return dict(frames=chunk, total=geometry.total_frames, height=height, width=width, fps=float(fps),
                 image=r.image, video=r.video, windows=geometry, controls=controls)
 
 
-def _action_shape(r: Request) -> dict:
+def _action_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict:
     if not isinstance(r.action, ActionRequest):
         raise ValueError(f"action={r.action!r} must be an ActionRequest (cosmos3_core.modes.action).")
-    if r.num_frames is not None or (r.height, r.width) != (defaults.HEIGHT, defaults.WIDTH):
+    if r.num_frames is not None or r.height is not None or r.width is not None:
         raise ValueError("num_frames / height / width do not apply to an action mode: the clip spans chunk_size + 1 "
                          "frames at the input's size (bucketed by resolution_tier).")
     if r.image is not None or r.video is not None:
@@ -430,6 +533,7 @@ def _action_shape(r: Request) -> dict:
                          "guidance by default); drop it.")
     fps = defaults.ACTION_FPS if r.fps is None else r.fps
     check_clip(1, defaults.VAE_SPATIAL_STRIDE, defaults.VAE_SPATIAL_STRIDE, fps)  # the fps (any frame count is fine)
+    check_action_request(r.action)  # what needs no checkpoint; resolve checks it against the checkpoint's config
     return dict(frames=r.action.num_frames, total=r.action.num_frames, height=0, width=0, fps=float(fps))
 
 
@@ -437,6 +541,11 @@ _MODE_SHAPES = {"clip": _clip_shape, "windows": _windows_shape, "transfer": _win
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _given(value, default):
+    """``value`` unless unset (``None``)."""
+    return default if value is None else value
+
+
 def _system_prompt(r: Request, checkpoint: CheckpointInfo) -> bool:
     if r.use_system_prompt is None:
         return checkpoint.default_use_system_prompt
@@ -465,7 +574,10 @@ def _prompts(prompt, *, many: bool) -> tuple[str, ...]:
         prompts = (prompt[0],)
     else:
         raise ValueError(f"prompt={prompt!r} must be a string (windows: or a list of strings, one per window).")
-    for p in prompts:
+    for i, p in enumerate(prompts, 1):
+        if len(prompts) > 1 and isinstance(p, str) and not p.strip():
+            raise ValueError(f"prompt {i} of {len(prompts)} (window {i}) is empty; describe what each window shows, or "
+                             "give one prompt for the whole video.")
         _check_prompt(p)
     return prompts
 
@@ -489,5 +601,5 @@ def _read_model_index(root: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-__all__ = ["CheckpointInfo", "MODES", "Request", "Resolved", "Sampling", "check_options", "request_mode", "resolve",
-           "resolve_clip", "resolve_sampling", "replace"]
+__all__ = ["CheckpointInfo", "MODES", "Request", "Resolved", "Sampling", "check_options", "checkpoint_recipe",
+           "request_mode", "resolve", "resolve_clip", "resolve_sampling", "replace"]

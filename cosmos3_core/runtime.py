@@ -20,6 +20,9 @@ each other's settings.
 * ``cuda_graphs``: replay the reasoner's decode step as one captured CUDA graph on CUDA (kernels/cuda_graph.py).
 * ``compile_backend``: the ``torch.compile`` backend of every compiled function (``inductor``; the tests trace with
   ``aot_eager``, which needs no C++ compiler).
+* ``fp8_gemm``: the W8A8 GEMM of an FP8 checkpoint's steps (model/fp8.py): ``auto`` (``torch._scaled_mm`` where
+  the GPU has FP8 tensor cores; elsewhere the steps run W8A16, saying so) or ``emulate`` (the exact fp32
+  emulation on the CPU: a numerical reference for tests, slow).
 
 Routes change kernels, not the math: every route computes the same attention / projection up to rounding.
 """
@@ -35,6 +38,7 @@ import shutil
 ATTENTION_ROUTES = ("auto", "sdpa", "flash4")
 GEMV_ROUTES = ("auto", "triton", "torch")
 COMPILE_MODES = ("auto", "on", "off")
+FP8_GEMM_ROUTES = ("auto", "emulate")
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,6 +70,7 @@ class RuntimeOptions:
     cuda_graphs: bool = True
     compile_backend: str = "inductor"
     device_type: str | None = None  # the run's device ("cuda", "cpu"); None: CUDA if this machine has it
+    fp8_gemm: str = "auto"
 
     def __post_init__(self):
         if self.attention not in ATTENTION_ROUTES:
@@ -82,6 +87,9 @@ class RuntimeOptions:
             raise ValueError(f"cuda_graphs={self.cuda_graphs!r} must be true or false.")
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
             raise ValueError(f"compile_backend={self.compile_backend!r} must name a torch.compile backend.")
+        if self.fp8_gemm not in FP8_GEMM_ROUTES:
+            raise ValueError(f"fp8_gemm={self.fp8_gemm!r} is not one of {list(FP8_GEMM_ROUTES)}; 'emulate' is the "
+                             "CPU's exact emulation of the FP8 GEMM (tests).")
 
 
     @property

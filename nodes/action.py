@@ -57,8 +57,9 @@ class Cosmos3ActionCondition(io.ComfyNode):
                                        "actions → video; inverse dynamics: clip → actions."),
                 io.Combo.Input("domain_name", options=list(core.DOMAINS), default=defaults.ACTION_DOMAIN,
                                tooltip="Embodiment: selects the action head's weights and the action width."),
-                io.Int.Input("chunk_size", default=defaults.ACTION_CHUNK_SIZE, min=1, max=defaults.MAX_FRAMES - 1,
-                             tooltip="Actions per chunk; the clip spans chunk_size + 1 frames."),
+                io.Int.Input("chunk_size", default=defaults.ACTION_CHUNK_SIZE, min=4, max=defaults.MAX_FRAMES - 1,
+                             step=4, tooltip="Actions per chunk, a multiple of 4; the clip spans chunk_size + 1 "
+                                             "frames."),
                 io.Combo.Input("resolution_tier", options=[str(t) for t in core.RESOLUTION_TIERS],
                                default=str(defaults.ACTION_RESOLUTION_TIER),
                                tooltip="Canvas tier; pick the one closest to the input's native resolution "
@@ -140,8 +141,9 @@ class Cosmos3SaveActions(io.ComfyNode):
         output_dir = folder_paths.get_output_directory()
         folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, output_dir)
         filename = f"{name}_{counter:05}_.{format}"
-        core.save_actions(os.path.join(folder, filename), actions.values, domain_name=actions.domain_name,
-                          mode=actions.mode)
+        with node_errors("Cosmos3SaveActions"):  # a full disk: one message, no file left
+            core.save_actions(os.path.join(folder, filename), actions.values, domain_name=actions.domain_name,
+                              mode=actions.mode)
         return io.NodeOutput(ui={"actions": [{"filename": filename, "subfolder": subfolder, "type": "output"}]})
 
 
@@ -164,14 +166,30 @@ class Cosmos3LoadActions(io.ComfyNode):
 
     @classmethod
     def execute(cls, file: str) -> io.NodeOutput:
-        path = folder_paths.get_annotated_filepath(file)
-        try:
-            values, meta = core.load_actions_with_metadata(path)
-        except ValueError as exc:
-            raise ValueError(f"Cosmos3LoadActions: {exc}") from exc
+        with node_errors("Cosmos3LoadActions"):
+            values, meta = core.load_actions_with_metadata(input_file(file))
         return io.NodeOutput(ActionVectors(torch.from_numpy(values), meta.get("domain_name"), meta.get("mode")))
 
     @classmethod
     def fingerprint_inputs(cls, file: str):
-        path = folder_paths.get_annotated_filepath(file)
+        try:
+            path = input_file(file)
+        except ValueError:
+            return file  # execute says what is wrong
         return os.path.getmtime(path) if os.path.isfile(path) else file
+
+
+def input_file(file) -> str:
+    """The path of ``file`` inside ComfyUI's input folder, as the list of Cosmos3 Load Actions shows it (a name,
+    or a path below the folder); any other path — absolute, climbing out with ``..``, or another folder's
+    ``[output]`` / ``[temp]`` annotation — is refused, as ComfyUI's own loaders only read their folders."""
+    root = os.path.abspath(folder_paths.get_input_directory())
+    name = file if isinstance(file, str) else None
+    if name and name.endswith(" [input]"):
+        name = name[: -len(" [input]")]
+    inside = bool(name) and not os.path.isabs(name) and ".." not in name.replace("\\", "/").split("/")
+    path = os.path.abspath(os.path.join(root, name)) if inside else root
+    if not path.startswith(root + os.sep):
+        raise ValueError(f"file={file!r} is not a file in ComfyUI's input folder; put the actions file "
+                         f"({', '.join(ACTION_FILE_SUFFIXES)}) in {root} and pick it from the list.")
+    return path

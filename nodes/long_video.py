@@ -19,15 +19,15 @@ import folder_paths
 from comfy_api.latest import InputImpl, io, ui
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.media import VideoWriter
-from ..cosmos3_core.modes.long_video import generate_long
+from ..cosmos3_core.media import OutputError, VideoWriter
+from ..cosmos3_core.modes.long_video import generate_long, stopped_writing
 from ..cosmos3_core.modes.stream_decode import preview_image
 from ..cosmos3_core.modes.transfer import CONTROL_KEYS
 from ..cosmos3_core.request import Request, resolve
 from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Model, compile_input
+from .types import CATEGORY, Cosmos3Model, compile_input, fast_mode_inputs, fast_mode_sampling
 
 NODE = "Cosmos3LongVideo"
 PROMPT_SEPARATOR = "---"
@@ -100,6 +100,7 @@ class Cosmos3LongVideo(io.ComfyNode):
                                tooltip="Attention kernels. auto: FlashAttention-4 (if flash-attn-4 is installed) on "
                                        "Hopper GPUs for long sequences, else PyTorch SDPA. sdpa: always SDPA (the "
                                        "reference's route). flash4: require it."),
+                *fast_mode_inputs(),
             ],
             outputs=[io.Video.Output(display_name="video",
                                      tooltip="The finished mp4 (already saved in the output folder), for preview or "
@@ -111,16 +112,16 @@ class Cosmos3LongVideo(io.ComfyNode):
     def execute(cls, model, prompt: str, negative_prompt: str, width: int, height: int, num_frames: int,
                 frames_per_chunk: int, conditional_frames: int, fps: float, seed: int, steps: int, cfg: float,
                 schedule: str, shift: float, sound: bool, control_guidance: float, filename_prefix: str,
-                image=None, video=None, compile: str = "auto", attention: str = "auto",
+                image=None, video=None, compile: str = "auto", attention: str = "auto", sea_cache: bool = False,
+                sea_cache_threshold: float = 0.25, mixed_precision_format: str = "auto",
                 **control_inputs) -> io.NodeOutput:
         controls = {k: v for k, v in control_inputs.items() if k in CONTROL_KEYS and v is not None} or None
         prompts = [p.strip() for p in prompt.split(f"\n{PROMPT_SEPARATOR}\n")]
-        if not all(prompts):
-            raise ValueError(f"{NODE}: prompt is empty (or one window's prompt between {PROMPT_SEPARATOR} lines is); "
-                             "describe what to generate.")
         if image is not None and image.shape[0] != 1:
             raise ValueError(f"{NODE}: image holds {image.shape[0]} frames; connect one image for image-to-video "
                              "(or connect the frames to `video`, whose first frames then seed the first window).")
+        with node_errors(NODE):
+            fast = fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format)
         request = Request(
             prompt=prompts[0] if len(prompts) == 1 else prompts,
             negative_prompt=negative_prompt if negative_prompt.strip() else None,
@@ -130,6 +131,7 @@ class Cosmos3LongVideo(io.ComfyNode):
             image=None if image is None else image[0], video=video, controls=controls,
             control_guidance=control_guidance,
             options=RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type),
+            **fast,
         )
         pipe = model.pipeline
         with node_errors(NODE):
@@ -156,10 +158,14 @@ class Cosmos3LongVideo(io.ComfyNode):
             filename_prefix, folder_paths.get_output_directory(), width, height)
         file = f"{filename}_{counter:05}_.mp4"
         path = os.path.join(folder, file)
-        with VideoWriter(path, fps, width, height, audio=sound) as writer:  # closed (playable) on a cancel too
-            with node_errors(NODE):
-                generate_long(pipe, run, [writer.append, _window_preview(bar)], progress=progress,
-                              device=model.generation_device, prepare=prepare)
+        with node_errors(NODE):
+            try:  # closed (playable) on a cancel too; a full disk keeps the windows written whole (fragmented)
+                with VideoWriter(path, fps, width, height, audio=sound, fragmented=True) as writer:
+                    generate_long(pipe, run, [writer.append, _window_preview(bar)], progress=progress,
+                                  device=model.generation_device, prepare=prepare)
+            except OutputError as exc:
+                raise ValueError(f"could not write {exc.path} (filename_prefix={filename_prefix!r}): "
+                                 f"{stopped_writing(exc, run.windows)}") from None
         return io.NodeOutput(InputImpl.VideoFromFile(path),
                              ui=ui.PreviewVideo([ui.SavedResult(file, subfolder, io.FolderType.output)]))
 

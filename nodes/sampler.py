@@ -18,10 +18,12 @@ from ..cosmos3_core import defaults
 from ..cosmos3_core.modes import action as action_mode
 from ..cosmos3_core.request import check_options
 from ..cosmos3_core.runtime import RuntimeOptions
+from ..cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from .action import ActionVectors
 from .errors import node_errors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Action, compile_input, Cosmos3Actions, Cosmos3Condition, Cosmos3Model, Cosmos3Sound, Cosmos3Text
+from .types import (CATEGORY, Cosmos3Action, compile_input, Cosmos3Actions, Cosmos3Condition, Cosmos3Model,
+                    Cosmos3Sound, Cosmos3Text, fast_mode_inputs, fast_mode_sampling)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                                tooltip="Attention kernels. auto: FlashAttention-4 (if the optional flash-attn-4 "
                                        "package is installed) on Hopper GPUs for long sequences, else PyTorch SDPA. "
                                        "sdpa: always PyTorch SDPA (the reference's route). flash4: require it."),
+                *fast_mode_inputs(),
             ],
             outputs=[io.Latent.Output(display_name="latent",
                                       tooltip="Wan2.2 video latent [1, 48, T, h, w]; decode with Cosmos3 VAE Decode."),
@@ -89,7 +92,9 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
     @classmethod
     def execute(cls, model, text, seed: int, steps: int, cfg: float, schedule: str, shift: float, sound: bool,
                 condition=None, compile: str = "auto", batch_size: int = defaults.BATCH_SIZE,
-                action=None, attention: str = "auto") -> io.NodeOutput:
+                action=None, attention: str = "auto", sea_cache: bool = False,
+                sea_cache_threshold: float = SeaCacheConfig.threshold,
+                mixed_precision_format: str = "auto") -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
         x0, clean = None, []
@@ -115,7 +120,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 raise ValueError("both a condition and an action are connected; an action mode brings its own "
                                  "frames (Cosmos3 Action Condition) — disconnect the condition.")
             sampling = dict(seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-                            batch_size=batch_size)
+                            batch_size=batch_size,
+                            **fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format))
             if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
                 plan = action_mode.plan(pipe, text, action, device=model.generation_device, options=options,
                                         **sampling)
@@ -132,7 +138,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
         denoiser = model.branch_denoiser() if cfg != 1.0 else None
-        result = pipe.run(plan, callback=on_step, denoiser=denoiser)
+        with node_errors(who):  # SeaCache with the two-GPU guidance split, a failed compile: one message
+            result = pipe.run(plan, callback=on_step, denoiser=denoiser)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

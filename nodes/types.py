@@ -20,3 +20,35 @@ def compile_input(what: str) -> io.Combo.Input:
     return io.Combo.Input("compile", options=COMPILE_MODES, default="auto", optional=True,
                           tooltip=f"auto: torch.compile where it pays (a CUDA GPU with Triton), kept on disk; on: "
                                   f"{what} (an error where torch.compile cannot run); off: eager.")
+
+
+MIXED_PRECISION_CHOICES = ["auto", "none", "fp8"]  # auto: the checkpoint's policy (mixed_precision_format None)
+
+
+def fast_mode_inputs() -> list:
+    """The optional fast-mode inputs of the nodes that sample (appended last): SeaCache and an NVIDIA FP8
+    checkpoint's step-policy format."""
+    return [
+        io.Boolean.Input("sea_cache", default=False, optional=True,
+                         tooltip="SeaCache (diffusers' step cache): on steps whose spectral indicator barely changes, "
+                                 "reuse the layer stack's residual instead of running it. Faster, approximate. Needs 8 "
+                                 "or more steps (not for the *-4Step checkpoints)."),
+        io.Float.Input("sea_cache_threshold", default=0.25, min=0.0, max=10.0, step=0.05, optional=True,
+                       tooltip="SeaCache's accumulated-change budget before the stack runs again; larger reuses "
+                               "more steps (diffusers' default 0.25)."),
+        io.Combo.Input("mixed_precision_format", options=MIXED_PRECISION_CHOICES, default="auto", optional=True,
+                       tooltip="NVIDIA FP8 (ModelOpt) checkpoints: auto follows the checkpoint's step policy, none "
+                               "asks W8A8 at every step, fp8 the first/last-3-steps schedule. In ComfyUI the FP8 "
+                               "layers run W8A16 (weights dequantized; the log says so); fp8 is refused there."),
+    ]
+
+
+def fast_mode_sampling(sea_cache: bool, sea_cache_threshold: float, mixed_precision_format: str) -> dict:
+    """The fast-mode sampling arguments (``request.resolve_sampling``'s) of those inputs."""
+    from ..cosmos3_core.sampling.sea_cache import SeaCacheConfig
+
+    if mixed_precision_format not in MIXED_PRECISION_CHOICES:
+        raise ValueError(f"mixed_precision_format={mixed_precision_format!r} is not one of "
+                         f"{', '.join(MIXED_PRECISION_CHOICES)}.")
+    return dict(mixed_precision_format=None if mixed_precision_format == "auto" else mixed_precision_format,
+                sea_cache=SeaCacheConfig(threshold=sea_cache_threshold) if sea_cache else None)

@@ -132,7 +132,7 @@ def test_load_actions_bad_file(host, tmp_path):
         fwd = shrink_api(load_api("action_forward_dynamics"))
         (la,) = nodes_of(fwd, "Cosmos3LoadActions")
         fwd[la]["inputs"]["file"] = bad.name
-        _expect(host, fwd, "Cosmos3LoadActions", "cosmos3_bad_actions.json", "cannot read actions")
+        _expect(host, fwd, "Cosmos3LoadActions", "cosmos3_bad_actions.json", "row 2 has 1 values but row 1 has 2")
     finally:
         bad.unlink()
     assert_next_run_succeeds(host)

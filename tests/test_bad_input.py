@@ -330,6 +330,35 @@ def test_ctrl_c_prints_one_line_and_exits_130(nano, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("cli", ["generate", "reason"])
+def test_ctrl_c_during_the_imports_is_one_line_and_130(nano, tmp_path, cli):
+    """Issue 30: Ctrl-C in the first seconds (torch, diffusers importing) printed a KeyboardInterrupt traceback.
+    Real subprocesses, SIGINT at several delays: from just after the package's first line can have run (twice this
+    machine's time to import it) into the seconds of torch's and diffusers' imports."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = {"generate": ["--prompt", "a car", "--height", "64", "--width", "64", "--num-frames", "9", "--steps", "200",
+                         "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path / "o.mp4")],
+            "reason": ["--prompt", "hi", "--device", "cpu", "--dtype", "fp32"]}[cli]
+    start = time.monotonic()  # how long this machine takes to reach the package's first line (Python's startup)
+    subprocess.run([sys.executable, "-c", "import cosmos3_core.cli.interrupt"], env=env, check=True)
+    first = max(0.2, 2 * (time.monotonic() - start))  # before it, Ctrl-C lands in Python's own startup
+    later = (0.5, 1.0, 2.0, 3.5) if cli == "generate" else (1.5,)  # into torch's, diffusers' imports
+    for delay in (first, *(d for d in later if d > first)):
+        proc = subprocess.Popen([sys.executable, "-m", f"cosmos3_core.{cli}", "--checkpoint", str(nano), *args],
+                                stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        err = err.decode()
+        assert proc.returncode == 130, (delay, proc.returncode, err)
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert lines[-1] == "interrupted (Ctrl-C); nothing more was written.", (delay, err)
+        assert len(lines) == 1 or lines[-2].lstrip("\r").startswith("step "), (delay, err)
+    assert not (tmp_path / "o.mp4").exists()
+
+
 # -- 1–4, 12, 13 through the CLI (the checks live in the plan / GenerationRequest.check; tests/test_plan.py covers
 #    the checks themselves, these the CLI's answer: one line, status 2, before any work where no model is needed) -----
 

@@ -5,6 +5,8 @@ issue); the CLI side is tests/test_bad_input.py.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import shutil
 import uuid
 
@@ -14,7 +16,7 @@ from safetensors.torch import load_file
 
 from support import comfy_host
 from test_nodes import _expect_error, assert_next_run_succeeds, error_of, host, reasoner_graph, run, t2i_graph  # noqa: F401
-from test_workflows import TINY_EDGE, TINY_NANO, check_outputs, load_api, nodes_of, shrink_api
+from test_workflows import TEST_ACTIONS, TINY_EDGE, TINY_NANO, check_outputs, load_api, nodes_of, shrink_api
 
 pytestmark = pytest.mark.comfy
 
@@ -255,3 +257,179 @@ def test_text_encode_above_one_clip_points_to_the_long_video_node(host):
     g[te]["inputs"]["num_frames"] = 193
     _expect_error(host, g, "Cosmos3TextEncode", "num_frames=193 is longer than one Cosmos3 clip (189 frames)",
                   "Cosmos3 Long Video")
+
+
+# -- issue 30 (round three) ------------------------------------------------------------------------------------------
+SECRET = "hunter2-top-secret"
+
+
+def _pack_module(host, node_id: str, attr: str):
+    """The module of the pack (as ComfyUI imported it, under custom_nodes/) that defines ``attr`` for a node."""
+    import sys
+
+    node = sys.modules[host.node_class_mappings[node_id].__module__]
+    return sys.modules[getattr(node, attr).__module__]
+
+
+def _load_actions_graph(file: str) -> dict:
+    g = shrink_api(load_api("action_forward_dynamics"))
+    (la,) = nodes_of(g, "Cosmos3LoadActions")
+    g[la]["inputs"]["file"] = file
+    return g
+
+
+def test_load_actions_reads_only_comfyuis_input_folder(host):
+    """Load Actions read any path (``../..``, absolute) and its message quoted the file; now it is confined to the
+    input folder like ComfyUI's loaders, and no message quotes a file's contents."""
+    outside = host.base_dir / "cosmos3_secret.json"
+    outside.write_text(json.dumps({"actions": [[SECRET, 1.0]]}))
+    inside = host.base_dir / "input" / "cosmos3_secret_inside.json"
+    inside.write_text(json.dumps({"actions": [[SECRET, 1.0]]}))
+    sub = host.base_dir / "input" / "cosmos3_sub"
+    sub.mkdir(exist_ok=True)
+    (sub / "actions.json").write_text((host.base_dir / "input" / TEST_ACTIONS).read_text())
+    input_dir = os.path.abspath(host.base_dir / "input")
+    try:
+        for file in ("../cosmos3_secret.json", str(outside), "/etc/hostname", "../../../../etc/passwd",
+                     "cosmos3_sub/../../cosmos3_secret.json", ".", "cosmos3_sub"):
+            msg = _expect_error(host, _load_actions_graph(file), "Cosmos3LoadActions",
+                                f"Cosmos3LoadActions: file={file!r} is not a file in ComfyUI's input folder" if
+                                file != "cosmos3_sub" else "is a folder, not a file",
+                                "pick it from the list" if file != "cosmos3_sub" else "")
+            assert SECRET not in msg, msg
+            if file != "cosmos3_sub":
+                assert msg.rstrip().endswith(f"in {input_dir} and pick it from the list."), msg
+        msg = _expect_error(host, _load_actions_graph(inside.name), "Cosmos3LoadActions",
+                            "row 1, value 1 is a string, not a number")
+        assert SECRET not in msg
+        ok, _, messages, _ = run(host, _load_actions_graph("cosmos3_sub/actions.json"))  # below the folder: read
+        assert ok, comfy_host._execution_error_text(messages)
+    finally:
+        outside.unlink()
+        inside.unlink()
+        shutil.rmtree(sub)
+
+
+def test_control_guidance_nan_or_inf_is_refused(host):
+    """control_guidance NaN gave a black video: JSON NaN passes ComfyUI's min/max check, the node refuses it;
+    inf is above the widget's max, so validation does (already so on main)."""
+    g = shrink_api(load_api("transfer"))
+    (lv,) = nodes_of(g, "Cosmos3LongVideo")
+    g[lv]["inputs"]["control_guidance"] = float("nan")
+    assert host.validate(g)[0]
+    _expect_error(host, g, "Cosmos3LongVideo", "control_guidance=nan must be a number from 0 to 20")
+    g[lv]["inputs"]["control_guidance"] = float("inf")
+    with pytest.raises(comfy_host.PromptValidationError) as e:
+        run(host, g)
+    err = e.value.node_errors[lv]["errors"][0]
+    assert err["details"] == "control_guidance" and "bigger than max" in err["message"], err
+
+
+def test_action_condition_inputs(host):
+    """An API int for the resolution_tier combo works (it raised AttributeError before the refactor); a chunk size
+    that is not a multiple of 4 is refused (the widget's min/step stop the UI; the API can still send 6); the
+    message starts with the node's name (it started with ``action:``)."""
+    g = shrink_api(load_api("action_policy"), prefix="cosmos3_tests/tier")
+    (ac,) = nodes_of(g, "Cosmos3ActionCondition")
+    g[ac]["inputs"]["resolution_tier"] = 256
+    ok, _, messages, _ = run(host, g)
+    assert ok, comfy_host._execution_error_text(messages)
+    g[ac]["inputs"]["chunk_size"] = 6
+    msg = _expect_error(host, g, "Cosmos3ActionCondition", "Cosmos3ActionCondition: chunk_size=6 spans 7 frames",
+                        "only 5 would be generated", "e.g. chunk_size=8")
+    assert not msg.startswith("Cosmos3ActionCondition: action"), msg
+    g[ac]["inputs"]["chunk_size"] = 3
+    with pytest.raises(comfy_host.PromptValidationError) as e:
+        run(host, g)
+    assert "smaller than min of 4" in e.value.node_errors[ac]["errors"][0]["message"]
+
+
+def test_action_run_on_a_distilled_checkpoint_names_the_mode_not_the_steps(host):
+    """The sampler said "set steps to 4" (then shift, ...) for an action run on a distilled checkpoint: the mode
+    itself needs a base checkpoint."""
+    from test_workflows import TINY_DISTILLED
+
+    g = shrink_api(load_api("action_policy"), checkpoint=TINY_DISTILLED)
+    msg = _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", f"checkpoint '{TINY_DISTILLED}' is distilled",
+                        "the action mode needs a base (non-distilled) checkpoint")
+    assert "steps" not in msg and "shift" not in msg, msg
+
+
+def test_an_empty_window_prompt_is_refused_before_the_first_window(host):
+    g = shrink_api(load_api("long_t2v"))
+    (lv,) = nodes_of(g, "Cosmos3LongVideo")
+    g[lv]["inputs"]["prompt"] = "a red car\n---\n \n---\na blue car"
+    success, _, messages, rec = run(host, g)
+    assert not success
+    msg = error_of(messages)["exception_message"].rstrip()
+    assert msg == ("Cosmos3LongVideo: prompt 2 of 3 (window 2) is empty; describe what each window shows, or give "
+                   "one prompt for the whole video."), msg
+    assert_next_run_succeeds(host)
+
+
+class _FullDisk:
+    """A disk that refuses the ``fail_at``-th write and every one after (``media.os_write`` of the pack)."""
+
+    def __init__(self, fail_at=None):
+        self.fail_at, self.writes = fail_at, 0
+
+    def __call__(self, fd, data):
+        import errno
+        import os
+
+        self.writes += 1
+        if self.fail_at is not None and self.writes >= self.fail_at:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+
+def test_long_video_on_a_full_disk_stops_and_keeps_what_plays(host, monkeypatch):
+    from test_workflows import output_files
+
+    media = _pack_module(host, "Cosmos3LongVideo", "VideoWriter")
+    prefix = f"cosmos3_tests/full_{uuid.uuid4().hex[:6]}"
+    g = shrink_api(load_api("long_t2v"), prefix=prefix)
+    disk = _FullDisk()
+    monkeypatch.setattr(media, "os_write", disk)
+    ok, outputs, messages, _ = run(host, copy.deepcopy(g))
+    assert ok, comfy_host._execution_error_text(messages)
+    (lv,) = nodes_of(g, "Cosmos3LongVideo")
+    (reference,) = output_files(host.base_dir, outputs[lv])
+    full = media.read_video(reference)[0]
+    for fail_at in (1, disk.writes - 1):  # the header; the last fragment (the tiny windows reach the disk at close)
+        monkeypatch.setattr(media, "os_write", _FullDisk(fail_at))
+        g[lv]["inputs"]["filename_prefix"] = f"{prefix}_at{fail_at}"  # a new input: the node runs again
+        success, _, messages, _ = run(host, copy.deepcopy(g))
+        assert not success
+        msg = error_of(messages)["exception_message"]
+        assert msg.startswith("Cosmos3LongVideo: could not write ") and f"(filename_prefix='{prefix}_at{fail_at}'): " \
+            "the disk is full (No space left on device): generation stopped at the first failed write; " in msg, msg
+        written = sorted((host.base_dir / "output" / prefix).parent.glob(f"{prefix.rsplit('/', 1)[1]}_at*.mp4"))
+        if fail_at == 1:
+            assert "no window reached the disk whole, so no file was left" in msg and written == [], (msg, written)
+            continue
+        (path,) = written
+        kept = media.read_video(path)[0]
+        assert f"{path.name} keeps the first {len(kept)} of 17 frames" in msg, msg
+        assert 0 < len(kept) < 17 and abs(kept - full[: len(kept)]).mean() < 0.02
+    monkeypatch.setattr(media, "os_write", _FullDisk())
+    assert_next_run_succeeds(host)
+
+
+def test_save_actions_on_a_full_disk_leaves_no_file(host, monkeypatch):
+    media = _pack_module(host, "Cosmos3LongVideo", "VideoWriter")
+    prefix = f"cosmos3_tests/actions_full_{uuid.uuid4().hex[:6]}"
+    g = shrink_api(load_api("action_policy"), prefix=prefix)
+    monkeypatch.setattr(media, "os_write", _FullDisk(1))
+    success, _, messages, _ = run(host, g)
+    assert not success
+    err = error_of(messages)
+    msg = err["exception_message"].rstrip()
+    assert err["node_type"] == "Cosmos3SaveActions" and msg.startswith("Cosmos3SaveActions: could not write "), msg
+    assert msg.endswith(": the disk is full (No space left on device); nothing was written; free space on that disk "
+                        "(or choose another folder) and run again."), msg
+    folder = (host.base_dir / "output" / prefix).parent
+    assert not [p for p in folder.glob("*") if p.suffix in (".json", ".part") and "actions_full" in p.name], \
+        sorted(folder.iterdir())
+    monkeypatch.setattr(media, "os_write", _FullDisk())
+    assert_next_run_succeeds(host)

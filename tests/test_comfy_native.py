@@ -75,6 +75,9 @@ def test_each_template_has_the_thumbnail_the_frontend_asks_for():
 def _valid_values(host):
     """(node, input) -> whether the core accepts a value there: its own checks decide (the frontend's grid must
     match them, not the other way round)."""
+    import numpy as np
+
+    from cosmos3_core.modes.action import ActionRequest, check_action_request
     from cosmos3_core.request import CheckpointInfo, Request, resolve
     from cosmos3_core.sampling.conditioning import keyframe_indexes
     from cosmos3_core.sampling.plan import check_clip
@@ -103,6 +106,8 @@ def _valid_values(host):
         ("Cosmos3FirstLastFrame", "num_frames"): accepts(lambda v: keyframe_indexes(1, v)),
         ("Cosmos3LongVideo", "num_frames"): accepts(windows(num_frames=None, frames_per_chunk=9)),
         ("Cosmos3LongVideo", "frames_per_chunk"): accepts(windows(frames_per_chunk=None)),
+        ("Cosmos3ActionCondition", "chunk_size"): accepts(lambda v: check_action_request(ActionRequest(
+            mode="policy", chunk_size=v, domain_name="bridge_orig_lerobot", image=np.zeros((64, 96, 3), np.float32)))),
     }
 
 

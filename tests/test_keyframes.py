@@ -21,7 +21,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditi
 
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.sampling.conditioning import encode_keyframes, keyframe_indexes
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
+from support.compare import rel
 
 H, W, STEPS, SEED, SHIFT = 64, 96, 3, 4321, 3.0
 PROMPT = "a robot arm pours water from a glass into a jar"
@@ -47,14 +47,9 @@ def reference_clip(images, owner) -> np.ndarray:
     return np.stack([stills[i] for i in owner]).astype(np.float32)
 
 
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano"), variant="nano", seed=11)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", seed=11)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from support import comfy_host
+from support.compare import rel
 from test_workflows import TINY_NANO, prepared_executor
 
 pytestmark = pytest.mark.comfy
@@ -102,11 +103,6 @@ def saved_latent(host, outputs) -> torch.Tensor:
     mean = torch.tensor(cfg["latents_mean"]).view(1, -1, 1, 1, 1)
     std = torch.tensor(cfg["latents_std"]).view(1, -1, 1, 1, 1)
     return (raw.double() - mean) / std
-
-
-def rel(a, b) -> float:
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
-    return float((a - b).norm() / b.norm())
 
 
 @pytest.mark.parametrize("case", ["first_last", "middle_keyframe"])

@@ -19,25 +19,23 @@ import pytest
 from cosmos3_core import defaults
 from cosmos3_core.modes.action import ActionRequest
 from cosmos3_core.request import CheckpointInfo, Request, resolve, resolve_clip
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def nano(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_request"), variant="nano", sound=True, seed=1)
+def nano(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=1)
 
 
 @pytest.fixture(scope="module")
-def edge(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("edge_request"), variant="edge", sound=False, seed=2)
+def edge(tiny_checkpoint):
+    return tiny_checkpoint("edge", sound=False, seed=2)
 
 
 @pytest.fixture(scope="module")
-def distilled(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("super_4step"), variant="super", sound=False, seed=3,
-                                 distilled=True)
+def distilled(tiny_checkpoint):
+    return tiny_checkpoint("super", sound=False, seed=3, distilled=True)
 
 
 def test_clip_defaults_follow_the_reference(nano):
@@ -91,7 +89,7 @@ def test_action_defaults(nano):
 
 
 def test_the_checkpoint_decides_sound_and_the_distilled_schedule(edge, distilled):
-    with pytest.raises(ValueError, match="sound=True, but checkpoint 'edge_request.*' has no sound_tokenizer/"):
+    with pytest.raises(ValueError, match="sound=True, but checkpoint 'edge' has no sound_tokenizer/"):
         resolve(Request(prompt="a car", num_frames=9, height=32, width=48, sound=True), edge)
     run = resolve(Request(prompt="a car", num_frames=1, height=32, width=48), distilled)
     info = CheckpointInfo.read(distilled)
@@ -126,3 +124,53 @@ def test_cli_windows_a_long_clip_by_default(nano, tmp_path):
     from cosmos3_core.media import probe_media
 
     assert probe_media(out)["video_frames"] == 193
+
+
+def test_edge_image_to_video_follows_its_published_recipe(edge, nano):
+    """Cosmos3-Edge's model card (2026-08-25): image-to-video at 832x480, 121 frames, 20 steps, guidance 6, flow shift
+    12. Each value the request leaves unset comes from it on an Edge checkpoint; a value given wins."""
+    image = np.zeros((64, 96, 3), np.float32)
+    run = resolve(Request(prompt="a car", image=image), edge)
+    s = run.sampling
+    assert (run.mode, run.width, run.height, run.num_frames, run.fps) == ("clip", 832, 480, 121, 24.0)
+    assert (s.steps, s.guidance, s.shift, s.schedule) == (20, 6.0, 12.0, "flow_shift")
+    assert run.recipe == "Cosmos3-Edge image-to-video"
+    assert dict(run.recipe_defaults) == {"width": 832, "height": 480, "num_frames": 121, "steps": 20, "guidance": 6.0,
+                                         "shift": 12.0}
+    given = resolve(Request(prompt="a car", image=image, num_frames=61, width=640, steps=8, guidance=4.0), edge)
+    assert (given.width, given.height, given.num_frames) == (640, 480, 61)
+    assert (given.sampling.steps, given.sampling.guidance, given.sampling.shift) == (8, 4.0, 12.0)
+    assert dict(given.recipe_defaults) == {"height": 480, "shift": 12.0}
+    assert resolve(Request(prompt="a car", image=image, shift=5.0), edge).sampling.shift == 5.0
+
+
+def test_other_modes_and_checkpoints_keep_the_general_defaults(edge, nano):
+    image = np.zeros((64, 96, 3), np.float32)
+    video = np.zeros((9, 64, 96, 3), np.float32)
+    general = (1280, 720, 189, 35, 6.0, 10.0)
+    for checkpoint, request in [(edge, Request(prompt="a car")),  # Edge text-to-video
+                                (edge, Request(prompt="a car", video=video)),  # Edge video-to-video
+                                (nano, Request(prompt="a car", image=image))]:  # Nano image-to-video
+        run = resolve(request, checkpoint)
+        s = run.sampling
+        assert (run.width, run.height, run.num_frames, s.steps, s.guidance, s.shift) == general
+        assert run.recipe is None and run.recipe_defaults == ()
+    edge_image = resolve(Request(prompt="a car", num_frames=1), edge)
+    assert (edge_image.width, edge_image.height, edge_image.sampling.steps) == (1280, 720, 50)
+
+
+def test_cli_names_the_recipe_values_it_used(edge, tmp_path):
+    """``--image`` on an Edge checkpoint, no size given: an 832x480 clip, and one line saying which values came from
+    the recipe (not the ones the flags gave)."""
+    from cosmos3_core.media import probe_media, write_png
+
+    image, out = tmp_path / "start.png", tmp_path / "edge_i2v.mp4"
+    write_png(image, np.full((120, 200, 3), 0.5, np.float32))
+    r = subprocess.run([sys.executable, "-m", "cosmos3_core.generate", "--checkpoint", str(edge), "--prompt", "a car",
+                        "--image", str(image), "--num-frames", "5", "--steps", "1", "--device", "cpu", "--dtype",
+                        "fp32", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Cosmos3-Edge image-to-video: width 832, height 480, guidance 6, shift 12 (" in r.stderr
+    info = probe_media(out)
+    assert (info["width"], info["height"], info["video_frames"]) == (832, 480, 5)

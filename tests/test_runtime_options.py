@@ -22,7 +22,6 @@ from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request, resolve
 from cosmos3_core.runtime import RuntimeOptions
-from cosmos3_core.testing.tiny import build_tiny_checkpoint
 
 H, W = 32, 48
 PROMPT = "a red robot walking on the street at night"
@@ -30,8 +29,8 @@ COMMON = dict(prompt=PROMPT, height=H, width=W, steps=2, seed=3)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("nano_options"), variant="nano", sound=True, seed=4)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("nano", sound=True, seed=4)
 
 
 @pytest.fixture(scope="module")

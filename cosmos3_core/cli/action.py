@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, run) -> dict[str, float]:
     common.write_outputs(args, pipe, run, out, timings)  # decode + the clip and --latents-out, as for every clip
     start = time.perf_counter()
     if args.actions_out:
-        with common.removed_if_unfinished(args.actions_out):
+        with common.writing("--actions-out"):  # written whole or not at all
             act.save_actions(args.actions_out, out.actions, domain_name=run.action.domain_name,
                              mode=run.action.mode)
     timings["encode"] += time.perf_counter() - start

@@ -8,6 +8,7 @@ file is reported in seconds; ``request.resolve`` then decides and checks the who
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
@@ -18,8 +19,11 @@ import torch
 
 from .. import defaults
 from ..config import DTYPES, CheckpointError
+from ..model.precision import FORMATS, OVERLAP_MODES, REASONER_POLICIES
 from ..request import Request
 from ..runtime import COMPILE_MODES, RuntimeOptions
+from ..sampling.sea_cache import DEFAULTS as SEA_CACHE_DEFAULTS, SeaCacheConfig
+from .interrupt import end_status_line, interrupted, status_line
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -32,6 +36,51 @@ def add_run_options(p: argparse.ArgumentParser, *, attention_help: str) -> None:
                         "decoder only from graphs already on disk — on (also bare --compile: everything, an error "
                         "where it cannot run), off")
     p.add_argument("--attention", choices=("auto", "sdpa", "flash4"), default="auto", help=attention_help)
+
+
+WEIGHT_DTYPES = ("auto", "fp8_e4m3fn_fast")
+
+
+def add_fast_mode_arguments(p: argparse.ArgumentParser) -> None:
+    """The fast modes: an NVIDIA FP8 checkpoint's step policy (named as diffusers' ``mixed_precision_*``
+    arguments), approximate FP8 compute for a bf16 checkpoint (ComfyUI's ``fp8_e4m3fn_fast``) and SeaCache (its
+    ``SeaCacheConfig`` fields)."""
+    g = p.add_argument_group("FP8 (NVIDIA's fp8 checkpoints: W8A8 steps, W8A16 for the first and last steps; needs a "
+                             "GPU with FP8 tensor cores, sm 8.9+)")
+    g.add_argument("--mixed-precision-format", choices=FORMATS, default=None,
+                   help="default: the checkpoint's step policy; none: W8A8 at every step; fp8: the first/last-N "
+                        "schedule even without a declared policy")
+    for name, what in (("first", "first"), ("last", "last")):
+        g.add_argument(f"--mixed-precision-{name}-steps", type=int, default=None, metavar="N",
+                       help=f"W8A16 for the {what} N steps (default: the checkpoint's policy, 3)")
+    g.add_argument("--mixed-precision-reasoner-policy", choices=REASONER_POLICIES, default=None,
+                   help="the reference's reasoner path: high_precision (W8A16, NVIDIA's policy) or base_precision")
+    g.add_argument("--mixed-precision-overlap", choices=OVERLAP_MODES, default=None,
+                   help="a step in both windows: a16 (W8A16) or native (W8A8)")
+    g.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="auto",
+                   help="fp8_e4m3fn_fast: FP8 compute for a bf16 checkpoint, its weights rounded to FP8 at load "
+                        "(approximate; NVIDIA's step policy)")
+    s = p.add_argument_group("SeaCache (reuse the layer stack on steps whose spectral indicator barely changes)")
+    s.add_argument("--sea-cache", action="store_true", help="turn SeaCache on (diffusers' SeaCacheConfig defaults)")
+    for name, default in SEA_CACHE_DEFAULTS.items():
+        s.add_argument("--sea-cache-" + name.replace("_", "-"), dest="sea_cache_" + name, type=type(default),
+                       default=None, help=f"default {default}")
+
+
+def fp8_compute(args: argparse.Namespace) -> bool:
+    return getattr(args, "weight_dtype", "auto") == "fp8_e4m3fn_fast"
+
+
+def sea_cache_config(args: argparse.Namespace) -> SeaCacheConfig | None:
+    """``--sea-cache`` and its knobs (checked by ``request.resolve``); a knob without ``--sea-cache`` is refused."""
+    knobs = {k: getattr(args, "sea_cache_" + k) for k in SEA_CACHE_DEFAULTS
+             if getattr(args, "sea_cache_" + k) is not None}
+    if not args.sea_cache:
+        if knobs:
+            flag = "--sea-cache-" + next(iter(knobs)).replace("_", "-")
+            raise ValueError(f"{flag} applies with SeaCache on; add --sea-cache, or drop it.")
+        return None
+    return SeaCacheConfig(**knobs)
 
 
 def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
@@ -62,6 +111,11 @@ def request_from_args(args: argparse.Namespace) -> Request:
         use_system_prompt=True if args.use_system_prompt else None, image=image, video=video,
         frames_per_chunk=args.frames_per_chunk, conditional_frames=args.conditional_frames, one_pass=args.one_pass,
         controls=controls, control_guidance=args.control_guidance, action=action, options=runtime_options(args),
+        mixed_precision_format=args.mixed_precision_format,
+        mixed_precision_first_steps=args.mixed_precision_first_steps,
+        mixed_precision_last_steps=args.mixed_precision_last_steps,
+        mixed_precision_reasoner_policy=args.mixed_precision_reasoner_policy,
+        mixed_precision_overlap=args.mixed_precision_overlap, sea_cache=sea_cache_config(args),
     )
 
 
@@ -101,7 +155,8 @@ def parse_controls(items: list[str]) -> dict[str, Path]:
         if key in controls:
             raise ValueError(f"--control {key} is given twice; give each control key once.")
         if not Path(path).is_file():
-            raise ValueError(f"--control {key}={path}: no such file.")
+            what = "is a folder, not a video file" if Path(path).is_dir() else "does not exist"
+            raise ValueError(f"--control {key}={path}: {path} {what}.")
         controls[key] = Path(path)
     return controls
 
@@ -156,6 +211,27 @@ def check_writable(path: Path, flag: str) -> None:
 
 
 @contextmanager
+def writing(flag: str):
+    """An output the disk refuses (``media.OutputError``: a full disk) is one message naming its flag."""
+    from ..media import OutputError
+
+    try:
+        yield
+    except OutputError as exc:
+        raise ValueError(f"{flag} {exc.path}: {exc.reason}") from None
+
+
+def save_safetensors(flag: str, path: str, tensors: dict, metadata: dict) -> None:
+    """``--latents-out`` / ``--frames-out``: the tensors as a .safetensors file, written whole or not at all."""
+    from safetensors.torch import save
+
+    from ..media import write_file
+
+    with writing(flag):
+        write_file(path, save(tensors, metadata=metadata))
+
+
+@contextmanager
 def removed_if_unfinished(path):
     """Deletes ``path`` when the block fails or is interrupted, so no half-written file is left behind."""
     try:
@@ -172,14 +248,30 @@ def load_pipeline(args: argparse.Namespace, timings: dict[str, float], *, sound:
 
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=device or args.device,
-                                with_sound=sound)
+                                with_sound=sound, fp8_compute=fp8_compute(args))
     timings["model_load"] = time.perf_counter() - start
     return pipe
 
 
+class _RunNotes(logging.Handler):
+    """A ``cosmos3`` log record as one line on the current stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(record.getMessage(), file=sys.stderr)
+
+
+def show_run_notes() -> None:
+    """Print what the core says about a run as it plans it (the ``cosmos3`` logger: the FP8 policy in effect, or
+    why an FP8 checkpoint runs W8A16 here) on stderr, one line each."""
+    log = logging.getLogger("cosmos3")
+    if not any(isinstance(h, _RunNotes) for h in log.handlers):
+        log.addHandler(_RunNotes())
+    log.setLevel(logging.INFO)
+
+
 def print_progress(step: int, total: int, _preview=None) -> None:
     """The CLIs' step counter on stderr (a sampling callback)."""
-    print(f"\rstep {step}/{total}", end="" if step < total else "\n", file=sys.stderr, flush=True)
+    status_line(f"step {step}/{total}", done=step >= total)
 
 
 def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, float]) -> None:
@@ -194,7 +286,7 @@ def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, f
 
     timings["preprocess"] = out.timings["preprocess"]
     timings["inference"] = out.timings["inference"] + out.timings.get("decode", 0.0)
-    with removed_if_unfinished(args.out):
+    with writing("--out"), removed_if_unfinished(args.out):
         writer = None
         if out.frames is None:
             start = time.perf_counter()
@@ -212,20 +304,14 @@ def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, f
         else:
             media.write_video(args.out, frames, run.fps, audio=waveform)
     if args.latents_out:
-        from safetensors.torch import save_file
-
         tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
         if out.sound_latent is not None:
             tensors["sound_latent"] = out.sound_latent.float().cpu().contiguous()
-        Path(args.latents_out).parent.mkdir(parents=True, exist_ok=True)
-        with removed_if_unfinished(args.latents_out):
-            save_file(tensors, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
+        save_safetensors("--latents-out", args.latents_out, tensors,
+                         {"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
     if args.frames_out:
-        from safetensors.torch import save_file
-
-        with removed_if_unfinished(args.frames_out):
-            save_file({"frames": out.frames.float().cpu().contiguous()}, args.frames_out,
-                      metadata={"format": "frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
+        save_safetensors("--frames-out", args.frames_out, {"frames": out.frames.float().cpu().contiguous()},
+                         {"format": "frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
     timings["encode"] = time.perf_counter() - start
 
 
@@ -275,11 +361,11 @@ def run_reporting_user_errors(run_fn, args: argparse.Namespace):
     try:
         return True, run_fn(args)
     except (ValueError, FileNotFoundError, CheckpointError) as exc:
+        end_status_line()
         print(f"error: {exc}", file=sys.stderr)
         return False, None
     except KeyboardInterrupt:
-        print("\ninterrupted (Ctrl-C); nothing more was written.", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(interrupted()) from None
 
 
 def print_timings(timings: dict[str, float], out: str) -> None:
@@ -289,7 +375,8 @@ def print_timings(timings: dict[str, float], out: str) -> None:
 
 
 DEFAULT_FRAMES_HELP = (f"default {defaults.NUM_FRAMES}; more than one clip ({defaults.NUM_FRAMES}) runs as windows "
-                       "(--one-pass: one clip); with --control: the control videos' length (this caps it)")
+                       "(--one-pass: one clip); with --control: the control videos' length (this caps it); a "
+                       f"Cosmos3-Edge checkpoint with --image: {defaults.EDGE_IMAGE_TO_VIDEO.num_frames} (its recipe)")
 
 
 def checkpoint_config(checkpoint: str):

@@ -47,7 +47,7 @@ def check_outputs(args: argparse.Namespace, request) -> None:
 def run(args: argparse.Namespace, run) -> dict[str, float]:
     """Load, generate window by window into ``--out``; returns the CLI's stage timings."""
     from .. import media
-    from ..modes.long_video import generate_long
+    from ..modes.long_video import generate_long, stopped_writing
     from ..modes.stream_decode import FrameCollector
 
     timings = dict.fromkeys(("model_load", "preprocess", "inference", "to_cpu", "encode"), 0.0)
@@ -55,8 +55,7 @@ def run(args: argparse.Namespace, run) -> dict[str, float]:
     geometry = run.windows
 
     def progress(k: int, n: int, step: int, total: int, _preview) -> None:
-        end = "\n" if step == total and k + 1 == n else ""
-        print(f"\rwindow {k + 1}/{n} step {step}/{total}", end=end, file=sys.stderr, flush=True)
+        common.status_line(f"window {k + 1}/{n} step {step}/{total}", done=step == total and k + 1 == n)
 
     latents: dict[str, torch.Tensor] = {}
 
@@ -67,18 +66,21 @@ def run(args: argparse.Namespace, run) -> dict[str, float]:
     frames = FrameCollector()
     sinks = [frames] if args.frames_out else []
     start = time.perf_counter()
-    with media.VideoWriter(args.out, run.fps, run.width, run.height, audio=run.sampling.sound) as writer:
-        result = generate_long(pipe, run, [writer.append, *sinks], progress=progress, latents_sink=keep_latent)
+    try:  # fragmented: a full disk leaves the windows written whole, playable
+        with media.VideoWriter(args.out, run.fps, run.width, run.height, audio=run.sampling.sound,
+                               fragmented=True) as writer:
+            result = generate_long(pipe, run, [writer.append, *sinks], progress=progress, latents_sink=keep_latent)
+    except media.OutputError as exc:
+        raise ValueError(f"--out {exc.path}: {stopped_writing(exc, geometry)}") from None
     timings["inference"] = time.perf_counter() - start
     for k, (den, dec) in enumerate(zip(result.timings["denoise"], result.timings["decode"])):
         print(f"window {k + 1}/{geometry.num_windows}: denoise {den:.2f} s, decode+write {dec:.2f} s", file=sys.stderr)
     start = time.perf_counter()
-    from safetensors.torch import save_file
-
     if args.latents_out:
-        save_file(latents, args.latents_out, metadata={"format": "raw Wan2.2 VAE latent [1,48,T,h,w] per window"})
+        common.save_safetensors("--latents-out", args.latents_out, latents,
+                                {"format": "raw Wan2.2 VAE latent [1,48,T,h,w] per window"})
     if args.frames_out:
-        save_file({"frames": frames.frames().float().contiguous()}, args.frames_out,
-                  metadata={"format": "stitched frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
+        common.save_safetensors("--frames-out", args.frames_out, {"frames": frames.frames().float().contiguous()},
+                                {"format": "stitched frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
     timings["encode"] = time.perf_counter() - start
     return timings

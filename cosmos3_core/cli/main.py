@@ -20,10 +20,16 @@ status 130, leaving no partial output file (windows: a playable file of the fini
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .. import defaults
 from ..request import request_mode, resolve
 from . import action, common, long_video, parallel, single
+
+def _edge(name: str) -> str:
+    """The help text's note on Cosmos3-Edge's image-to-video recipe for flag ``name``."""
+    return f"; a Cosmos3-Edge checkpoint with --image: {getattr(defaults.EDGE_IMAGE_TO_VIDEO, name):g} (its recipe)"
+
 
 RUNNERS = {"clip": single.run, "windows": long_video.run, "transfer": long_video.run, "action": action.run}
 
@@ -36,23 +42,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output .mp4 (video) or .png (with --num-frames 1)")
     p.add_argument("--negative-prompt", default=None, help="default: the checkpoint's assets/negative_prompt.json")
     p.add_argument("--num-frames", type=int, default=None, help=common.DEFAULT_FRAMES_HELP)
-    p.add_argument("--height", type=int, default=defaults.HEIGHT)
-    p.add_argument("--width", type=int, default=defaults.WIDTH)
+    p.add_argument("--height", type=int, default=None, help=f"default {defaults.HEIGHT}{_edge('height')}")
+    p.add_argument("--width", type=int, default=None, help=f"default {defaults.WIDTH}{_edge('width')}")
     p.add_argument("--fps", type=float, default=None,
                    help=f"default: {defaults.FPS:g} (action modes: {defaults.ACTION_FPS:g})")
     p.add_argument("--steps", type=int, default=None,
                    help=f"default: {defaults.STEPS_IMAGE} for an image, {defaults.STEPS_VIDEO} for video "
-                        f"(a distilled checkpoint: its fixed schedule's length; action modes: {defaults.ACTION_STEPS})")
+                        f"(a distilled checkpoint: its fixed schedule's length; action modes: {defaults.ACTION_STEPS})"
+                        f"{_edge('steps')}")
     p.add_argument("--guidance", type=float, default=None,
                    help=f"default: {defaults.GUIDANCE:g} (a distilled checkpoint: 1, guidance is baked in; action "
-                        f"modes: {defaults.ACTION_GUIDANCE:g})")
+                        f"modes: {defaults.ACTION_GUIDANCE:g}){_edge('guidance')}")
     p.add_argument("--seed", type=int, default=defaults.SEED)
     p.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.SCHEDULE)
-    p.add_argument("--shift", type=float, default=None, help="default: 10 at 720p, 5 at 480p, 3 at 256p")
+    p.add_argument("--shift", type=float, default=None,
+                   help=f"default: 10 at 720p, 5 at 480p, 3 at 256p{_edge('shift')}")
     p.add_argument("--sound", action="store_true", help="generate a sound track too (Nano/Super)")
     cond = p.add_mutually_exclusive_group()
     cond.add_argument("--image", default=None, help="conditioning image (image-to-video)")
     cond.add_argument("--video", default=None, help="conditioning video (video-to-video)")
+    common.add_fast_mode_arguments(p)  # --mixed-precision-*, --weight-dtype fp8_e4m3fn_fast, --sea-cache[-KNOB]
     common.add_run_options(
         p, attention_help="attention kernels: auto = FlashAttention-4 (optional flash-attn-4) on Hopper GPUs for long "
                           "sequences, else PyTorch SDPA; sdpa forces SDPA (the reference's route); flash4 requires it")
@@ -73,7 +82,11 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     action.check_flags(args)
     request = common.request_from_args(args)
     OUTPUT_CHECKS[request_mode(request)](args, request)  # output paths, before anything is read from the checkpoint
-    run = resolve(request, args.checkpoint)  # the checkpoint's files are read after the checks that need none
+    run = resolve(request, args.checkpoint, fp8_compute=common.fp8_compute(args))  # files read after the checks
+    common.show_run_notes()  # e.g. the FP8 policy in effect, said when the run is planned
+    if run.recipe_defaults:  # say where the values nobody typed came from
+        values = ", ".join(f"{name} {value:g}" for name, value in run.recipe_defaults)
+        print(f"{run.recipe}: {values} (the checkpoint's published defaults; a flag given wins)", file=sys.stderr)
     if parallel.wanted(args):
         return parallel.run(args, run)
     return RUNNERS[run.mode](args, run)

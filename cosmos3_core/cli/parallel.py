@@ -37,6 +37,9 @@ def run(args: argparse.Namespace, run) -> dict[str, float] | None:
     if run.mode != "clip":
         raise ValueError(f"--cfg-parallel / --ulysses run one clip on several GPUs; the {run.mode} mode is not "
                          "parallel yet (windows, Transfer and action modes run on one device) — drop them.")
+    from ..parallel.run import check_fast_modes
+
+    check_fast_modes(run)
     try:
         return _run(args, run)
     except ParallelError as exc:

@@ -23,6 +23,7 @@ from torch import nn
 from ..config import Cosmos3Config
 from ..kernels.gemv import gemv
 from ..kernels.packed import LayerWeights
+from .fp8 import run_linear
 
 _NO_WEIGHTS = LayerWeights()
 
@@ -75,24 +76,27 @@ class MLP(nn.Module):
         self.up_proj = linear(d, f, bias=False)
         self.down_proj = linear(f, d, bias=False)
 
-    def forward(self, x: torch.Tensor, weights: LayerWeights | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weights: LayerWeights | None = None, precision: str | None = None
+                ) -> torch.Tensor:
         """``weights`` (a one-row decode step, packed.py): ``gate_up`` (``gate_proj`` and ``up_proj`` packed as one
-        matrix), ``up`` and ``down`` read by one GEMV each (gemv.py); a None entry runs its module."""
+        matrix), ``up`` and ``down`` read by one GEMV each (gemv.py); a None entry runs its module. ``precision``:
+        the step's FP8 modes (``fp8.run_linear``)."""
         w = weights or _NO_WEIGHTS
         if self.act == "relu2":
-            return project(self.down_proj, torch.relu(project(self.up_proj, x, w.up, w.route)).square(), w.down,
-                           w.route)
+            up = torch.relu(project(self.up_proj, x, w.up, w.route, precision)).square()
+            return project(self.down_proj, up, w.down, w.route, precision)
         if w.gate_up is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+            gate, up = run_linear(self.gate_proj, x, precision), run_linear(self.up_proj, x, precision)
         else:
             gate, up = gemv(x, w.gate_up, w.route).chunk(2, dim=-1)
-        return project(self.down_proj, F.silu(gate) * up, w.down, w.route)
+        return project(self.down_proj, F.silu(gate) * up, w.down, w.route, precision)
 
 
-def project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None, route: str = "auto") -> torch.Tensor:
-    """``module(x)``, or one GEMV over ``weight`` (the module's own plain weight, packed.py) on ``route`` where one
-    is given."""
-    return module(x) if weight is None else gemv(x, weight, route)
+def project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None, route: str = "auto",
+            precision: str | None = None) -> torch.Tensor:
+    """``module(x)`` (in the step's FP8 mode, ``fp8.run_linear``), or one GEMV over ``weight`` (the module's own
+    plain weight, packed.py) on ``route`` where one is given."""
+    return run_linear(module, x, precision) if weight is None else gemv(x, weight, route)
 
 
 class MoTAttention(nn.Module):

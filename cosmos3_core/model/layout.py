@@ -167,6 +167,20 @@ def unpatchify(tokens: torch.Tensor, layout: GenLayout, channels: int, patch: in
     return x[:, :, :, :h, :w]
 
 
+def select_branches(layout: GenLayout, indexes: Sequence[int]) -> GenLayout:
+    """The layout of the branches ``indexes`` (in that order); the layout itself when that is all of them."""
+    indexes = list(indexes)
+    if indexes == list(range(layout.num_branches)):
+        return layout
+    if len(indexes) == 1:
+        return select_branch(layout, indexes[0])
+    return dataclasses.replace(
+        layout, cos=layout.cos[indexes], sin=layout.sin[indexes],
+        text_lengths=tuple(layout.text_lengths[j] for j in indexes),
+        prefix_hidden=tuple(layout.prefix_hidden[j] for j in indexes) if layout.prefix_hidden else (),
+    )
+
+
 def select_branch(layout: GenLayout, index: int) -> GenLayout:
     """The one-branch layout of branch ``index`` (e.g. the cond branch alone, or for sequential guidance)."""
     return dataclasses.replace(

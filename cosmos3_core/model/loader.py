@@ -17,7 +17,11 @@ pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — and c
 what a cache of loaded checkpoints keys on: it changes when a folder is replaced under the same name.
 
 Linear weights may be stored narrower than the compute dtype (``storage_dtype``, e.g. FP8), and NVIDIA's FP8
-(ModelOpt) checkpoints load as published (FP8 weight + tensorwise scale); see ``weights.py`` for both.
+(ModelOpt) checkpoints load as published (FP8 weight + tensorwise scale); see ``weights.py`` for both. Their
+linears are ``fp8.Fp8Linear`` (by default), given the checkpoint's activation and W8A8 weight scales
+(``X.input_quantizer._amax`` / ``X.input_scale``, ``X.weight_quantizer._amax``) and the reference's path class;
+``fp8_compute=True`` quantizes a bf16 checkpoint's decoder-layer linears the same way at load (approximate FP8
+compute, ``fp8.py``). ``model.fp8_checkpoint`` (``weights.Fp8Checkpoint``) is then what the step policy reads.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, _transformer_dir
 from .layers import KEEP_FP32
+from .fp8 import Fp8Linear, quantize_weight
+from .precision import linear_path
 from .transformer import Cosmos3Transformer
-from .weights import FP8_DTYPES, WEIGHT_SCALE_SUFFIXES, CastLinear, is_dropped, is_modelopt_fp8, missing_scale_error, read_scale, scale_key, stored_linear_weight
+from .weights import (AMAX_SUFFIX, E4M3_MAX, FP8_DTYPES, INPUT_SCALE_SUFFIXES, WEIGHT_SCALE_SUFFIXES, CastLinear,
+                      Fp8Checkpoint, fp8_checkpoint, is_dropped, is_modelopt_fp8, missing_scale_error, read_scale, scale_key,
+                      stored_linear_weight)
 
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -86,7 +94,8 @@ def load_transformer(
     config: Cosmos3Config | None = None,
     linear: type[torch.nn.Linear] = torch.nn.Linear,
     storage_dtype: torch.dtype | None = None,
-    scaled_linear: type[torch.nn.Linear] = CastLinear,
+    scaled_linear: type[torch.nn.Linear] = Fp8Linear,
+    fp8_compute: bool = False,
 ) -> Cosmos3Transformer:
     """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
 
@@ -96,12 +105,19 @@ def load_transformer(
     stores it) is the dtype of the linear weights; a ``linear`` that cannot compute in another dtype than its
     weight's is then replaced by ``CastLinear``. FP8 weights kept with their ModelOpt scale are built with
     ``scaled_linear`` (a linear layer with an fp32 ``scale_weight`` parameter, e.g. ``CastLinear`` or ComfyUI's
-    ``comfy.ops.scaled_fp8_ops().Linear``)."""
+    ``comfy.ops.scaled_fp8_ops().Linear``); with ``Fp8Linear`` (the default) they also get their W8A8 scales.
+    ``fp8_compute``: quantize a bf16 checkpoint's decoder-layer linears to FP8 with per-tensor scales at load
+    (approximate FP8 compute; W8A8 with dynamic activation scales)."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
     files = weight_files(checkpoint_dir)
     folder = _transformer_dir(checkpoint_dir)
-    modelopt = is_modelopt_fp8(_config_values(folder), set(files))
-    keep_fp8 = modelopt and storage_dtype in (None, torch.float8_e4m3fn)
+    config_values = _config_values(folder)
+    fp8 = fp8_checkpoint(config_values, files, fp8_compute=fp8_compute, where=str(folder))
+    if fp8_compute and (storage_dtype is not None or scaled_linear is not Fp8Linear):
+        raise ValueError("fp8_compute stores the linear weights in FP8 itself, in its own layers; leave "
+                         "storage_dtype and scaled_linear unset.")
+    modelopt = is_modelopt_fp8(config_values, set(files))
+    keep_fp8 = (modelopt and storage_dtype in (None, torch.float8_e4m3fn)) or fp8_compute
     if keep_fp8:
         linear = scaled_linear
     elif linear is torch.nn.Linear and storage_dtype not in (None, dtype):
@@ -139,6 +155,8 @@ def load_transformer(
                     )
                 if name in linear_weights:
                     scale = _scale_of(name, files, folder) if modelopt else None
+                    if fp8_compute and name.startswith("layers."):
+                        tensor, scale = quantize_weight(tensor)
                     if tensor.dtype in FP8_DTYPES and scale is None and modelopt:
                         raise missing_scale_error(name, tensor.dtype, str(folder))
                     tensor, scale = stored_linear_weight(tensor, scale, dtype, storage_dtype)
@@ -152,7 +170,50 @@ def load_transformer(
                 target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
                 state[name] = tensor.to(device=device, dtype=target)
     model.load_state_dict(state, strict=True, assign=True)
+    model.fp8_checkpoint = fp8 if keep_fp8 else None  # bf16/fp16 storage dequantized it: a dense model
+    if model.fp8_checkpoint is not None:
+        _set_w8a8_scales(model, files, folder, approximate=fp8.approximate, device=device)
     return model.eval().requires_grad_(False)
+
+
+def _set_w8a8_scales(model: Cosmos3Transformer, files: dict[str, Path], folder: Path, *, approximate: bool,
+                     device) -> None:
+    """Each FP8 ``Fp8Linear``'s path class, activation scale (``scale_a``) and W8A8 weight scale (``scale_b``) from
+    the checkpoint's quantizer tensors, as ModelOpt computes them (``amax / 448``; an ``input_scale`` is that
+    already); approximate mode: dynamic activation scales and ``scale_b`` = the weight's own scale."""
+    layers = {name: m for name, m in model.named_modules()
+              if isinstance(m, Fp8Linear) and m.weight.dtype == torch.float8_e4m3fn}
+    wanted = [name + suffix for name in layers for suffix in (*INPUT_SCALE_SUFFIXES, AMAX_SUFFIX)]
+    by_file: dict[Path, list[str]] = {}
+    for key in wanted:
+        if key in files and not approximate:
+            by_file.setdefault(files[key], []).append(key)
+    scalars = {}
+    for path, keys in by_file.items():
+        with _open(path) as f:
+            scalars.update({key: read_scale(key, _read(f, path, key), str(folder)) for key in keys})
+    for name, module in layers.items():
+        module.path = linear_path(name)
+        if approximate:
+            module.dynamic_input = True
+            continue
+        amax, given = scalars.get(name + INPUT_SCALE_SUFFIXES[0]), scalars.get(name + INPUT_SCALE_SUFFIXES[1])
+        if amax is not None or given is not None:
+            module.input_scale = (amax / E4M3_MAX if amax is not None else given).to(device)
+        weight_amax = scalars.get(name + AMAX_SUFFIX)
+        if weight_amax is not None:
+            module.w8a8_weight_scale = (weight_amax / E4M3_MAX).to(device)
+
+
+def read_fp8_checkpoint(checkpoint_dir: str | Path, fp8_compute: bool = False) -> Fp8Checkpoint | None:
+    """The transformer's FP8 layout (``weights.fp8_checkpoint``) from its config and tensor names, before any
+    weight is read; a damaged or missing weights file is left to the load, which names it."""
+    folder = _transformer_dir(checkpoint_dir)
+    try:
+        names = weight_files(checkpoint_dir)
+    except CheckpointError:
+        names = {}
+    return fp8_checkpoint(_config_values(folder), names, fp8_compute=fp8_compute, where=str(folder))
 
 
 def _config_values(folder: Path) -> dict:

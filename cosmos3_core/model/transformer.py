@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -33,10 +33,14 @@ from ..kernels.compile import compiled
 from ..kernels.gemv import gemv
 from ..kernels.packed import LayerWeights
 from ..runtime import DEFAULT, RuntimeOptions
+from .fp8 import run_linear
 from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
-from .layout import GenLayout, patchify, unpatchify
+from .layout import GenLayout, patchify, select_branches, unpatchify
 from .rope import apply_rope, rope_tables, text_position_ids
 from .text_kv import TextKV
+
+if TYPE_CHECKING:
+    from ..sampling.sea_cache import CacheStep
 
 
 class SequenceParallel(Protocol):
@@ -72,6 +76,7 @@ class Cosmos3Transformer(nn.Module):
         self.config = config
         self.skip_modules = tuple(skip_modules)
         self.execution_device: torch.device | None = None
+        self.fp8_checkpoint = None  # weights.Fp8Checkpoint of an FP8 load (loader.py), read by the step policy
         d, kind, eps = config.hidden_size, config.norm_kind, config.rms_norm_eps
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.layers = nn.ModuleList(DecoderLayer(config, linear) for _ in range(config.num_hidden_layers))
@@ -112,18 +117,21 @@ class Cosmos3Transformer(nn.Module):
         return self
 
     # ------------------------------------------------------------------ text tower
-    def prefill(self, token_ids: torch.Tensor | Sequence[int], attention_backend: str = "auto") -> TextKV:
+    def prefill(self, token_ids: torch.Tensor | Sequence[int], attention_backend: str = "auto",
+                precision: str | None = None) -> TextKV:
         """Run the understanding tower over one prompt; return every layer's K/V as the generation tower reads it."""
-        return self.prefill_many([token_ids], attention_backend)[0]
+        return self.prefill_many([token_ids], attention_backend, precision)[0]
 
     @torch.no_grad()
-    def prefill_many(self, prompts: Sequence[torch.Tensor | Sequence[int]],
-                     attention_backend: str = "auto") -> list[TextKV]:
+    def prefill_many(self, prompts: Sequence[torch.Tensor | Sequence[int]], attention_backend: str = "auto",
+                     precision: str | None = None) -> list[TextKV]:
         """``prefill`` of several prompts (a guidance pair) in one pass of the understanding tower: their tokens
         are stacked as rows of every projection and MLP (the tower's weights are read, and each kernel launched,
         once for all of them), and each prompt attends causally to itself only, at its own positions ``0..L-1``.
         Every row's arithmetic is that of a prompt run alone; the batched pass only saves launches and weight
-        reads (an eager prefill is launch-bound: about as long for 60 tokens as for 1,500 on an H200)."""
+        reads (an eager prefill is launch-bound: about as long for 60 tokens as for 1,500 on an H200).
+        ``precision``: the FP8 modes of the steps the K/V is for (a ``precision.StepPrecision`` key; the reference
+        re-runs this tower at every step, in that step's modes: ``precision.py``); None: every linear's ``forward``."""
         ids = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
         if not ids or any(t.numel() == 0 for t in ids):
             raise ValueError("prefill: the prompt has no tokens.")
@@ -148,7 +156,7 @@ class Cosmos3Transformer(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = text_qkv(layer, h)
+            q, k, v = text_qkv(layer, h, precision=precision)
             gen_norm = attn.k_norm_und_for_gen  # Edge: the generation tower reads separately normed text keys
             k_for_gen = apply_rope(k if gen_norm is None else gen_norm(k), cos, sin)
             for (a, b), kj, vj in zip(bounds, keys, values):
@@ -161,13 +169,13 @@ class Cosmos3Transformer(nn.Module):
                               v[a:b].transpose(0, 1)[None], causal=True, backend=attention_backend)[0].transpose(0, 1)
                     for a, b in bounds]
             out = outs[0] if len(outs) == 1 else torch.cat(outs)
-            h = text_layer_output(layer, h, out.reshape(n, -1))
+            h = text_layer_output(layer, h, out.reshape(n, -1), precision=precision)
         return [TextKV(kj, vj, t.cpu()) for kj, vj, t in zip(keys, values, ids)]
 
     # ------------------------------------------------------------------ generation tower
     def _embed_generation_tokens(
         self, latents: torch.Tensor, timestep: torch.Tensor, layout: GenLayout,
-        sound: torch.Tensor | None, action: torch.Tensor | None,
+        sound: torch.Tensor | None, action: torch.Tensor | None, precision: str | None = None,
     ) -> torch.Tensor:
         """Input embeddings of the generation stream ``[N, tokens, D]``, one row per batch item (shared by every
         guidance branch)."""
@@ -175,20 +183,22 @@ class Cosmos3Transformer(nn.Module):
         scaled_t = timestep.reshape(1) * cfg.timestep_scale  # int64 step index → fp32, as the reference
         t_emb = self.time_embedder(scaled_t).to(dtype)  # [1, D]
         items = latents.reshape(-1, *latents.shape[-4:]).to(dtype)  # [N, C, T, h, w]
-        vision = self.proj_in(torch.stack([patchify(item, cfg.latent_patch_size) for item in items]))
+        vision = run_linear(self.proj_in, torch.stack([patchify(item, cfg.latent_patch_size) for item in items]),
+                            precision)
         n = vision.shape[0]
         t, ph, pw = layout.grid
         vision = vision.view(n, t, ph * pw, -1)
         vision = torch.where(layout.noisy_frames.view(1, t, 1, 1), vision + t_emb, vision).view(n, t * ph * pw, -1)
         parts = [vision]
         if layout.prefix is not None:  # clean items at the target's positions: no timestep embedding
-            prefix = [self.proj_in(patchify(item.to(dtype), cfg.latent_patch_size)) for item in layout.prefix]
+            prefix = [run_linear(self.proj_in, patchify(item.to(dtype), cfg.latent_patch_size), precision)
+                      for item in layout.prefix]
             parts.insert(0, torch.cat(prefix).unsqueeze(0).expand(n, -1, -1))
         if layout.sound_len:
             if sound is None:
                 raise ValueError("denoise_step: the layout has a sound stream but no sound latent was given.")
             s = sound.reshape(n, cfg.sound_dim, -1).transpose(1, 2).to(dtype)  # [N, Ts, Cs]
-            parts.append(self.audio_proj_in(s) + self.audio_modality_embed + t_emb)  # every sound token is noisy
+            parts.append(run_linear(self.audio_proj_in, s, precision) + self.audio_modality_embed + t_emb)  # all noisy
         if layout.action_len:
             if action is None or not self.has_action:
                 raise ValueError("denoise_step: the layout has an action stream but no action latent/head.")
@@ -208,6 +218,8 @@ class Cosmos3Transformer(nn.Module):
         action: torch.Tensor | None = None,
         sequence_parallel: SequenceParallel | None = None,
         options: RuntimeOptions = DEFAULT,
+        precision: str | None = None,
+        cache: "CacheStep | None" = None,
     ) -> StepOutput:
         """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch, with the run's
         kernels (``options``: the attention route, and the compiled generation layer when ``compile``).
@@ -217,13 +229,41 @@ class Cosmos3Transformer(nn.Module):
         ``[N, Ta, action_dim]``. Output rows are branch-major: ``[cond × N | uncond × N]``.
         ``sequence_parallel`` (``parallel/ulysses.py``): the layers run over this rank's share of the tokens and
         ``text`` holds this rank's share of the K/V heads; the stream is gathered back before the heads.
+        ``precision``: the step's FP8 modes (a ``precision.StepPrecision`` key; None: every linear's ``forward``).
+        ``cache``: this step's SeaCache contexts (``sampling.sea_cache.CacheStep``): rows whose context reuses skip
+        the layer stack (``norm_moe_gen(layers(x))`` becomes ``x + residual``); the stack runs for the branches with
+        a row that computes, and only those rows' residuals are recorded.
         """
         if len(text) != layout.num_branches:
             raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
         b = len(text)
-        x = self._embed_generation_tokens(latents, timestep, layout, sound, action)  # [N, tokens, D]
+        x = self._embed_generation_tokens(latents, timestep, layout, sound, action, precision)  # [N, tokens, D]
         # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
         x = x.repeat(b, 1, 1)  # a real copy: every layer then gets the same strides (one compiled graph)
+        if cache is None:
+            x = self._stack(x, text, layout, sequence_parallel, options, precision)
+            return self._heads(x[:, layout.num_prefix_tokens:], layout, precision)  # velocities: the target only
+        decisions = cache.decide(latents, self.dtype)
+        items, start = x.shape[0] // b, layout.num_prefix_tokens
+        run = [j for j in range(b) if any(d.compute for d in decisions[j * items:(j + 1) * items])]
+        out = x[:, start:].clone()
+        if run:
+            rows = [j * items + k for j in run for k in range(items)]
+            sub = x if len(run) == b else x[rows]
+            y = self._stack(sub, [text[j] for j in run], select_branches(layout, run), sequence_parallel, options,
+                            precision)
+            for r, row in enumerate(rows):
+                if decisions[row].compute:
+                    out[row] = y[r, start:]
+                    if decisions[row].record:
+                        cache.record(row, out[row] - x[row, start:])
+        for row, d in enumerate(decisions):
+            if not d.compute:
+                out[row] = x[row, start:] + d.residual
+        return self._heads(out, layout, precision)
+
+    def _stack(self, x, text, layout, sequence_parallel, options, precision):
+        """``norm_moe_gen(layers(x))``: the layer stack over the rows of ``x`` (SeaCache's boundary)."""
         cos, sin, sp = layout.cos, layout.sin, sequence_parallel
         if sp is not None:
             x, cos, sin = sp.shard_tokens(x), sp.shard_tokens(cos), sp.shard_tokens(sin)
@@ -231,21 +271,21 @@ class Cosmos3Transformer(nn.Module):
         starts = layout.key_starts()
         for i, layer in enumerate(self.layers):
             x = layer_fn(layer, x, cos, sin, [kv.keys[i] for kv in text], [kv.values[i] for kv in text], sp, starts,
-                         options.attention)
+                         options.attention, precision)
         if sp is not None:
             x = sp.gather_tokens(x, layout.num_tokens)
-        x = self.norm_moe_gen(x)
-        return self._heads(x, layout)
+        return self.norm_moe_gen(x)
 
-    def _heads(self, x: torch.Tensor, layout: GenLayout) -> StepOutput:
+    def _heads(self, x: torch.Tensor, layout: GenLayout, precision: str | None = None) -> StepOutput:
+        """The modality heads over the target's tokens ``x`` (the prefix already dropped)."""
         cfg = self.config
-        x = x[:, layout.num_prefix_tokens:]  # velocities are read from the target only
         nv = layout.num_vision_tokens
-        vision = unpatchify(self.proj_out(x[:, :nv]), layout, cfg.latent_channel, cfg.latent_patch_size)
+        vision = unpatchify(run_linear(self.proj_out, x[:, :nv], precision), layout, cfg.latent_channel,
+                            cfg.latent_patch_size)
         vision = vision.masked_fill(~layout.noisy_frames.view(1, 1, -1, 1, 1), 0.0)
         sound = action = None
         if layout.sound_len:
-            sound = self.audio_proj_out(x[:, nv : nv + layout.sound_len]).transpose(1, 2)  # [B, Cs, Ts]
+            sound = run_linear(self.audio_proj_out, x[:, nv : nv + layout.sound_len], precision).transpose(1, 2)
         if layout.action_len:
             a = self.action_proj_out(x[:, nv + layout.sound_len :], layout.domain_id)
             action = a.masked_fill(~layout.noisy_actions.view(1, -1, 1), 0.0)
@@ -279,16 +319,18 @@ def _no_weight_hooks(args: tuple) -> bool:
                    or getattr(m, "bias_function", None) for m in args[0].modules())
 
 
-def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None):
+def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None,
+             precision: str | None = None):
     """The text tower's attention inputs over ``h`` ``[L, D]``: q ``[L, H, hd]`` and k ``[L, KV, hd]`` after the
     per-head QK-norm (Nano/Super; Edge has none) and before RoPE, and v ``[L, KV, hd]``. ``norm(module, x)`` applies
     an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers').
-    ``weights`` (a one-row decode step, packed.py): ``qkv`` = ``to_q/to_k/to_v`` packed as one matrix, one GEMV."""
+    ``weights`` (a one-row decode step, packed.py): ``qkv`` = ``to_q/to_k/to_v`` packed as one matrix, one GEMV.
+    ``precision``: the step's FP8 modes (``fp8.run_linear``)."""
     attn = layer.self_attn
     n = h.shape[0]
     x = norm(layer.input_layernorm, h)
     if weights is None or weights.qkv is None:
-        q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+        q, k, v = (run_linear(m, x, precision) for m in (attn.to_q, attn.to_k, attn.to_v))
     else:
         q, k, v = gemv(x, weights.qkv, weights.route).split([attn.to_q.out_features, attn.to_k.out_features,
                                               attn.to_v.out_features], dim=-1)
@@ -301,12 +343,12 @@ def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights
 
 
 def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm,
-                      weights: LayerWeights | None = None):
-    """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``. ``weights``: as
-    ``text_qkv``'s (``o``, and the MLP's)."""
+                      weights: LayerWeights | None = None, precision: str | None = None):
+    """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``. ``weights``,
+    ``precision``: as ``text_qkv``'s (``o``, and the MLP's)."""
     h = h + project(layer.self_attn.to_out, attn_out, weights.o if weights is not None else None,
-                    weights.route if weights is not None else "auto")
-    return h + layer.mlp(norm(layer.post_attention_layernorm, h), weights)
+                    weights.route if weights is not None else "auto", precision)
+    return h + layer.mlp(norm(layer.post_attention_layernorm, h), weights, precision)
 
 
 def generation_layer(
@@ -319,10 +361,11 @@ def generation_layer(
     sequence_parallel: SequenceParallel | None = None,
     key_starts: list[int] | None = None,
     attention_backend: str = "auto",
+    precision: str | None = None,
 ) -> torch.Tensor:
     """One generation-tower layer over ``x`` ``[B·N, tokens, D]`` (rows branch-major, ``N`` items per branch);
     branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]`` (its own keys from
-    ``key_starts[j]`` on: past a prefix hidden from it).
+    ``key_starts[j]`` on: past a prefix hidden from it). ``precision``: the step's FP8 modes (``fp8.run_linear``).
 
     With ``sequence_parallel`` ``x`` holds this rank's tokens: attention runs on all tokens of this rank's heads
     (an all-to-all before and after it); everything else is per token."""
@@ -331,9 +374,10 @@ def generation_layer(
     rows, n, _ = x.shape
     items = rows // b
     y = layer.input_layernorm_moe_gen(x)
-    q = attn.norm_added_q(attn.add_q_proj(y).view(b, items, n, attn.num_heads, attn.head_dim))
-    k = attn.norm_added_k(attn.add_k_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim))
-    v = attn.add_v_proj(y).view(b, items, n, attn.num_kv_heads, attn.head_dim)
+    q = attn.norm_added_q(run_linear(attn.add_q_proj, y, precision).view(b, items, n, attn.num_heads, attn.head_dim))
+    k = attn.norm_added_k(run_linear(attn.add_k_proj, y, precision).view(b, items, n, attn.num_kv_heads,
+                                                                         attn.head_dim))
+    v = run_linear(attn.add_v_proj, y, precision).view(b, items, n, attn.num_kv_heads, attn.head_dim)
     cos, sin = cos[:, None], sin[:, None]  # [B, 1, tokens, hd]: one table per branch, shared by its items
     q = apply_rope(q, cos, sin).transpose(2, 3)  # [B, N, H, tokens, hd]
     k = apply_rope(k, cos, sin).transpose(2, 3)  # [B, N, KV, tokens, hd]
@@ -350,5 +394,5 @@ def generation_layer(
     if sequence_parallel is not None:
         out = sequence_parallel.to_tokens(out)  # this rank's tokens, all heads
     out = out.transpose(1, 2).reshape(rows, n, -1)  # [B·N, tokens, H·hd]
-    x = x + attn.to_add_out(out)
-    return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x))
+    x = x + run_linear(attn.to_add_out, out, precision)
+    return x + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(x), precision=precision)

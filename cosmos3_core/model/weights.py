@@ -12,18 +12,26 @@ NVIDIA's ``revision="fp8"`` Cosmos3 checkpoints): ``transformer/config.json`` ca
 (``quant_method: "modelopt"``, ``quant_type``/``quant_algo`` FP8); each quantized linear ``X`` stores
 ``X.weight`` as ``float8_e4m3fn`` ``[out, in]`` with one fp32 scale ``X.weight_quantizer._scale`` (the dense weight is
 ``weight.to(dtype) * scale``, diffusers' ``_w8a16_linear``), plus ModelOpt's calibration buffers
-``X.weight_quantizer._amax`` and ``X.input_quantizer._amax`` (activation scales of its W8A8 path; with bf16 compute
-they are read and dropped). ModelOpt's Hugging Face export names the scales ``X.weight_scale`` / ``X.input_scale``;
+``X.weight_quantizer._amax`` and ``X.input_quantizer._amax`` (the scales of its W8A8 path: ``fp8.Fp8Linear`` reads
+them; with any other layer class they are dropped). ModelOpt's Hugging Face export names the scales ``X.weight_scale`` / ``X.input_scale``;
 both spellings are read. An FP8 weight without a scale is an error, never a silent scale of 1.
+
+``fp8_checkpoint`` reads what a run's FP8 step policy needs from the names and config alone (no weights): the
+declared ``quantization_config`` and the quantized layers that carry no activation scale (no W8A8 forward). A bf16
+checkpoint loaded for approximate FP8 compute (``fp8_compute``) declares NVIDIA's first/last-3 policy
+(``APPROXIMATE_FP8_CONFIG``); an NVIDIA FP8 checkpoint asked for it is refused (it is FP8 already).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import CheckpointError
+from .precision import FIRST_LAST_N_FP8_POLICY, linear_path
 
 STORAGE_DTYPES = {
     "bf16": torch.bfloat16,
@@ -35,8 +43,9 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 E4M3_MAX = 448.0
 
 WEIGHT_SCALE_SUFFIXES = (".weight_quantizer._scale", ".weight_scale")
+INPUT_SCALE_SUFFIXES = (".input_quantizer._amax", ".input_scale")  # amax, or ModelOpt's HF export's amax / 448
 AMAX_SUFFIX = ".weight_quantizer._amax"
-# calibration tensors of ModelOpt's W8A8 path: present in the file, unused with bf16/fp32 compute
+# calibration tensors of ModelOpt's W8A8 path: never parameters (the loader gives Fp8Linear layers theirs)
 DROPPED_SUFFIXES = (".input_quantizer._amax", ".input_scale", ".output_quantizer._amax", ".input_quantizer._scale",
                     ".output_quantizer._scale", AMAX_SUFFIX)
 
@@ -64,6 +73,42 @@ def is_modelopt_fp8(config_values: dict, names: set[str] | list[str]) -> bool:
     if method == "modelopt" or "FP8" in algo:
         return True
     return any(n.endswith(WEIGHT_SCALE_SUFFIXES) for n in names)
+
+
+# What a bf16 checkpoint loaded with fp8_compute declares: FP8 weights (rounded at load, dynamic activation scales)
+# under NVIDIA's step policy.
+APPROXIMATE_FP8_CONFIG = {"quant_method": "modelopt", "quant_algo": "FP8",
+                          "runtime": {"diffusion_step_policy": FIRST_LAST_N_FP8_POLICY}}
+
+
+@dataclass(frozen=True)
+class Fp8Checkpoint:
+    """A transformer's FP8 layout as a run sees it: ``quantization_config`` (declared in ``config.json``; ``{}``
+    when only the weights' scale keys show ModelOpt FP8), ``approximate`` (FP8 computed from a bf16 checkpoint) and
+    ``weight_only``: the quantized decoder-layer linears without an activation scale (no W8A8 forward)."""
+
+    quantization_config: dict
+    approximate: bool = False
+    weight_only: tuple[str, ...] = ()
+
+
+def fp8_checkpoint(config_values: dict, names, *, fp8_compute: bool = False, where: str = "transformer"
+                   ) -> Fp8Checkpoint | None:
+    """The ``Fp8Checkpoint`` of a transformer folder from its ``config.json`` values and tensor names (None: not
+    FP8, nor loaded for approximate FP8 compute)."""
+    names = set(names)
+    modelopt = is_modelopt_fp8(config_values, names)
+    if fp8_compute:
+        if modelopt:
+            raise CheckpointError(f"{where}: the checkpoint is already NVIDIA FP8 (ModelOpt); load it as it is "
+                                  "(weight_dtype auto) — fp8_e4m3fn_fast is FP8 compute for a bf16 checkpoint.")
+        return Fp8Checkpoint(APPROXIMATE_FP8_CONFIG, approximate=True)
+    if not modelopt:
+        return None
+    quantized = {n[: -len(suffix)] for n in names for suffix in WEIGHT_SCALE_SUFFIXES if n.endswith(suffix)}
+    weight_only = sorted(x for x in quantized if linear_path(x) is not None
+                         and not any(x + suffix in names for suffix in INPUT_SCALE_SUFFIXES))
+    return Fp8Checkpoint(dict(config_values.get("quantization_config") or {}), weight_only=tuple(weight_only))
 
 
 def scale_key(weight_name: str, names) -> str | None:

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +41,7 @@ from ..sampling.plan import ActionInput
 from ..sampling.prompt import DEFAULT_MAX_TOKENS, SYSTEM_PROMPT_VIDEO, PromptIds, branch_ids
 from ..model.text_kv import TextConditioning
 from ..runtime import DEFAULT, RuntimeOptions
+from .action_files import load_actions, load_actions_with_metadata, save_actions  # noqa: F401
 
 ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -132,6 +132,10 @@ def check_action_request(request: ActionRequest, config=None) -> None:
     if r.chunk_size + 1 > defaults.MAX_FRAMES:
         raise _bad(f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, above the limit of "
                         f"{defaults.MAX_FRAMES}; use a smaller chunk_size.")
+    if r.chunk_size % defaults.VAE_TEMPORAL_STRIDE:
+        raise _bad(f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, but a Cosmos3 clip has 4k+1 frames "
+                   f"(the VAE keeps the first frame, then 4 per latent), so only {_clip_frames(r.chunk_size + 1)} "
+                   f"would be generated; use a multiple of 4, e.g. chunk_size={_valid_chunk(r.chunk_size)}.")
     if r.domain_name not in EMBODIMENT_TO_RAW_ACTION_DIM:
         extra = (" (it has a domain id but no fixed action width, so the reference refuses it too)"
                  if r.domain_name in EMBODIMENT_TO_DOMAIN_ID else "")
@@ -154,8 +158,10 @@ def check_action_request(request: ActionRequest, config=None) -> None:
                             "got only an image; pass chunk_size + 1 frames as the video.")
         n = _num_frames(r.video)
         if n != r.chunk_size + 1:
+            fix = (f"set chunk_size={n - 1} or trim" if n > 1 and (n - 1) % defaults.VAE_TEMPORAL_STRIDE == 0
+                   else "trim")
             raise _bad(f"inverse dynamics reads chunk_size + 1 = {r.chunk_size + 1} frames but the video has "
-                            f"{n}; set chunk_size={n - 1} or trim the video to {r.chunk_size + 1} frames.")
+                       f"{n}; {fix} the video to {r.chunk_size + 1} frames.")
     if config is not None and r.raw_action_dim > config.action_dim:
         raise _bad(f"domain_name={r.domain_name!r} has {r.raw_action_dim}-dim actions, above this checkpoint's "
                         f"action_dim={config.action_dim}; it cannot represent them — pick another embodiment.")
@@ -174,15 +180,28 @@ def check_action_request(request: ActionRequest, config=None) -> None:
             raise _bad(f"actions are {shape[1]}-dim but domain_name={r.domain_name!r} expects "
                             f"{r.raw_action_dim}-dim rows; pass actions of that embodiment or change domain_name.")
         if shape[0] != r.chunk_size:
+            fix = (f"set chunk_size={shape[0]} or pass" if shape[0] > 0 and shape[0] % defaults.VAE_TEMPORAL_STRIDE == 0
+                   else "pass")
             raise _bad(f"{shape[0]} actions were given but chunk_size={r.chunk_size} needs exactly "
-                            f"{r.chunk_size} (one per transition between the {r.chunk_size + 1} frames); set "
-                            f"chunk_size={shape[0]} or pass {r.chunk_size} actions.")
+                       f"{r.chunk_size} (one per transition between the {r.chunk_size + 1} frames); {fix} "
+                       f"{r.chunk_size} actions.")
         values = torch.as_tensor(np.asarray(r.raw_actions, dtype=np.float32))
         if not torch.isfinite(values).all():
             raise _bad("actions contain NaN or infinite values; pass finite numbers.")
     elif r.raw_actions is not None:
         raise _bad(f"actions were given but action_mode={r.mode!r} generates them (only forward_dynamics "
                         "takes actions); drop the actions or use action_mode='forward_dynamics'.")
+
+
+def _clip_frames(frames: int) -> int:
+    """Frames an ``F``-frame clip keeps through the VAE: ``4 · ((F − 1) // 4) + 1``."""
+    return (frames - 1) // defaults.VAE_TEMPORAL_STRIDE * defaults.VAE_TEMPORAL_STRIDE + 1
+
+
+def _valid_chunk(chunk_size: int) -> int:
+    """The nearest chunk size whose clip (chunk_size + 1 frames) is 4k+1 frames long."""
+    stride = defaults.VAE_TEMPORAL_STRIDE
+    return max(stride, min(round(chunk_size / stride) * stride, (defaults.MAX_FRAMES - 1) // stride * stride))
 
 
 # ---------------------------------------------------------------------------------------------- geometry
@@ -381,63 +400,6 @@ def unpadded_actions(action_latents: torch.Tensor, condition: ActionCondition) -
     if not condition.predicts_actions:
         return None
     return action_latents[..., : condition.raw_action_dim].detach().float().cpu()
-
-
-def load_actions(path: str | Path) -> np.ndarray:
-    """Actions ``[T, D]`` float32 from ``.npy``, ``.json`` (a list of rows, or ``{"actions": rows}``) or
-    ``.safetensors`` (one tensor, or the tensor named ``actions``)."""
-    return load_actions_with_metadata(path)[0]
-
-
-def load_actions_with_metadata(path: str | Path) -> tuple[np.ndarray, dict]:
-    """``load_actions`` plus the JSON file's ``domain_name`` / ``mode`` (what ``save_actions`` writes), if any."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"actions file {p} does not exist; pass a .npy, .json or .safetensors file.")
-    suffix = p.suffix.lower()
-    meta: dict = {}
-    try:
-        if suffix == ".npy":
-            arr = np.load(p, allow_pickle=False)
-        elif suffix == ".json":
-            data = json.loads(p.read_text())
-            if isinstance(data, dict):
-                meta = {k: data[k] for k in ("domain_name", "mode") if isinstance(data.get(k), str)}
-                data = data["actions"]
-            arr = np.asarray(data, dtype=np.float32)
-        elif suffix == ".safetensors":
-            from safetensors.numpy import load_file
-
-            tensors = load_file(str(p))
-            if "actions" in tensors:
-                arr = tensors["actions"]
-            elif len(tensors) == 1:
-                arr = next(iter(tensors.values()))
-            else:
-                raise ValueError(f"it holds {sorted(tensors)}; name the action tensor 'actions'")
-        else:
-            raise ValueError("unknown extension; use .npy, .json or .safetensors")
-        arr = np.asarray(arr, dtype=np.float32)
-    except (ValueError, KeyError, TypeError, OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"actions file {p}: cannot read actions ({exc}).") from exc
-    if arr.ndim != 2:
-        raise ValueError(f"actions file {p}: shape {arr.shape}; expected [num_actions, action_dim].")
-    return arr, meta
-
-
-def save_actions(path: str | Path, actions, *, domain_name: str | None = None, mode: str | None = None) -> Path:
-    """Write actions ``[T, D]`` as ``.npy`` or ``.json`` (``{"actions": rows, "domain_name", "mode"}``)."""
-    p = Path(path)
-    arr = np.asarray(actions.detach().cpu() if isinstance(actions, torch.Tensor) else actions, dtype=np.float32)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if p.suffix.lower() == ".npy":
-        np.save(p, arr, allow_pickle=False)
-    elif p.suffix.lower() == ".json":
-        meta = {k: v for k, v in (("domain_name", domain_name), ("mode", mode)) if v is not None}
-        p.write_text(json.dumps({**meta, "actions": arr.tolist()}) + "\n")
-    else:
-        raise ValueError(f"actions output {p}: use a .npy or .json file name.")
-    return p
 
 
 # ---------------------------------------------------------------------------------------------- a run

@@ -116,14 +116,17 @@ def generate_long(
                                       use_system_prompt=run.use_system_prompt)
             scheduler = make_scheduler(pipe.scheduler_config, sampling.steps, schedule=sampling.schedule,
                                        shift=sampling.shift)
+            cond, uncond = text_kv(ids.cond), text_kv(ids.uncond)
+            text = TextConditioning(cond, uncond, chunk, run.height, run.width, float(run.fps))
             plan = make_transfer_plan(
-                pipe.config, cond=text_kv(ids.cond), uncond=text_kv(ids.uncond),
+                pipe.config, cond=cond, uncond=uncond,
                 prefix=control_latents(pipe.vae, controls, geometry, k), latent_shape=latent_shape, fps=run.fps,
                 generator=generator, stepper=make_stepper(scheduler), x0=x0, clean_frames=clean,
                 guidance=sampling.guidance, control_guidance=run.control_guidance,
                 guidance_interval=sampling.guidance_interval,
                 control_guidance_interval=run.control_guidance_interval, device=device,
                 dtype=pipe.transformer.dtype, options=options,
+                **pipe.fast_modes(text, sampling, len(scheduler.timesteps), device, options),
             )
             pipe.check_memory(plan.memory_required, plan.num_tokens, plan.device)
         else:
@@ -148,3 +151,16 @@ def generate_long(
         decoder.commit(k, result.latents, waveform)
         timings["decode"].append(time.perf_counter() - start)
     return LongVideoResult(geometry, decoder.frames_done, timings)
+
+
+def stopped_writing(error, geometry: WindowGeometry) -> str:
+    """What a streamed write the disk refused (``media.OutputError`` from a ``fragmented`` ``VideoWriter`` sink)
+    left of a windowed video, in a sentence: the run stopped at that write, the file keeps its whole fragments."""
+    kept = error.frames_kept
+    if kept:
+        whole = geometry.windows_within(kept)
+        left = (f"{error.path.name} keeps the first {kept} of {geometry.total_frames} frames ({whole} of "
+                f"{geometry.num_windows} windows whole) and plays")
+    else:
+        left = "no window reached the disk whole, so no file was left"
+    return f"{error.cause}: generation stopped at the first failed write; {left}; {error.fix}."

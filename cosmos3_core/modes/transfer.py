@@ -29,6 +29,7 @@ import torch
 from ..sampling.conditioning import preprocess_video
 from ..model.layout import build_layout
 from ..sampling.plan import Guidance, SamplePlan, initial_noise, vision_stream
+from ..sampling.sea_cache import SeaCache, SeaCacheConfig
 from ..sampling.prompt import PromptIds, _chat_ids, _special_ids
 from ..runtime import DEFAULT, RuntimeOptions
 from ..sampling.schedulers import Stepper
@@ -128,9 +129,13 @@ def make_transfer_plan(
     guidance: float, control_guidance: float, guidance_interval: tuple[float, float] | None = None,
     control_guidance_interval: tuple[float, float] | None = None, device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32, options: RuntimeOptions = DEFAULT,
+    step_precision: Sequence[str] | None = None, text_for: Callable | None = None,
+    sea_cache: SeaCacheConfig | None = None, fp8: str | None = None,
 ) -> SamplePlan:
     """One Transfer window as a plan. ``prefix`` ``[n, C, T, h, w]`` the window's control latents; ``x0`` the
-    encoded seed frames (only ``clean_frames`` read); noise is drawn from ``generator`` (the run's, continued)."""
+    encoded seed frames (only ``clean_frames`` read); noise is drawn from ``generator`` (the run's, continued).
+    ``step_precision`` / ``text_for`` / ``sea_cache`` / ``fp8``: the fast modes, as ``make_plan`` takes them; the
+    branches are the reference's cache contexts ``cond``, ``cond_no_control``, ``uncond``."""
     device = torch.device(device)
     (noise,) = initial_noise(0, [latent_shape], generator)
     stream = vision_stream(latent_shape, noise, stepper, x0=x0 if clean_frames else None, clean_frames=clean_frames,
@@ -138,20 +143,24 @@ def make_transfer_plan(
 
     cond, uncond = cond.to(device), uncond.to(device)
     prefix = prefix.to(device)
-    layouts: dict[tuple[bool, bool], Guidance] = {}
+    layouts: dict[tuple, Guidance] = {}
     steps = []
-    for t in stepper.timesteps.cpu().tolist():
+    timesteps = stepper.timesteps.cpu().tolist()
+    precisions = list(step_precision) if step_precision is not None else [None] * len(timesteps)
+    for t, precision in zip(timesteps, precisions):
         g = guidance if _active(t, guidance_interval) else 1.0
         c = control_guidance if _active(t, control_guidance_interval) else 1.0
-        key = (c != 1.0, g > 1.0)
+        key = (c != 1.0, g > 1.0, precision)
         if key not in layouts:
-            text = [cond] + [cond] * key[0] + [uncond] * key[1]
+            c_kv, u_kv = (cond, uncond) if precision is None else (kv.to(device) for kv in text_for(precision))
+            text = [c_kv] + [c_kv] * key[0] + [u_kv] * key[1]
+            names = ("cond",) + ("cond_no_control",) * key[0] + ("uncond",) * key[1]
             hidden = (False,) + (True,) * key[0] + (False,) * key[1]
             layout = build_layout(config, [kv.length for kv in text], latent_shape[2:], fps,
                                   clean_frames=clean_frames, prefix=prefix,
                                   prefix_hidden=hidden if key[0] else (), device=device, dtype=dtype)
             layouts[key] = Guidance(tuple(text), layout, transfer_combine(
-                float(guidance), float(control_guidance), with_control=key[0], with_text=key[1]))
+                float(guidance), float(control_guidance), with_control=key[0], with_text=key[1]), precision, names)
         steps.append(layouts[key])
     widest = max(layouts.values(), key=lambda gd: len(gd.text))
     num_tokens = widest.layout.num_tokens
@@ -159,4 +168,6 @@ def make_transfer_plan(
         streams=(stream,), guidance=tuple(steps), sigmas=stepper.sigmas.cpu(), timesteps=stepper.timesteps.cpu(),
         device=device, num_tokens=num_tokens, options=options,
         memory_required=step_memory_required(config, num_tokens, list(widest.layout.text_lengths), dtype),
+        cache=None if sea_cache is None else SeaCache(sea_cache),
+        noisy_vision=len(set(clean_frames)) < int(latent_shape[2]), fp8=fp8,
     )

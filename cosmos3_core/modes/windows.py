@@ -44,6 +44,10 @@ class WindowGeometry:
         end = min(self.chunk_frames, self.total_frames - self.start(index))
         return first, max(first, end)
 
+    def windows_within(self, frames: int) -> int:
+        """How many windows lie whole in the first ``frames`` output frames."""
+        return sum(1 for k in range(self.num_windows) if self.start(k) + self.keep_range(k)[1] <= frames)
+
     @property
     def latent_frames(self) -> int:
         return (self.chunk_frames - 1) // VAE_TEMPORAL_STRIDE + 1

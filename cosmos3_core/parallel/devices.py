@@ -93,10 +93,11 @@ class BranchDevices:
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
         options: RuntimeOptions = DEFAULT,
+        precision: str | None = None,
     ) -> StepOutput:
         if layout.num_branches == 1:  # a cond-only step (guidance 1, or outside the guidance interval)
             return self.model.denoise_step(latents, timestep, text, layout, sound=sound, action=action,
-                                           options=options)
+                                           options=options, precision=precision)
         if layout.num_branches != 2 or len(text) != 2:
             raise ValueError(f"BranchDevices: {len(text)} text entries for {layout.num_branches} branches; "
                              "it runs the two guidance branches.")
@@ -106,7 +107,7 @@ class BranchDevices:
             lay = self._on_device(j, "layout", layout, lambda lo, d=device, j=j: _layout_to(select_branch(lo, j), d))
             move = (lambda x, d=device: None if x is None else x.to(d, non_blocking=True))
             outs.append(replica.denoise_step(move(latents), timestep.to(device), [kv], lay, sound=move(sound),
-                                             action=move(action), options=options))
+                                             action=move(action), options=options, precision=precision))
         home = self.devices[0]
         fields = []
         for name in ("vision", "sound", "action"):

@@ -25,6 +25,20 @@ from .mesh import ParallelMesh
 from .vae import decode_parallel
 
 
+def check_fast_modes(run) -> None:
+    """The fast modes a parallel clip cannot take yet, refused before any load: SeaCache (its contexts live with the
+    whole batch of branches on one device) and FP8 W8A8 steps (each rank holds its own share of the text K/V, which
+    those steps would need recomputed in their own precision)."""
+    if run.sampling.sea_cache is not None:
+        raise ValueError("sea_cache: SeaCache runs on one GPU; --cfg-parallel / --ulysses do not take it yet — drop "
+                         "--sea-cache or the parallel flags.")
+    policy = run.sampling.mixed_precision
+    if policy is not None and any(name != "W8A16" for name in policy.schedule(run.sampling.steps)):
+        raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses yet (each rank "
+                         "keeps its share of the text K/V, which a W8A8 step would recompute); run it on one GPU, or "
+                         "load a bf16 checkpoint for the parallel run.")
+
+
 def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, run) -> TextConditioning:
     ids = pipe.tokenize(run.prompt, run.negative_prompt, num_frames=run.num_frames, height=run.height,
                         width=run.width, fps=run.fps, use_system_prompt=run.use_system_prompt)
@@ -50,6 +64,7 @@ def generate(
     if run.mode != "clip":
         raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {run.mode} mode is not parallel yet — drop "
                          "them.")
+    check_fast_modes(run)
     if mesh.cfg == 2 and not run.sampling.use_cfg:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")
     denoiser = ParallelDenoiser(pipe.transformer, mesh)

@@ -350,8 +350,8 @@ def prepare_prompt(processor, messages: list[dict[str, Any]], *, images: Sequenc
             clip = to_uint8_frames(clip, "video")
             if clip.ndim != 4 or clip.shape[0] < 2:
                 raise ValueError("video: a video needs at least 2 frames [F, H, W, 3]; pass a single frame as image.")
-            if not fps or not float(fps) > 0:
-                raise ValueError(f"video: fps must be positive, got {fps!r}.")
+            if not fps or not 0 < float(fps) < float("inf"):
+                raise ValueError(f"video: fps must be a positive finite number, got {fps!r}.")
             frames.append(clip)
             metas.append(VideoMetadata(total_num_frames=clip.shape[0], fps=float(fps),
                                        duration=clip.shape[0] / float(fps)))

@@ -25,6 +25,11 @@ the modular ``Cosmos3ActionPrepareLatentsStep`` / ``Cosmos3ActionLoopSchedulerSt
 
 Transfer windows (``transfer.py``) build the same ``SamplePlan`` with more branches and their nested combine; a
 long video is one plan per window (``long_video.py``). A plan holds stateful schedulers: it is run once.
+
+The fast modes are decided here too, per step, and reach the model through ``SamplePlan.step_options``: each
+``Guidance`` carries its step's FP8 modes (``precision``, a ``model.precision.StepPrecision`` key, with the text
+K/V computed in those modes) and its branch names (the reference's cache contexts); a run with SeaCache holds its
+``sea_cache.SeaCache`` (``cache``: fresh contexts, one plan per run or window), which the model's step consults.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from .. import defaults
 from ..config import Cosmos3Config
 from ..model.layout import GenLayout, build_layout, patch_grid, select_branch
 from .schedulers import Stepper
+from .sea_cache import CacheStep, SeaCache, SeaCacheConfig
 from ..model.text_kv import TextKV
 from ..model.towers import step_memory_required
 from ..runtime import DEFAULT, RuntimeOptions
@@ -125,6 +131,8 @@ class Guidance:
     text: tuple[TextKV, ...]
     layout: GenLayout
     combine: Callable[[torch.Tensor], torch.Tensor]  # [B·N, ...] branch-major → [N, ...]
+    precision: str | None = None  # the step's FP8 modes (StepPrecision key); None: every linear's forward
+    names: tuple[str, ...] = ()  # the branches' cache-context names ("cond", "uncond"; Transfer "cond_no_control")
 
 
 def cfg_combine(guidance: float) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -150,10 +158,29 @@ class SamplePlan:
     num_tokens: int  # generation tokens of one branch
     batch_size: int = 1
     options: RuntimeOptions = DEFAULT  # the run's kernels (runtime.py), handed to the model's step
+    cache: SeaCache | None = None  # SeaCache of this run (its contexts start empty)
+    noisy_vision: bool = True  # whether the vision target has a noisy frame (SeaCache's indicator needs one)
+    fp8: str | None = None  # the FP8 policy in effect, or why W8A16 (one line for the log and the nodes)
 
     @property
     def steps(self) -> int:
         return len(self.guidance)
+
+    @property
+    def precision(self) -> tuple[str | None, ...]:
+        """The FP8 modes of every step."""
+        return tuple(g.precision for g in self.guidance)
+
+    def step_options(self, i: int) -> dict:
+        """The keyword arguments step ``i`` passes to ``denoise_step`` beyond the tensors: the run's options, and
+        its FP8 modes and SeaCache view where it has them (so a denoiser with the basic contract runs a plain run)."""
+        g, options = self.guidance[i], {"options": self.options}
+        if g.precision is not None:
+            options["precision"] = g.precision
+        if self.cache is not None:
+            names = g.names or ("cond", "uncond")[: len(g.text)]
+            options["cache"] = CacheStep(self.cache, i, float(self.sigmas[i]), self.steps, names, self.noisy_vision)
+        return options
 
     def stream(self, name: str) -> Stream | None:
         return next((s for s in self.streams if s.name == name), None)
@@ -195,11 +222,18 @@ def make_plan(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     options: RuntimeOptions = DEFAULT,
+    step_precision: Sequence[str] | None = None,
+    text_for: Callable[[str], tuple[TextKV, TextKV | None]] | None = None,
+    sea_cache: SeaCacheConfig | None = None,
+    fp8: str | None = None,
 ) -> SamplePlan:
     """Assemble the plan of one run from checked arguments (see ``Cosmos3Pipeline.plan`` for the user-facing checks).
 
     ``generators``: per batch item, the seeded CPU generator of its initial noise when the vision stepper draws from
-    it too (a stochastic scheduler: diffusers' distilled pipeline passes one generator to both, noise first)."""
+    it too (a stochastic scheduler: diffusers' distilled pipeline passes one generator to both, noise first).
+    ``step_precision``: per step, the FP8 modes (``model.precision.StepPrecision`` key), with ``text_for(key)``
+    the (cond, uncond) text K/V computed in those modes; ``sea_cache``: run with SeaCache (checked by the caller);
+    ``fp8``: the policy's line for the log."""
     device = torch.device(device)
     use_cfg = guidance != 1.0
     if use_cfg and uncond is None:
@@ -239,17 +273,30 @@ def make_plan(
     if action is not None:
         streams.append(_action_stream(action, noise[-1], vision_stepper, device))
 
-    full = Guidance(tuple(branches), layout, cfg_combine(float(guidance)) if use_cfg else single_branch)
-    cond_only = full if not use_cfg else Guidance(tuple(branches[:1]), select_branch(layout, 0), single_branch)
     timesteps = vision_stepper.timesteps.cpu()
-    per_step = tuple(
-        full if use_cfg and _in_interval(int(t), guidance_interval) else cond_only for t in timesteps
-    )
+    precisions = list(step_precision) if step_precision is not None else [None] * len(timesteps)
+    if len(precisions) != len(timesteps):
+        raise ValueError(f"{len(precisions)} step precisions for {len(timesteps)} steps.")
+    cond_layout = select_branch(layout, 0) if use_cfg else layout
+    made: dict[tuple[bool, str | None], Guidance] = {}
+
+    def step_guidance(with_uncond: bool, precision: str | None) -> Guidance:
+        if (with_uncond, precision) not in made:
+            text = branches if text_for is None or precision is None else [
+                kv.to(device) for kv in text_for(precision) if kv is not None][: len(branches)]
+            made[(with_uncond, precision)] = (
+                Guidance(tuple(text), layout, cfg_combine(float(guidance)), precision, ("cond", "uncond"))
+                if with_uncond else Guidance(tuple(text[:1]), cond_layout, single_branch, precision, ("cond",)))
+        return made[(with_uncond, precision)]
+
+    per_step = tuple(step_guidance(use_cfg and _in_interval(int(t), guidance_interval), p)
+                     for t, p in zip(timesteps, precisions))
     num_tokens = layout.num_tokens
     return SamplePlan(
         streams=tuple(streams), guidance=per_step, sigmas=vision_stepper.sigmas.cpu(), timesteps=timesteps,
         device=device, num_tokens=num_tokens, batch_size=batch_size, options=options,
         memory_required=step_memory_required(config, num_tokens, list(layout.text_lengths) * batch_size, dtype),
+        cache=None if sea_cache is None else SeaCache(sea_cache), noisy_vision=len(clean_frames) < t_lat, fp8=fp8,
     )
 
 

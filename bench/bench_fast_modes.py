@@ -1,0 +1,244 @@
+"""Quality and speed of the fast modes — FP8 (NVIDIA's W8A8/W8A16 step policy), SeaCache, both — against exact bf16
+on full-size, random-weight Cosmos3-Nano (one H200), 35 steps, CFG 6.
+
+Per resolution and mode, one run after a warm-up run of the same mode (the "second run" of BENCHMARKS; the warm-up
+compiles every graph the timed run needs: SeaCache runs the layer stack for a subset of the branches on some steps,
+another graph): denoising time, peak GPU memory, the FP8 policy in effect and, for SeaCache, the contexts (branch ×
+step) that reused the stack. Each run's final latents go to ``--dir``; ``--compare`` then decodes every saved latent
+with the same VAE and reports, against the exact bf16 run of that resolution, the latent cosine and the decoded
+frames' PSNR (what FlashRT and vLLM-Omni report).
+
+FP8 here is the checkpoint path on stand-in weights: every decoder-layer linear of the bf16 model becomes an
+``Fp8Linear`` in ModelOpt's layout — its weight rounded to e4m3 with a per-tensor scale, a static activation scale
+calibrated on this prompt's text prefill and one exact guided step (max ``|input|``, ModelOpt's max calibration) —
+under NVIDIA's policy (W8A16 for the first and last 3 steps, W8A8 between). **Random weights say little about real
+quality**: the figures show that the modes run, what they cost and how far they move this random model, not how a
+trained Nano looks; the real check is NVIDIA's fp8 revision with real prompts.
+
+    python bench/bench_fast_modes.py --resolutions 480p --dir /tmp/fm --out bench/results/fast_modes.json
+    python bench/bench_fast_modes.py --resolutions 720p --modes exact,sea --warmup-steps 8 --dir /tmp/fm \
+        --out bench/results/fast_modes.json
+    python bench/bench_fast_modes.py --resolutions 720p --modes fp8,fp8+sea --warmup-steps 8 --dir /tmp/fm \
+        --out bench/results/fast_modes.json
+    python bench/bench_fast_modes.py --compare --resolutions 480p,720p --dir /tmp/fm --out bench/results/fast_modes.json
+    python bench/bench_fast_modes.py --tiny --dir /tmp/fm_tiny --out /tmp/fm_tiny.json   # CPU: the script runs
+
+The calls must share ``--dir`` (and a machine: the compare reads the latents the runs saved there). At 720p a 35-step
+run takes minutes: ``--warmup-steps 8`` compiles the graphs in a shorter first run (the compiled graphs are kept on
+disk, so a later call starts warm).
+
+``--tiny``: the tiny checkpoint on the CPU, FP8 through the exact GEMM emulation (``fp8_gemm="emulate"``), eager —
+a check that the script runs (measure and compare in one call), not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, build_ours, make_components, sync  # noqa: E402
+
+MODES = ("exact", "fp8", "sea", "fp8+sea")
+STEPS, GUIDANCE, THRESHOLD = 35, 6.0, 0.25
+
+
+def calibrate(pipe, text, options, sound: bool) -> dict[str, float]:
+    """Max |input| of every decoder-layer linear over this prompt's text prefill and one exact guided step (the
+    last layer's text output projection and MLP never run: they get 1.0, and are never used)."""
+    model, amax, hooks = pipe.transformer, {}, []
+    for name, module in model.named_modules():
+        if name.startswith("layers.") and isinstance(module, torch.nn.Linear):
+            def hook(_m, args, name=name):
+                amax[name] = max(amax.get(name, 0.0), float(args[0].detach().abs().amax()))
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        model.prefill_many([kv.token_ids for kv in (text.cond, text.uncond) if kv is not None])
+        pipe.sample(text, seed=0, steps=1, guidance=GUIDANCE, sound=sound, options=options)
+    finally:
+        for h in hooks:
+            h.remove()
+    return amax
+
+
+def to_fp8_(model, input_amax: dict[str, float]) -> int:
+    """Every decoder-layer linear replaced by an ``Fp8Linear`` in the ModelOpt layout, in place; the model then
+    declares NVIDIA's policy (``model.fp8_checkpoint``)."""
+    from cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
+    from cosmos3_core.model.precision import FIRST_LAST_N_FP8_POLICY, linear_path
+    from cosmos3_core.model.weights import Fp8Checkpoint
+
+    count = 0
+    for name, module in list(model.named_modules()):
+        if not (name.startswith("layers.") and type(module) is torch.nn.Linear):
+            continue
+        parent, attr = name.rsplit(".", 1)
+        q, scale = quantize_weight(module.weight)
+        with torch.device("meta"):
+            fp8 = Fp8Linear(module.in_features, module.out_features, bias=module.bias is not None)
+        fp8.weight = torch.nn.Parameter(q, requires_grad=False)
+        fp8.scale_weight = torch.nn.Parameter(scale, requires_grad=False)
+        if module.bias is not None:
+            fp8.bias = module.bias
+        fp8.input_scale = torch.tensor(input_amax.get(name, 1.0), device=q.device) / 448.0
+        fp8.w8a8_weight_scale = scale
+        fp8.path = linear_path(name)
+        setattr(model.get_submodule(parent), attr, fp8)
+        count += 1
+    model.fp8_checkpoint = Fp8Checkpoint({"quant_method": "modelopt", "quant_algo": "FP8",
+                                          "runtime": {"diffusion_step_policy": FIRST_LAST_N_FP8_POLICY}})
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return count
+
+
+def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, warmup_steps: int) -> dict:
+    from safetensors.torch import save_file
+
+    from cosmos3_core.sampling.sea_cache import SeaCacheConfig
+
+    h, w, frames = shape
+    sampling = dict(seed=0, guidance=GUIDANCE, sound=frames > 1,
+                    sea_cache=SeaCacheConfig(threshold=THRESHOLD) if "sea" in mode else None)
+    if warmup_steps:
+        pipe.run(pipe.plan(text, steps=warmup_steps, options=options, **sampling))
+    sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    plan = pipe.plan(text, steps=STEPS, options=options, **sampling)
+    t0 = time.perf_counter()
+    result = pipe.run(plan)
+    sync()
+    seconds = time.perf_counter() - t0
+    tensors = {"latents": result.latents.float().cpu().contiguous()}
+    if result.sound is not None:
+        tensors["sound"] = result.sound.float().cpu().contiguous()
+    save_file(tensors, str(out_dir / f"{name}-{mode}.safetensors"))
+    trace = [] if plan.cache is None else plan.cache.trace
+    return dict(denoise_35_steps_s=round(seconds, 2), warmup_steps=warmup_steps,
+                peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
+                fp8=plan.fp8, fp8_w8a8_steps=sum(bool(p) and p.startswith("W8A8") for p in plan.precision),
+                reused_contexts=sum(not c for *_, c in trace) if trace else None,
+                contexts=len(trace) or None, compiled=options.on(plan.device).compiles, frames=frames, height=h,
+                width=w)
+
+
+def pipeline_factory(tiny: bool, tmp: Path):
+    """``(make_pipe, device)``: ``make_pipe()`` a ``Cosmos3Pipeline`` over the one model (made again after the model
+    turns FP8, so that its ``info`` says so)."""
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+
+    if tiny:
+        from cosmos3_core.testing.tiny import build_tiny_checkpoint
+
+        base = Cosmos3Pipeline.load(build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=True, seed=0),
+                                    dtype=torch.float32)
+        return (lambda: Cosmos3Pipeline(base.checkpoint_dir, base.transformer, base.vae, base.tokenizer,
+                                        base.sound_decoder)), "cpu"
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
+    from cosmos3_core.vae.video import Cosmos3VAE
+
+    model = build_ours("cuda")
+    files, vae, audio, tokenizer = make_components("cuda", tmp)
+    vae, audio = Cosmos3VAE(vae), Cosmos3SoundDecoder(audio)
+    return (lambda: Cosmos3Pipeline(files, model, vae, tokenizer, audio)), "cuda"
+
+
+def measure(args, make_pipe, shapes: dict, options) -> dict:
+    """Every bf16 mode at every resolution, then (calibrated over those resolutions) the model turned FP8 and every
+    FP8 mode: one calibration for all shapes, as a checkpoint has."""
+    out_dir = Path(args.dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results, pipe = {}, make_pipe()
+    names = args.resolutions.split(",")
+    modes = [m for m in MODES if m in args.modes.split(",")]
+
+    def encode(name):
+        h, w, frames = shapes[name]
+        return pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0, options=options)
+
+    for fp8 in (False, True):
+        todo = [m for m in modes if ("fp8" in m) == fp8]
+        if fp8 and todo:
+            amax: dict[str, float] = {}
+            for name in names:  # eager: the calibration hooks stay out of the compiled graphs
+                found = calibrate(pipe, encode(name), dataclasses.replace(options, compile="off"), shapes[name][2] > 1)
+                amax.update({k: max(v, amax.get(k, 0.0)) for k, v in found.items()})
+            results["fp8_linears"] = to_fp8_(pipe.transformer, amax)
+            pipe = make_pipe()  # its info now says FP8; the text K/V of the W8A16 steps come from the FP8 weights
+        for name in names:
+            text = encode(name) if todo else None
+            for mode in todo:
+                results[f"{name}/{mode}"] = run_mode(pipe, text, name, mode, options, shapes[name], out_dir,
+                                                     args.warmup_steps)
+                print(name, mode, results[f"{name}/{mode}"], flush=True)
+    return results
+
+
+def compare(args, make_pipe, device: str) -> dict:
+    from safetensors.torch import load_file
+
+    vae, out_dir, report = make_pipe().vae, Path(args.dir), {}
+    for name in args.resolutions.split(","):
+        exact = load_file(str(out_dir / f"{name}-exact.safetensors"))["latents"]
+        exact_frames = vae.decode(exact.to(device)).float()
+        for mode in MODES[1:]:
+            path = out_dir / f"{name}-{mode}.safetensors"
+            if not path.is_file():
+                continue
+            lat = load_file(str(path))["latents"]
+            frames = vae.decode(lat.to(device)).float()
+            mse = torch.mean((frames - exact_frames) ** 2).item()
+            report[f"{name}/{mode}"] = dict(
+                latent_cosine=round(torch.nn.functional.cosine_similarity(
+                    lat.flatten().double(), exact.flatten().double(), dim=0).item(), 5),
+                frames_psnr_db=round(10 * torch.log10(torch.tensor(1.0 / max(mse, 1e-12))).item(), 2))
+            print(name, mode, report[f"{name}/{mode}"], flush=True)
+    return report
+
+
+def main() -> None:
+    from cosmos3_core.runtime import RuntimeOptions
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resolutions", default="480p", help=f"comma-separated, of {', '.join(RESOLUTIONS)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--dir", required=True, help="where the final latents of each run go (and are compared from)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="RuntimeOptions.compile of every run (auto: compiled on CUDA, the benchmark setting)")
+    p.add_argument("--warmup-steps", type=int, default=STEPS,
+                   help="steps of the warm-up run of each mode before the timed one (default: a whole first run; "
+                        "fewer saves device time but may leave a SeaCache graph to compile in the timed run)")
+    p.add_argument("--compare", action="store_true", help="decode the saved latents; cosine and PSNR vs exact")
+    p.add_argument("--tiny", action="store_true", help="tiny checkpoint on the CPU: checks the script runs")
+    p.add_argument("--out", default=None, help="merge the results into this JSON file")
+    args = p.parse_args()
+    if not args.tiny and not torch.cuda.is_available():
+        sys.exit("bench_fast_modes: needs a CUDA GPU (FP8 W8A8 needs sm 8.9+); --tiny checks the script on the CPU.")
+    shapes = TINY_RESOLUTIONS if args.tiny else RESOLUTIONS
+    options = RuntimeOptions(compile="off", fp8_gemm="emulate") if args.tiny else RuntimeOptions(compile=args.compile)
+    with tempfile.TemporaryDirectory() as tmp:
+        make_pipe, device = pipeline_factory(args.tiny, Path(tmp))
+        if args.compare:
+            results = compare(args, make_pipe, device)
+        else:
+            results = measure(args, make_pipe, shapes, options)
+            if args.tiny:
+                results["compare"] = compare(args, make_pipe, device)
+    if args.out:
+        path = Path(args.out)
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        old.update(results)
+        path.write_text(json.dumps(old, indent=1))
+
+
+if __name__ == "__main__":
+    main()

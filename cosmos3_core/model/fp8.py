@@ -1,0 +1,229 @@
+"""FP8 linear layers: the W8A16 and W8A8 forwards of an NVIDIA ModelOpt FP8 checkpoint, per-tensor quantization of a
+bf16 checkpoint's weights at load (approximate FP8 compute, opt-in), and which forward each step of a run takes.
+
+``Fp8Linear`` holds what the checkpoint stores for one quantized linear ``X`` (the layout of a restored ModelOpt
+``RealQuantLinear``): ``X.weight`` e4m3 ``[out, in]``, ``X.weight_quantizer._scale`` (``scale_weight``, fp32),
+``X.weight_quantizer._amax`` and ``X.input_quantizer._amax`` (calibrated activation range). ModelOpt's Hugging Face
+export names the scales ``X.weight_scale`` / ``X.input_scale`` (= amax / 448); both spellings load (loader.py).
+
+* **W8A16** (``forward``, what the step policy calls high precision): diffusers 0.42.1 ``_w8a16_linear`` —
+  ``F.linear(x, weight.to(x.dtype) · scale_weight.to(x.dtype), bias)``.
+* **W8A8** (``w8a8``): ModelOpt's restored real-quant forward (``backends/fp8_per_tensor_gemm.py``,
+  ``fp8_per_tensor_gemm``): ``scale_a = input_amax / 448``, ``scale_b = weight_amax / 448``; the activation is
+  ``(x / scale_a).clamp(±448) → e4m3`` (the reference's ``_to_fp8``, compiled on CUDA as there); then
+  ``torch._scaled_mm(x8, w8ᵀ, scale_a, scale_b, bias, out_dtype=x.dtype, use_fast_accum=True)`` on a CUDA GPU with
+  FP8 tensor cores (sm ≥ 8.9), the bias added afterwards for fp32 outputs. On the CPU ``emulated_scaled_mm``
+  computes the same product exactly from the FP8-rounded values (``(x8 · w8ᵀ) · scale_a·scale_b + bias`` in fp32):
+  a numerical reference for tests (``RuntimeOptions(fp8_gemm="emulate")``), not a fast path.
+* **Approximate FP8 compute** (a bf16 checkpoint loaded with ``fp8_compute``, ComfyUI's ``fp8_e4m3fn_fast``):
+  ``quantize_weight`` rounds each weight once with one per-tensor scale (``amax / 448``, ModelOpt's max calibration
+  of a weight); with no calibrated activation range the W8A8 forward scales each activation by its own amax
+  (dynamic per-tensor, on the device: no host sync). Not a reference behaviour: outputs differ from the bf16
+  checkpoint at FP8 rounding level; everywhere this mode is offered it is labelled approximate.
+
+``fp8_steps`` turns a run's resolved policy (``precision.MixedPrecision``) into each step's modes on the loaded
+layers and the run's device: W8A8 where the GPU has FP8 GEMMs, else W8A16 at every step with one notice — unless
+FP8 compute was asked for explicitly (``mixed_precision_format='fp8'``, or the approximate mode), which is refused
+(``check_fp8_compute``): never a silent change of precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .precision import MixedPrecision, resolve
+from .weights import E4M3_MAX, CastLinear, Fp8Checkpoint
+
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def device_fp8_problem(device: torch.device | str) -> str | None:
+    """Why ``device`` cannot run real FP8 GEMMs (None when it can), in words for an error message."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"{device.type} has no FP8 GEMMs"
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_MIN_CAPABILITY:
+        return (f"{torch.cuda.get_device_name(device)} is sm {major}.{minor}; FP8 tensor cores need sm 8.9 or newer "
+                "(Ada, Hopper, Blackwell)")
+    return None
+
+
+def fp8_gemm_available(device: torch.device | str) -> bool:
+    return device_fp8_problem(device) is None
+
+
+def check_fp8_compute(asked: str | None, device: torch.device | str, gemm: str = "auto",
+                      problem: str | None = None) -> None:
+    """Refuse FP8 compute asked for explicitly (``asked`` names how) where W8A8 cannot run: on ``device`` (unless
+    ``gemm='emulate'``), or for the given ``problem``."""
+    if asked is None:
+        return
+    problem = problem or (None if gemm == "emulate" else device_fp8_problem(device))
+    if problem:
+        raise ValueError(
+            f"{asked} needs real FP8 GEMMs, but {problem}. Leave mixed_precision_format unset and load the "
+            "checkpoint with weight_dtype auto here (an FP8 checkpoint then runs W8A16: weights dequantized to the "
+            "compute dtype), or run on a GPU with FP8 tensor cores (sm 8.9+).")
+
+
+def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's ``_to_fp8``, the same expression (the division rounds to ``x``'s dtype first, as the reference's
+    eager and CPU-compiled code; on CUDA ``quantize_activation`` compiles it as the reference does)."""
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+_COMPILED_TO_FP8: list = []
+
+
+def quantize_activation(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` → e4m3 with the per-tensor ``scale``; on CUDA through ``torch.compile(dynamic=True)`` as the reference
+    (one fused kernel, the reference's rounding of the division); inside a compiled layer, traced in place."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        if not _COMPILED_TO_FP8:
+            _COMPILED_TO_FP8.append(torch.compile(_to_fp8, dynamic=True))
+        return _COMPILED_TO_FP8[0](x, scale)
+    return _to_fp8(x, scale)
+
+
+def emulated_scaled_mm(a8: torch.Tensor, b8_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                       bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """``torch._scaled_mm(a8, b8_t, scale_a, scale_b, bias, out_dtype)`` computed from the FP8 values in fp32:
+    every product of two e4m3 values is exact in fp32, the sums round as an fp32 GEMM does."""
+    out = (a8.float() @ b8_t.float()) * (scale_a.float() * scale_b.float())
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def fp8_matmul(x8: torch.Tensor, w8: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """``x8 [M, K] @ w8ᵀ`` (``w8`` ``[N, K]``) scaled, with ``bias``, as ModelOpt's ``_fp8_gemm_impl`` calls it."""
+    if x8.is_cuda:
+        fused_bias = bias if out_dtype != torch.float32 else None
+        out = torch._scaled_mm(x8, w8.t(), scale_a=scale_a, scale_b=scale_b, bias=fused_bias, out_dtype=out_dtype,
+                               use_fast_accum=True)
+        if bias is not None and fused_bias is None:
+            out = out + bias
+        return out
+    return emulated_scaled_mm(x8, w8.t(), scale_a, scale_b, bias, out_dtype)
+
+
+class Fp8Linear(CastLinear):
+    """A ModelOpt FP8 linear layer: ``forward`` is W8A16, ``w8a8`` the checkpoint's W8A8 forward.
+
+    ``input_scale`` (``scale_a``, fp32 scalar) is None when the checkpoint calibrated no activation range (W8A8 then
+    needs ``dynamic_input``, the approximate mode); ``w8a8_weight_scale`` is ``scale_b``. Both are non-persistent
+    buffers (the loader sets them from the checkpoint's quantizer tensors). ``path`` is the reference's class of
+    this linear (``precision.linear_path``), set by the loader."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.register_buffer("input_scale", None, persistent=False)
+        self.register_buffer("w8a8_weight_scale", None, persistent=False)
+        self.path: str | None = None
+        self.dynamic_input = False
+
+    @property
+    def has_w8a8(self) -> bool:
+        return self.weight.dtype == torch.float8_e4m3fn and (self.input_scale is not None or self.dynamic_input)
+
+    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            scale_a = self.input_scale
+        elif self.dynamic_input:
+            scale_a = (x.detach().abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+        else:
+            raise ValueError("Fp8Linear: this layer has no activation scale (input_quantizer._amax); it runs W8A16 "
+                             "only.")
+        scale_b = self.w8a8_weight_scale if self.w8a8_weight_scale is not None else self.scale_weight
+        shape = x.shape
+        x8 = quantize_activation(x, scale_a).reshape(-1, shape[-1])
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        out = fp8_matmul(x8, self.weight, scale_a, scale_b, bias, x.dtype)
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+
+def run_linear(module: nn.Module, x: torch.Tensor, precision: str | None) -> torch.Tensor:
+    """``module(x)``, or the W8A8 forward where ``precision`` (a ``precision.StepPrecision`` key) asks it of this
+    FP8 linear's path. A layer without activation scales (a weight-only FP8 checkpoint) has no W8A8 forward: its
+    native path is W8A16, as ModelOpt runs it (a schedule of W8A8 steps on such a checkpoint is refused when the
+    request is resolved)."""
+    if precision is None or not isinstance(module, Fp8Linear):
+        return module(x)
+    gen, reasoner, other = precision.split(",")
+    mode = gen if module.path == "generation" else reasoner if module.path == "reasoner" else other
+    return module.w8a8(x) if mode == "W8A8" and module.has_w8a8 else module(x)
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, fp32 scale) with one per-tensor scale ``amax / 448``, rounded once from fp32."""
+    w = weight.detach().float()
+    scale = (w.abs().amax() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale.reshape(())
+
+
+def run_policy(fp8: Fp8Checkpoint | None, name: str = "", **overrides) -> MixedPrecision | None:
+    """The step policy of a run on a checkpoint of FP8 layout ``fp8`` (None: not FP8, nothing to decide; any
+    override is then refused by ``precision.resolve``) with the request's ``mixed_precision_*`` ``overrides``. A
+    schedule of W8A8 steps on a weight-only FP8 export is refused (the reference refuses its layers too)."""
+    policy = resolve(None if fp8 is None else fp8.quantization_config, has_fp8_linears=fp8 is not None, **overrides)
+    if fp8 is None:
+        return None
+    if policy.enabled and fp8.weight_only:
+        first = fp8.weight_only[0]
+        raise ValueError(
+            f"W8A8 needs the activation scale of every FP8 linear layer, but {len(fp8.weight_only)} of checkpoint "
+            f"{name!r} have none (e.g. {first}.input_quantizer._amax or {first}.input_scale): it is a weight-only "
+            "FP8 export. Set mixed_precision_format to none (CLI: --mixed-precision-format none; its layers then "
+            "run W8A16, as the reference runs a weight-only checkpoint), or use NVIDIA's fp8 revision, which "
+            "carries them.")
+    return policy
+
+
+def asked_fp8(fp8: Fp8Checkpoint | None, policy: MixedPrecision | None) -> str | None:
+    """How FP8 compute was asked for explicitly (in words), or None: the approximate mode, or
+    ``mixed_precision_format='fp8'``."""
+    if policy is None:
+        return None
+    if fp8 is not None and fp8.approximate:
+        return "weight_dtype fp8_e4m3fn_fast (approximate FP8 compute; CLI: --weight-dtype fp8_e4m3fn_fast)"
+    return "mixed_precision_format='fp8' (CLI: --mixed-precision-format fp8)" if policy.forced else None
+
+
+@dataclass(frozen=True)
+class Fp8Steps:
+    """What a run's FP8 linears do: ``keys[i]`` the ``StepPrecision`` key of step ``i`` (``None`` for the whole
+    run: every linear's ``forward``, W8A16 for an FP8 layer) and ``note``, one line for the log and the nodes — the
+    policy in effect, or why the checkpoint's W8A8 steps do not run here (``fallback``)."""
+
+    keys: tuple[str, ...] | None
+    note: str
+    fallback: bool = False
+
+
+def fp8_steps(model: nn.Module, policy: MixedPrecision | None, steps: int, device: torch.device | str,
+              gemm: str = "auto") -> Fp8Steps | None:
+    """Each step's FP8 modes for a run of ``steps`` on ``device`` under the resolved ``policy`` (None: the model
+    has no FP8 layers, nothing to decide)."""
+    if policy is None:
+        return None
+    fp8 = getattr(model, "fp8_checkpoint", None)
+    approximate, asked = fp8 is not None and fp8.approximate, asked_fp8(fp8, policy)
+    if gemm == "emulate" and torch.device(device).type != "cpu":
+        raise ValueError(f"fp8_gemm='emulate' (the exact CPU emulation of the FP8 GEMM, a numerical reference) runs "
+                         f"on the CPU only, not on {device}; use fp8_gemm 'auto'.")
+    problem = None if gemm == "emulate" else device_fp8_problem(device)
+    if problem is None and not any(isinstance(m, Fp8Linear) and m.has_w8a8 for m in model.modules()):
+        problem = "its linear layers here (the host's own FP8 layers) have no W8A8 forward"
+    check_fp8_compute(asked, device, gemm, problem)
+    describe = policy.describe() + (" (approximate: FP8 computed from a bf16 checkpoint)" if approximate else "")
+    if problem is not None:
+        return Fp8Steps(None, f"the FP8 checkpoint runs W8A16 at every step (weights dequantized) because {problem}; "
+                              f"its W8A8 steps ({describe}) need a GPU with FP8 tensor cores (sm 8.9+).", True)
+    return Fp8Steps(tuple(policy.modes(i, steps).key for i in range(steps)), describe)
