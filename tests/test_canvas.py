@@ -20,7 +20,8 @@ driven over the Chrome DevTools Protocol (tests/support/cdp.py). For every UI wo
 * a screenshot of the canvas before and after the run is kept in ``$COSMOS3_ARTIFACTS/canvas/<frontend>`` (default
   ``<repo>/.out/canvas``).
 
-Also: every stepped INT widget of every pack node, typed on and off its grid near its ends, holds only valid values;
+Also: every stepped INT widget of every pack node, typed on and off its grid near its ends, holds only valid values
+(and in "Nodes 2.0", where a number is an HTML text box, the Long Video's frame counts and width do too);
 ComfyUI's Templates listing (``/api/workflow_templates``) shows exactly the UI workflows (no API twins), each with its
 ``.jpg`` served, and the real Templates dialog (the pack's category) shows that ``.jpg`` on every card under a title
 that is not cut off (``templates_dialog.png``); a reload with unsaved workflows raises the "Leave site?" dialog, which
@@ -30,7 +31,7 @@ is answered, and the app comes back.
 in ``FREE`` and its thumbnail ``example_workflows/<Title>.jpg`` from the output of its run (the middle frame of the
 video, the image, or for an actions-only workflow a plot of the actions), enlarged to ``THUMBNAIL_SIZE``.
 
-What the newest frontend cannot do with the 0.3.75 backend (README, "Frontends"): its queue and history panels read
+What the newest frontend cannot do with the 0.3.75 backend (example_workflows/README.md): its queue and history panels read
 ``/api/jobs``, which 0.3.75 lacks (404; the panels stay empty and the console logs the error). Running, previews,
 outputs and templates work; this test ignores only those ``/api/jobs`` console errors.
 """
@@ -47,7 +48,7 @@ import pytest
 
 from support import comfy_host
 from test_workflows import (ALL_WORKFLOWS, THUMBNAIL_SIZE, check_mp4, check_outputs, ensure_tiny_checkpoints,
-                            load_api, load_ui, node_info, nodes_of, schema_inputs, shrink_api, source_node,
+                            load_api, load_ui, nodes_of, schema_inputs, shrink_api, source_node,
                             thumbnail_path, ui_path, widget_slots, write_test_inputs)
 
 pytestmark = pytest.mark.comfy
@@ -192,7 +193,8 @@ def graph_state(b) -> dict:
         const dialogs = [...document.querySelectorAll('.p-dialog, [role=dialog]')].map(
             d => d.textContent.trim().slice(0, 300));
         const toasts = [...document.querySelectorAll('.p-toast-message, [data-sonner-toast]')].map(
-            t => ({cls: t.className + ' ' + (t.getAttribute('data-type') || ''), text: t.textContent.trim().slice(0, 300)}));
+            t => ({cls: t.className + ' ' + (t.getAttribute('data-type') || ''),
+                   text: t.textContent.trim().slice(0, 300)}));
         const nodes = app.graph._nodes.map(n => ({
             id: n.id, type: n.type, registered: !!LiteGraph.registered_node_types[n.type], errors: !!n.has_errors,
             widgets: Object.fromEntries((n.widgets || []).map(w => [w.name, w.value]))}));
@@ -253,15 +255,22 @@ def node_js(nid) -> str:
 
 
 def show_widget(b, nid: int, name: str) -> list:
-    """Pan and zoom (scale 1) so the widget sits mid-canvas, as a user does before editing; its screen point."""
+    """The screen point of the widget's value, as the canvas shows it now; when the widget is too small there (below
+    0.3 scale), off screen or under a bar, the view first pans and zooms (scale 1) to put it mid-canvas, as a user
+    would before editing."""
     return b.eval(f"""(() => {{
         const n = {node_js(nid)}, w = n.widgets.find(w => w.name === {json.dumps(name)});
-        const ds = app.canvas.ds, r = document.querySelector('#graph-canvas').getBoundingClientRect();
-        app.canvas.draw(true, true);  // lays the widgets out (their y)
-        const gx = n.pos[0] + n.size[0] / 2, gy = n.pos[1] + w.y + (w.computedHeight || LiteGraph.NODE_WIDGET_HEIGHT) / 2;
-        ds.scale = 1; ds.offset[0] = r.width / 2 - gx; ds.offset[1] = r.height / 2 - gy;
-        app.canvas.setDirty(true, true); app.canvas.draw(true, true);
-        return [r.x + r.width / 2, r.y + r.height / 2];
+        const ds = app.canvas.ds, c = document.querySelector('#graph-canvas'), r = c.getBoundingClientRect();
+        if (!n.widgets.some(v => v.y)) app.canvas.draw(true, true);  // a node never drawn: lay its widgets out
+        const gx = n.pos[0] + n.size[0] / 2;
+        const gy = n.pos[1] + w.y + (w.computedHeight || LiteGraph.NODE_WIDGET_HEIGHT) / 2;
+        let x = r.x + (gx + ds.offset[0]) * ds.scale, y = r.y + (gy + ds.offset[1]) * ds.scale;
+        if (ds.scale < 0.3 || document.elementFromPoint(x, y) !== c) {{
+            ds.scale = 1; ds.offset[0] = r.width / 2 - gx; ds.offset[1] = r.height / 2 - gy;
+            app.canvas.setDirty(true, true);
+            x = r.x + r.width / 2; y = r.y + r.height / 2;
+        }}
+        return [x, y];
     }})()""")
 
 
@@ -293,14 +302,16 @@ def click_run(b) -> None:
     b.click(*center)
 
 
-def wait_history(server, before: set, timeout: float = 300.0) -> dict:
+def run_from_the_run_button(b, server, timeout: float = 300.0) -> dict:
+    """Click **Run** and wait for the prompt it queued; its history entry."""
+    before = set(server.get("/history"))
+    click_run(b)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        hist = server.get("/history")
-        new = [k for k in hist if k not in before]
+        new = [k for k in server.get("/history") if k not in before]
         if new:
             return server.wait(new[0], timeout=max(1.0, deadline - time.monotonic()))
-        time.sleep(0.25)
+        time.sleep(0.1)
     raise TimeoutError(f"the Run button queued nothing within {timeout} s; log:\n{server.log_tail()}")
 
 
@@ -376,7 +387,7 @@ def test_stepped_int_widgets_hold_only_valid_values_as_typed(server, page):
             if s["type"] == "INT" and s["widget"] and (s["opts"].get("step") or 1) > 1:
                 cases.append((node_id, name, s["opts"]["min"], s["opts"]["max"], s["opts"]["step"]))
     assert len(cases) >= 8, cases
-    for k, (node_id, name, lo, hi, step) in enumerate(cases):
+    for node_id, name, lo, hi, step in cases:
         nid = b.eval(f"""(() => {{ const n = LiteGraph.createNode({json.dumps(node_id)}); n.pos = [100, 100];
             app.graph.add(n); return n.id; }})()""")
         typed = {lo: lo, lo + 2 * step - 1: lo + 2 * step, lo + 3 * step + 1: lo + 3 * step, hi - step: hi - step,
@@ -385,6 +396,38 @@ def test_stepped_int_widgets_hold_only_valid_values_as_typed(server, page):
             held = type_into_widget(b, nid, name, str(text))
             assert held == want, f"{node_id}.{name}: typed {text}, the widget holds {held} (want {want})"
         b.eval(f"app.graph.remove({node_js(nid)}); true")
+
+
+def test_stepped_int_widgets_in_nodes_2_0(server, page):
+    """The same typing in "Nodes 2.0" (``Comfy.VueNodes.Enabled``: nodes drawn as HTML, a number is a text box):
+    click the box, Ctrl+A, type, Tab; the widget holds the snapped valid value."""
+    b = page
+    b.eval("app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true)")
+    try:
+        b.eval("app.graph.clear(); true")
+        nid = b.eval("""(() => { const n = LiteGraph.createNode('Cosmos3LongVideo'); n.pos = [100, 100];
+            app.graph.add(n); return String(n.id); })()""")
+        box = ("[...document.querySelectorAll('[data-node-id=\"%s\"] input')].find(i => { let e = i;"
+               " for (let k = 0; k < 8 && e; k++, e = e.parentElement) if ((e.textContent || '').trim()"
+               ".startsWith(%s)) return true; return false; })")
+        b.wait_for(box % (nid, json.dumps("num_frames")), timeout=15, what="the Nodes 2.0 text box of num_frames")
+        for name, text, want in (("num_frames", "16", 17), ("num_frames", "720", 721), ("num_frames", "3", 5),
+                                 ("num_frames", "99999", 14401), ("frames_per_chunk", "8", 9), ("width", "500", 496)):
+            x, y = b.eval(f"(() => {{ const r = {box % (nid, json.dumps(name))}.getBoundingClientRect();"
+                          f" return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+            b.click(x, y)
+            b.replace_text(text, enter=False)
+            b.key("Tab", "Tab", 9)
+            try:
+                b.wait_for(f"{node_js(nid)}.widgets.find(w => w.name === {json.dumps(name)}).value === {want}",
+                           timeout=5)
+            except TimeoutError:
+                pytest.fail(f"Nodes 2.0: typed {text} into {name}, the widget holds {widget_value(b, nid, name)} "
+                            f"(want {want})")
+    finally:
+        b.eval("app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false)")
+        b.eval("app.graph.clear(); true")
+        b.pump(0.5)
 
 
 @pytest.mark.parametrize("mode", ALL_WORKFLOWS)
@@ -436,9 +479,7 @@ def test_workflow_typed_on_canvas_runs_from_the_run_button(server, page, tmp_pat
         held = type_into_widget(b, nid, name, str(value))
         assert held == value, f"{mode}: typed {value} into {types[nid]}.{name}, it holds {held}"
 
-    before = set(server.get("/history"))
-    click_run(b)
-    entry = wait_history(server, before)
+    entry = run_from_the_run_button(b, server)
     status = entry.get("status") or {}
     b.key(".", "Period", 190)  # fit view, for the screenshot
     b.pump(0.2)
@@ -482,7 +523,8 @@ def test_templates_dialog_cards_show_the_thumbnails(server, page):
     b.wait_for(f"{cards}.length === {len(titles)}", timeout=30, what=f"{len(titles)} cards in the pack's category")
     names = b.eval(f"{cards}.map(c => c.getAttribute('data-testid').slice('template-workflow-'.length))")
     assert sorted(names) == titles, names
-    card = "(() => {{ const c = {cards}[{i}], im = c.querySelector('img'), h = c.querySelector('h3'); return {what}; }})()"
+    card = ("(() => {{ const c = {cards}[{i}], im = c.querySelector('img'), h = c.querySelector('h3'); "
+            "return {what}; }})()")
     loaded = {}
     for i in range(len(titles)):
         b.eval(f"{cards}[{i}].scrollIntoView({{block: 'center'}}); true")

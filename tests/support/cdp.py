@@ -214,11 +214,16 @@ class Browser:
             self.call("Input.dispatchKeyEvent", type=kind, key=key, code=code, windowsVirtualKeyCode=key_code)
 
     def replace_text(self, text: str, enter: bool = True) -> None:
-        """What a user does in a focused text box: select all (Ctrl+A), type ``text``, press Enter."""
+        """What a user does in a focused text box: select all (Ctrl+A), type ``text`` key by key, press Enter."""
         self.call("Input.dispatchKeyEvent", type="keyDown", key="a", code="KeyA", windowsVirtualKeyCode=65,
                   modifiers=2, commands=["selectAll"])
         self.call("Input.dispatchKeyEvent", type="keyUp", key="a", code="KeyA", windowsVirtualKeyCode=65, modifiers=2)
-        self.call("Input.insertText", text=text)
+        for ch in text:  # one key press per character (what input widgets that filter keys, e.g. PrimeVue's, see)
+            code = f"Digit{ch}" if ch.isdigit() else (f"Key{ch.upper()}" if ch.isalpha() else "")
+            self.call("Input.dispatchKeyEvent", type="keyDown", key=ch, code=code, text=ch, unmodifiedText=ch,
+                      windowsVirtualKeyCode=ord(ch.upper()) if ch.isalnum() else 0)
+            self.call("Input.dispatchKeyEvent", type="keyUp", key=ch, code=code,
+                      windowsVirtualKeyCode=ord(ch.upper()) if ch.isalnum() else 0)
         if enter:
             self.call("Input.dispatchKeyEvent", type="keyDown", key="Enter", code="Enter", windowsVirtualKeyCode=13,
                       text="\r")
