@@ -126,7 +126,10 @@ def test_emulation_equals_torch_scaled_mm_on_cpu(pair):
         want = torch._scaled_mm(x8, ours.weight.t(), scale_a=ours.input_scale, scale_b=ours.w8a8_weight_scale,
                                 bias=bias, out_dtype=out_dtype)
         got = emulated_scaled_mm(x8, ours.weight.t(), ours.input_scale, ours.w8a8_weight_scale, bias, out_dtype)
-        assert rel(got, want) <= 2e-6 if out_dtype == torch.float32 else torch.equal(got, want)
+        if out_dtype == torch.float32:
+            assert rel(got, want) <= 2e-6
+        else:  # bf16 out: the CPU kernel's accumulation order (oneDNN, ISA-dependent) may flip a last bit
+            assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=0), (got.float() - want.float()).abs().max()
 
 
 def test_w8a8_equals_the_restored_module_on_cpu(pair):
