@@ -129,7 +129,8 @@ def test_emulation_equals_torch_scaled_mm_on_cpu(pair):
         if out_dtype == torch.float32:
             assert rel(got, want) <= 2e-6
         else:  # bf16 out: the CPU kernel's accumulation order (oneDNN, ISA-dependent) may flip a last bit
-            assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=0), (got.float() - want.float()).abs().max()
+            diff = (got.float() - want.float()).abs().max()
+            assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=0), diff
 
 
 def test_w8a8_equals_the_restored_module_on_cpu(pair):
