@@ -46,9 +46,9 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
             inputs=[
                 Cosmos3Model.Input("model", tooltip="The checkpoint from Load Cosmos3 Checkpoint (its VAE encodes)."),
                 io.Image.Input("image", tooltip="One frame (image-to-video) or a batch of frames (video-to-video)."),
-                io.Int.Input("width", default=1280, min=16, max=4096, step=16,
+                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
                              tooltip="Must equal Cosmos3TextEncode's width."),
-                io.Int.Input("height", default=720, min=16, max=4096, step=16,
+                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
                              tooltip="Must equal Cosmos3TextEncode's height."),
                 io.Combo.Input("keep", options=["first", "last"], default="first",
                                tooltip="Video-to-video: condition on the start or the end of the input clip."),
