@@ -43,8 +43,7 @@ def archive_files() -> set[str]:
 
 
 def test_archive_keeps_the_pack_and_leaves_out_development_files(archive_files):
-    pack = {p.relative_to(ROOT).as_posix() for d in ("cosmos3_core", "nodes", "example_workflows")
-            for p in (ROOT / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    pack = {p for p in _git_files() if p.startswith(("cosmos3_core/", "nodes/", "example_workflows/"))}
     needed = pack | {"__init__.py", "pyproject.toml", "requirements.txt", "LICENSE", "README.md", "BENCHMARKS.md",
                      "tests/run.sh"}
     assert not sorted(needed - archive_files), "the registry archive would miss these"
