@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (COND_TOKENS, LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, UNCOND_TOKENS, build_models,  # noqa: E402
                     build_tiny_ours, compile_stats, fresh_processes, gib, make_components, reference_inputs,
                     step_flops, sync, timed)
+from cosmos3_core import api  # noqa: E402
 
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
 SKIP_REFERENCE = False  # --skip-reference: time ours only (diffusers' numbers taken from an earlier run)
@@ -272,7 +273,7 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     torch.cuda.reset_peak_memory_stats()
     t1 = time.perf_counter()
     if options.compiles:  # warm the compiled layer and VAE decoder up; one-offs per shape, reported apart from the total
-        warm = pipe.sample(text, options=options, steps=1, **sampling)
+        warm = pipe.run(api.plan(pipe, text, options=options, steps=1, **sampling))
         sync()
     stages["compile_warmup_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -282,7 +283,7 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
         del warm
     stages["vae_compile_warmup_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    out = pipe.sample(text, options=options, steps=35, **sampling)
+    out = pipe.run(api.plan(pipe, text, options=options, steps=35, **sampling))
     sync()
     stages["denoise_35_steps_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -320,10 +321,10 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
     options = RuntimeOptions(compile=True)
     pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
     text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0, options=options)
-    run = lambda: pipe.sample(text, options=options, seed=0, steps=35, guidance=6.0, sound=sound)  # noqa: E731
+    run = lambda: pipe.run(api.plan(pipe, text, options=options, seed=0, steps=35, guidance=6.0, sound=sound))  # noqa: E731
     run()  # compile + warm-up
     row = dict(loop_step_ms=round(timed(run, warmup=0, iters=2) * 1e3 / 35, 2))
-    plan = pipe.plan(text, seed=0, steps=35, guidance=6.0, sound=sound, options=options)
+    plan = api.plan(pipe, text, seed=0, steps=35, guidance=6.0, sound=sound, options=options)
     g = plan.guidance[0]
     x = {s.name: s.init for s in plan.streams}
     step = lambda: ours.denoise_step(x["vision"], plan.timesteps[0].to("cuda"), g.text, g.layout,  # noqa: E731

@@ -64,7 +64,8 @@ def load_pipeline(tiny: bool, device: str, tmp: Path):
 def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str, out_dir: Path) -> dict:
     from cosmos3_core.media import VideoWriter, probe_media
     from cosmos3_core.modes.long_video import generate_long
-    from cosmos3_core.request import Request, resolve
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
     from cosmos3_core.runtime import RuntimeOptions
 
     h, w, total, chunk = shape

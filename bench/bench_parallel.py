@@ -77,7 +77,9 @@ def main() -> None:
 
     from cosmos3_core.parallel.mesh import init_parallel
     from cosmos3_core.parallel.run import generate
-    from cosmos3_core.request import Request, replace, resolve
+    from cosmos3_core.request import Request
+    from dataclasses import replace
+    from cosmos3_core.resolve import resolve
     from cosmos3_core.runtime import RuntimeOptions
 
     heads = (4, 2) if args.tiny else (32, 8)

@@ -9,7 +9,7 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.request import check_options
+from ..cosmos3_core.checks import check_options
 from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model, Cosmos3Sound, compile_input

@@ -16,7 +16,9 @@ from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
 from ..cosmos3_core.modes import action as action_mode
-from ..cosmos3_core.request import check_options
+from ..cosmos3_core.checks import check_options
+from ..cosmos3_core.request import SamplingRequest
+from ..cosmos3_core.resolve import resolve_sampler
 from ..cosmos3_core.runtime import RuntimeOptions
 from ..cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from .action import ActionVectors
@@ -97,37 +99,19 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 mixed_precision_format: str = "auto") -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
-        x0, clean = None, []
         with node_errors(who):
             options = RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type)
             check_options(options)
-            if condition is not None:
-                if (condition.height, condition.width) != (text.height, text.width):
-                    raise ValueError(
-                        f"condition was encoded at {condition.width}x{condition.height} but the text describes "
-                        f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode "
-                        "(Condition) and Cosmos3 Text Encode."
-                    )
-                made_for = getattr(condition, "num_frames", None)  # keyframes: made for one clip length
-                if made_for is not None and made_for != text.num_frames:
-                    raise ValueError(
-                        f"condition was made for num_frames={made_for} (its last keyframe is latent frame "
-                        f"{max(condition.clean_frames)}) but the text describes num_frames={text.num_frames}; set "
-                        "the same num_frames on Cosmos3 First/Last Frame and Cosmos3 Text Encode."
-                    )
-                x0, clean = condition.x0, condition.clean_frames
-            if action is not None and condition is not None:
-                raise ValueError("both a condition and an action are connected; an action mode brings its own "
-                                 "frames (Cosmos3 Action Condition) — disconnect the condition.")
-            sampling = dict(seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-                            batch_size=batch_size,
-                            **fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format))
+            asked = SamplingRequest(seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None,
+                                    sound=sound, batch_size=batch_size,
+                                    **fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format))
+            sampling = resolve_sampler(pipe.info, text, asked, condition=condition, action=action)
             if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
-                plan = action_mode.plan(pipe, text, action, device=model.generation_device, options=options,
-                                        **sampling)
+                plan = action_mode.plan(pipe, text, action, sampling, device=model.generation_device, options=options)
             else:
-                plan = pipe.plan(text, x0=x0, clean_frames=clean, device=model.generation_device, options=options,
-                                 **sampling)
+                x0, clean = (None, ()) if condition is None else (condition.x0, condition.clean_frames)
+                plan = pipe.plan(text, sampling, x0=x0, clean_frames=clean, device=model.generation_device,
+                                 options=options)
         model.load_generation_tower(plan.memory_required)
 
         bar = comfy.utils.ProgressBar(plan.steps)
@@ -137,7 +121,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             bar.update_absolute(step, total, preview(x0_pred) if preview else None)
 
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
-        denoiser = model.branch_denoiser() if cfg != 1.0 else None
+        denoiser = model.branch_denoiser() if sampling.use_cfg else None
         with node_errors(who):  # SeaCache with the two-GPU guidance split, a failed compile: one message
             result = pipe.run(plan, callback=on_step, denoiser=denoiser)
         out = mm.intermediate_device()

@@ -28,9 +28,11 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     CosmosActionCondition,
 )
 
+from cosmos3_core import api
 from cosmos3_core.modes import action as act
-from cosmos3_core.modes.action import ActionRequest, action_prompt_ids, encode_action_condition
-from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.request import ActionRequest
+from cosmos3_core.modes.action import action_prompt_ids, encode_action_condition
+from cosmos3_core.api import generate
 from cosmos3_core.request import Request
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from support.compare import rel
@@ -237,7 +239,7 @@ def test_plain_text_encode_is_refused_for_an_action_run(ours):
     h, w = cond.output_size
     plain = ours.encode_text(PROMPT, "", num_frames=CHUNK + 1, height=h, width=w, fps=5.0)
     with pytest.raises(ValueError, match="^the text was not encoded for this action condition"):
-        act.plan(ours, plain, cond)
+        api.plan(ours, plain, action=cond)
 
 
 def test_action_files_round_trip(tmp_path):

@@ -21,6 +21,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditi
 
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.sampling.conditioning import encode_keyframes, keyframe_indexes
+from cosmos3_core import api
 from support.compare import rel
 
 H, W, STEPS, SEED, SHIFT = 64, 96, 3, 4321, 3.0
@@ -95,7 +96,7 @@ def test_final_latents_match_reference(ours, reference, case):
     ).video
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=num_frames, height=H, width=W, fps=24.0)
     x0, clean = encode_keyframes(ours.vae, images, indexes, num_frames=num_frames, height=H, width=W)
-    plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=SHIFT, x0=x0,
+    plan = api.plan(ours, text, seed=SEED, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=SHIFT, x0=x0,
                      clean_frames=clean)
     out = ours.run(plan).latents
     assert out.shape == ref.shape

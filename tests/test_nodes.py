@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from support import comfy_host
+from cosmos3_core import api
 from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
                             TINY_NANO_VLM, check_outputs, load_api, nodes_of, output_files, prepared_executor,
                             shrink_api, tiny_checkpoint_for)
@@ -448,13 +449,13 @@ def test_partially_loaded_generation_tower_streams_weights_and_matches(host):
     handle = loader.execute(checkpoint=TINY_NANO, dtype="fp32", device="default").args[0]
     pipe = handle.pipeline
     text = pipe.encode_text("a red robot", None, num_frames=9, height=64, width=96, fps=24.0)
-    full = pipe.sample(text, seed=3, steps=2)
+    full = pipe.run(api.plan(pipe, text, seed=3, steps=2))
     patcher = handle.generation_patcher
     patcher.patch_model(device_to=patcher.load_device, lowvram_model_memory=1, load_weights=True)
     try:
         streamed = [m for m in patcher.model.modules() if getattr(m, "comfy_cast_weights", False)]
         assert len(streamed) >= 10  # the big linears were left to stream
-        partial = pipe.sample(text, seed=3, steps=2)
+        partial = pipe.run(api.plan(pipe, text, seed=3, steps=2))
     finally:
         patcher.unpatch_model(patcher.offload_device)
     assert torch.allclose(partial.latents, full.latents, rtol=1e-5, atol=1e-6)

@@ -17,11 +17,12 @@ from diffusers import SeaCacheConfig as RefConfig, UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos.modular_blocks_cosmos3 import Cosmos3OmniBlocks
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
-from cosmos3_core.modes.action import ActionRequest
-from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.request import ActionRequest
+from cosmos3_core.api import generate
 from cosmos3_core.modes.long_video import generate_long
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
+from cosmos3_core.request import Request
+from cosmos3_core.resolve import resolve
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from support.compare import rel
 from test_transfer_parity import H, NEGATIVE, PROMPT, SEED, SHIFT, checkpoint, control_clip, ours, reference  # noqa: F401

@@ -15,7 +15,7 @@ import math
 import sys
 
 from ..config import DTYPES
-from ..request import check_options
+from ..checks import check_options
 from . import common
 
 

@@ -24,6 +24,7 @@ from ..config import Cosmos3Config
 from ..kernels.gemv import gemv
 from ..kernels.packed import LayerWeights
 from .fp8 import run_linear
+from .precision import StepPrecision
 
 _NO_WEIGHTS = LayerWeights()
 
@@ -76,7 +77,7 @@ class MLP(nn.Module):
         self.up_proj = linear(d, f, bias=False)
         self.down_proj = linear(f, d, bias=False)
 
-    def forward(self, x: torch.Tensor, weights: LayerWeights | None = None, precision: str | None = None
+    def forward(self, x: torch.Tensor, weights: LayerWeights | None = None, precision: StepPrecision | None = None
                 ) -> torch.Tensor:
         """``weights`` (a one-row decode step, packed.py): ``gate_up`` (``gate_proj`` and ``up_proj`` packed as one
         matrix), ``up`` and ``down`` read by one GEMV each (gemv.py); a None entry runs its module. ``precision``:
@@ -93,7 +94,7 @@ class MLP(nn.Module):
 
 
 def project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None, route: str = "auto",
-            precision: str | None = None) -> torch.Tensor:
+            precision: StepPrecision | None = None) -> torch.Tensor:
     """``module(x)`` (in the step's FP8 mode, ``fp8.run_linear``), or one GEMV over ``weight`` (the module's own
     plain weight, packed.py) on ``route`` where one is given."""
     return run_linear(module, x, precision) if weight is None else gemv(x, weight, route)

@@ -322,3 +322,22 @@ def encode_keyframes(vae, images: Sequence, frame_indexes: Sequence[int] | None 
     x0 = torch.zeros(vae.latent_shape(num_frames, height, width), dtype=torch.float32, device=lat.device)
     x0[:, :, indexes] = lat[:, :, indexes]
     return x0, indexes
+
+
+def clip_frame_size(clip) -> tuple[int, int]:
+    """``(H, W)`` of a clip as ``preprocess_video`` reads it (PIL list, channel-last or ``[F, 3, H, W]`` array)."""
+    if isinstance(clip, (list, tuple)):
+        return clip[0].size[1], clip[0].size[0]
+    channel_last = clip.shape[-1] == 3 or clip.shape[-3] != 3
+    return (clip.shape[-3], clip.shape[-2]) if channel_last else (clip.shape[-2], clip.shape[-1])
+
+
+def image_as_clip(image):
+    """One image as a one-frame clip in a layout ``preprocess_video`` reads."""
+    if isinstance(image, (np.ndarray, torch.Tensor)):
+        if image.ndim == 3:
+            return image[None]
+        if image.ndim == 4 and image.shape[0] == 1:
+            return image
+        raise ValueError(f"image has shape {tuple(image.shape)}; pass one frame [H, W, 3] (or [1, H, W, 3]).")
+    return [image]  # PIL
