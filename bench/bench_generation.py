@@ -53,9 +53,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (COND_TOKENS, LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, UNCOND_TOKENS, build_models,  # noqa: E402
-                    build_tiny_ours, compile_stats, fresh_processes, gib, make_components, reference_inputs,
-                    step_flops, sync, timed)
+from common import (  # noqa: E402
+    COND_TOKENS,
+    LONG_PROMPT,
+    RESOLUTIONS,
+    TINY_RESOLUTIONS,
+    UNCOND_TOKENS,
+    build_models,
+    build_tiny_ours,
+    compile_stats,
+    fresh_processes,
+    gib,
+    make_components,
+    reference_inputs,
+    step_flops,
+    sync,
+    timed,
+)
 from cosmos3_core import api  # noqa: E402
 
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
@@ -251,8 +265,8 @@ def best_route(results: dict, name: str):
 
 def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict, device: str) -> None:
     """One warm run per stage with one ``RuntimeOptions`` (see the module docstring); both towers stay resident."""
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
@@ -311,9 +325,9 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
     step timed alone on the plan's own layout, and the GPU's busy time per step in the loop (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.runtime import RuntimeOptions
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]

@@ -51,9 +51,8 @@ def load_pipeline(tiny: bool, device: str, tmp: Path):
         path = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=True, seed=0)
         return Cosmos3Pipeline.load(path, dtype=torch.float32, device=device)
     from common import build_models, make_components
-
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     _, ours = build_models(device)

@@ -72,14 +72,13 @@ def import_pack():
 def random_nano_pipeline(files: Path, linear):
     """Full-size Nano with seeded random bf16 weights on the CPU (ComfyUI's offload device), built with ComfyUI's
     Linear like the loader node does, plus a random Wan2.2 VAE and the AVAE sound decoder."""
-    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
-
-    from cosmos3_pack.cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_pack.cosmos3_core.config import Cosmos3Config
+    from cosmos3_pack.cosmos3_core.model.transformer import Cosmos3Transformer
     from cosmos3_pack.cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_pack.cosmos3_core.sampling.prompt import load_tokenizer
-    from cosmos3_pack.cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_pack.cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_pack.cosmos3_core.vae.video import Cosmos3VAE
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):

@@ -65,13 +65,13 @@ def device_sync(device: str) -> None:
 
 def action_full_pipeline(device: str, tmp: Path):
     """Nano-size random-weight pipeline on ``device`` (bf16), reusing common.py's builders."""
-    from common import make_components
     from diffusers import Cosmos3OmniTransformer
 
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
+    from common import make_components
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     with torch.device("meta"):
@@ -100,9 +100,9 @@ def action_tiny_pipeline(tmp: Path):
 def action_run(pipe, args, device: str) -> dict:
     from cosmos3_core import defaults
     from cosmos3_core.modes import action as act
+    from cosmos3_core.modes.action import EMBODIMENT_TO_RAW_ACTION_DIM
     from cosmos3_core.request import ActionRequest
     from cosmos3_core.runtime import RuntimeOptions
-    from cosmos3_core.modes.action import EMBODIMENT_TO_RAW_ACTION_DIM
 
     h, w = (int(v) for v in args.input.split("x"))
     rng = np.random.default_rng(0)
@@ -154,8 +154,8 @@ def action_run(pipe, args, device: str) -> dict:
 
 
 def action_main(argv: list[str]) -> None:
-    from cosmos3_core.modes import action as act
     from cosmos3_core import defaults
+    from cosmos3_core.modes import action as act
 
     p = argparse.ArgumentParser(prog="bench_modes.py action", description="One action-mode generation end to end, per stage.")
     p.add_argument("--out", required=True, help="results JSON")
@@ -201,10 +201,10 @@ def distilled_pipeline(tmp: Path, device: str, tiny: bool):
     from diffusers import AutoencoderKLWan
 
     from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.model.transformer import Cosmos3Transformer
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.sampling.prompt import load_tokenizer
     from cosmos3_core.testing.tiny import build_tiny_checkpoint
-    from cosmos3_core.model.transformer import Cosmos3Transformer
     from cosmos3_core.vae.video import Cosmos3VAE
 
     files = build_tiny_checkpoint(tmp / "files", variant="super", seed=0, distilled=True)
@@ -324,7 +324,6 @@ def batch_main(argv: list[str]) -> None:
         shapes = {"tiny": (64, 96, 9)}
     else:
         from common import COND_TOKENS, LONG_PROMPT, build_models, make_components  # noqa: F401
-
         from cosmos3_core.vae.audio import Cosmos3SoundDecoder
         from cosmos3_core.vae.video import Cosmos3VAE
 

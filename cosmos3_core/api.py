@@ -1,12 +1,14 @@
 """The library's front door: ``generate`` runs a whole ``Request`` (resolve once, then its mode), and ``plan``
 builds one run's plan from sampling arguments (resolve the sampler's stage, then ``Cosmos3Pipeline.plan``).
 
-| mode       | asks for                                                         | runs                              |
-|------------|------------------------------------------------------------------|-----------------------------------|
-| ``clip``     | text/image/video → an image or one clip (≤ 189 frames)           | ``modes.clip.generate_clip``        |
-| ``windows``  | a video past one clip (``num_frames`` > 189 or frames_per_chunk) | ``modes.long_video.generate_long``  |
-| ``transfer`` | a video steered by control videos (edge/blur/depth/seg/wsm)      | ``modes.long_video.generate_long``  |
-| ``action``   | policy / forward dynamics / inverse dynamics (``ActionRequest``) | ``modes.action.generate_action``    |
+| mode         | asks for                                                         | runs                        |
+|--------------|------------------------------------------------------------------|-----------------------------|
+| ``clip``     | text/image/video → an image or one clip (≤ 189 frames)           | ``clip.generate_clip``      |
+| ``windows``  | a video past one clip (``num_frames`` > 189 or frames_per_chunk) | ``long_video.generate_long``|
+| ``transfer`` | a video steered by control videos (edge/blur/depth/seg/wsm)      | ``long_video.generate_long``|
+| ``action``   | policy / forward dynamics / inverse dynamics (``ActionRequest``) | ``action.generate_action``  |
+
+(the runners live in ``modes/``)
 
 ``generate`` returns a ``GenerationOutput``; a windowed or Transfer video is collected whole in memory there
 (``FrameCollector``) — stream it to a file with ``generate_long`` and a sink instead (what the CLI and the ComfyUI
@@ -18,16 +20,16 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Callable
 
-from .pipeline import Cosmos3Pipeline, GenerationOutput
-from .request import ConditionLatents, Request, Resolved, SamplingRequest
-from .resolve import resolve, resolve_sampler
-from .runtime import DEFAULT, RuntimeOptions
-from .sampling.plan import SamplePlan
 from .modes.action import ActionCondition, generate_action
 from .modes.action import plan as action_plan
 from .modes.clip import generate_clip
 from .modes.long_video import generate_long
 from .modes.stream_decode import FrameCollector
+from .pipeline import Cosmos3Pipeline, GenerationOutput
+from .request import ConditionLatents, Request, Resolved, SamplingRequest
+from .resolve import resolve, resolve_sampler
+from .runtime import DEFAULT, RuntimeOptions
+from .sampling.plan import SamplePlan
 
 __all__ = ["GENERATORS", "generate", "plan"]
 

@@ -117,7 +117,8 @@ CONTROL_GUIDANCE = 1.0  # control_guidance of the modular Transfer pipeline (1: 
 
 
 # ---------------------------------------------------------------------------------------------- action modes
-# The reference tables of the action (world-model) modes: diffusers 0.42.1 ``pipelines/cosmos/pipeline_cosmos3_omni.py``.
+# The reference tables of the action (world-model) modes: diffusers 0.42.1
+# ``pipelines/cosmos/pipeline_cosmos3_omni.py``.
 ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 # diffusers 0.42.1 pipeline_cosmos3_omni.py ``_ACTION_RESOLUTION_BINS``: per tier, aspect ratio (h/w) → canvas (h, w).
 RESOLUTION_BINS: dict[int, dict[str, tuple[int, int]]] = {
@@ -133,7 +134,8 @@ RESOLUTION_BINS: dict[int, dict[str, tuple[int, int]]] = {
 # ``_ACTION_VIEWPOINT_TEMPLATES``: the trained framing sentences of the caption's ``cinematography.framing``.
 VIEWPOINT_FRAMING = {
     "ego_view": "This video is captured from a first-person perspective looking at the scene.",
-    "third_person_view": "This video is captured from a third-person perspective looking towards the agent from the front.",
+    "third_person_view": ("This video is captured from a third-person perspective looking towards the agent from the "
+                          "front."),
     "wrist_view": "This video is captured from a wrist-mounted camera.",
     "concat_view": "This video contains concatenated views from multiple camera perspectives.",
 }
@@ -153,4 +155,5 @@ EMBODIMENT_TO_RAW_ACTION_DIM = {
 DOMAINS = tuple(sorted(EMBODIMENT_TO_RAW_ACTION_DIM))  # the embodiments action inference supports
 RESOLUTION_TIERS = tuple(RESOLUTION_BINS)
 VIEW_POINTS = tuple(VIEWPOINT_FRAMING)
-ACTION_ASPECT_RATIOS = ("1,1", "4,3", "3,4", "16,9", "9,16")  # the caption's aspect_ratio labels, in the reference's order
+# the caption's aspect_ratio labels, in the reference's order
+ACTION_ASPECT_RATIOS = ("1,1", "4,3", "3,4", "16,9", "9,16")

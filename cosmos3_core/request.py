@@ -298,5 +298,5 @@ def _read_model_index(root: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-__all__ = ["ActionRequest", "CheckpointInfo", "ConditionLatents", "MODES", "Request", "Resolved", "Sampling", "SamplingRequest",
-           "WindowGeometry"]
+__all__ = ["ActionRequest", "CheckpointInfo", "ConditionLatents", "MODES", "Request", "Resolved", "Sampling",
+           "SamplingRequest", "WindowGeometry"]

@@ -35,14 +35,22 @@ from typing import Any, Sequence
 import torch
 
 from . import defaults
-from .checks import (check_action_request, check_clip, check_fps, check_negative_prompt, check_options, check_prompt,
-                     check_sampling, pair, window_geometry)
+from .checks import (
+    check_action_request,
+    check_clip,
+    check_fps,
+    check_negative_prompt,
+    check_options,
+    check_prompt,
+    check_sampling,
+    pair,
+    window_geometry,
+)
 from .model.fp8 import asked_fp8, check_fp8_compute, run_policy
 from .model.text_kv import TextConditioning
 from .modes.action import ActionCondition
 from .modes.transfer import prepare_controls
-from .request import (ActionRequest, CheckpointInfo, ConditionLatents, Request, Resolved, Sampling,
-                      SamplingRequest)
+from .request import ActionRequest, CheckpointInfo, ConditionLatents, Request, Resolved, Sampling, SamplingRequest
 from .sampling.sea_cache import check_sea_cache
 
 __all__ = ["checkpoint_recipe", "request_mode", "resolve", "resolve_action", "resolve_clip", "resolve_sampler",

@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
 import comfy.model_management as mm
 import folder_paths
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults

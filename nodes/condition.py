@@ -11,11 +11,8 @@ checks it; wire both from the same primitive to keep one source of truth).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
 import comfy.model_management as mm
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 import comfy.model_management as mm
 import comfy.utils
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.modes import action as action_mode
 from ..cosmos3_core.checks import check_options
+from ..cosmos3_core.modes import action as action_mode
 from ..cosmos3_core.request import SamplingRequest
 from ..cosmos3_core.resolve import resolve_sampler
 from ..cosmos3_core.runtime import RuntimeOptions
@@ -24,8 +23,18 @@ from ..cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from .action import ActionVectors
 from .errors import node_errors
 from .preview import make_previewer
-from .types import (CATEGORY, Cosmos3Action, compile_input, Cosmos3Actions, Cosmos3Condition, Cosmos3Model,
-                    Cosmos3Sound, Cosmos3Text, fast_mode_inputs, fast_mode_sampling)
+from .types import (
+    CATEGORY,
+    Cosmos3Action,
+    Cosmos3Actions,
+    Cosmos3Condition,
+    Cosmos3Model,
+    Cosmos3Sound,
+    Cosmos3Text,
+    compile_input,
+    fast_mode_inputs,
+    fast_mode_sampling,
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +60,8 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
                              tooltip="Noise seed; the same seed and settings give the same result."),
                 io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
-                             tooltip=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images. A distilled "
-                                     "(*-4Step) checkpoint fixes it: its schedule's length (4)."),
+                             tooltip=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images. A "
+                                     "distilled (*-4Step) checkpoint fixes it: its schedule's length (4)."),
                 io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
                                round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only. A distilled "
                                                      "(*-4Step) checkpoint fixes it at 1 (guidance is baked in)."),
@@ -64,8 +73,9 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                                        "flow_shift) for a distilled checkpoint: its schedule is fixed."),
                 io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
                 Cosmos3Condition.Input("condition", optional=True,
-                                       tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition), "
-                                               "or first/last frame and keyframes from Cosmos3 First/Last Frame."),
+                                       tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode "
+                                               "(Condition), or first/last frame and keyframes from Cosmos3 "
+                                               "First/Last Frame."),
                 compile_input("the generation layer, which auto compiles too (~1.3x faster per step after a "
                               "one-off compile per new size), and the VAE decoder, which auto runs compiled only "
                               "from graphs already on disk"),

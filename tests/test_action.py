@@ -16,8 +16,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from diffusers import UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos.modular_blocks_cosmos3 import Cosmos3OmniBlocks
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
@@ -27,14 +25,14 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     _EMBODIMENT_TO_RAW_ACTION_DIM,
     CosmosActionCondition,
 )
+from PIL import Image
 
 from cosmos3_core import api
-from cosmos3_core.modes import action as act
-from cosmos3_core.request import ActionRequest
-from cosmos3_core.modes.action import action_prompt_ids, encode_action_condition
 from cosmos3_core.api import generate
-from cosmos3_core.request import Request
+from cosmos3_core.modes import action as act
+from cosmos3_core.modes.action import action_prompt_ids, encode_action_condition
 from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import ActionRequest, Request
 from support.compare import rel
 
 PROMPT = "robot arm picks up the red cup"

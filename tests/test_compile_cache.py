@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cosmos3_core import api
 
 needs_cpu_inductor = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,

@@ -14,9 +14,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from diffusers import ModularPipeline
+from PIL import Image
 
 from cosmos3_core import api
 from cosmos3_core.config import CheckpointError

@@ -22,18 +22,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_bad_input import FAST, one_error
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.cli import main as generate_cli
 from cosmos3_core.model.lora import linear_shapes, merge_lora, read_lora
-from cosmos3_core.api import generate
-from cosmos3_core import api
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from cosmos3_core.resolve import resolve
 from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from cosmos3_core.testing.fp8 import build_fp8_checkpoint
-from test_bad_input import FAST, one_error
 
 F, H, W = 5, 32, 32
 EMULATE = RuntimeOptions(fp8_gemm="emulate", compile="off")

@@ -20,9 +20,9 @@ import warnings
 import pytest
 import torch
 
-from cosmos3_core.model.fp8 import Fp8Linear, emulated_scaled_mm, fp8_gemm_available, quantize_activation
-from cosmos3_core.api import generate
 from cosmos3_core import api
+from cosmos3_core.api import generate
+from cosmos3_core.model.fp8 import Fp8Linear, emulated_scaled_mm, fp8_gemm_available, quantize_activation
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from cosmos3_core.resolve import resolve

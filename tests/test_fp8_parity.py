@@ -33,13 +33,12 @@ import warnings
 
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.model.fp8 import Fp8Linear
 from cosmos3_core.model.precision import StepPrecision
-from cosmos3_core.api import generate
-from cosmos3_core import api
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from cosmos3_core.resolve import resolve

@@ -9,13 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from PIL import Image
 
-from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
-
-from cosmos3_core.model.layout import select_branch
-from cosmos3_core.api import generate
 from cosmos3_core import api
+from cosmos3_core.api import generate
+from cosmos3_core.model.layout import select_branch
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from support.compare import rel
@@ -74,7 +73,7 @@ def run_both(ours, reference, mode, schedule, output_type="latent"):
         fps=24.0, num_inference_steps=STEPS, guidance_scale=6.0, enable_sound=sound,
         generator=torch.Generator("cpu").manual_seed(SEED), output_type=output_type,
     )
-    out = generate(ours, 
+    out = generate(ours,
         Request(
             prompt=PROMPT, negative_prompt=NEGATIVE, image=image, video=video, num_frames=frames, height=H,
             width=W, fps=24.0, steps=STEPS, guidance=6.0, seed=SEED, schedule=schedule, shift=shift, sound=sound,
@@ -160,7 +159,7 @@ def test_guidance_one_runs_one_branch(ours, monkeypatch):
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
     sizes = []
     real = ours.transformer.denoise_step
-    monkeypatch.setattr(ours.transformer, "denoise_step", lambda l, t, kv, *a, **k: (sizes.append(len(kv)), real(l, t, kv, *a, **k))[1])
+    monkeypatch.setattr(ours.transformer, "denoise_step", lambda x, t, kv, *a, **k: (sizes.append(len(kv)), real(x, t, kv, *a, **k))[1])
     ours.run(api.plan(ours, text, seed=1, steps=2, guidance=1.0))
     ours.run(api.plan(ours, text, seed=1, steps=4, guidance=6.0, guidance_interval=(990, 1000)))
     assert sizes[:2] == [1, 1]

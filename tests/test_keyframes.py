@@ -14,14 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditioning_image
+from PIL import Image
 
+from cosmos3_core import api
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.sampling.conditioning import encode_keyframes, keyframe_indexes
-from cosmos3_core import api
 from support.compare import rel
 
 H, W, STEPS, SEED, SHIFT = 64, 96, 3, 4321, 3.0

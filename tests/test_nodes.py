@@ -18,11 +18,25 @@ import uuid
 import pytest
 import torch
 
-from support import comfy_host
 from cosmos3_core import api
-from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
-                            TINY_NANO_VLM, check_outputs, load_api, nodes_of, output_files, prepared_executor,
-                            shrink_api, tiny_checkpoint_for)
+from support import comfy_host
+from test_workflows import (
+    MODES,
+    PACK_NODE_IDS,
+    REASONER_MODES,
+    TEST_IMAGE,
+    TINY_EDGE,
+    TINY_EDGE_VLM,
+    TINY_NANO,
+    TINY_NANO_VLM,
+    check_outputs,
+    load_api,
+    nodes_of,
+    output_files,
+    prepared_executor,
+    shrink_api,
+    tiny_checkpoint_for,
+)
 
 pytestmark = pytest.mark.comfy
 
@@ -470,6 +484,7 @@ def test_partial_load_brings_unstreamable_modules_along(host):
 
     import comfy.model_patcher
     import comfy.ops
+
     from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.model.towers import tower_module
     from cosmos3_core.model.transformer import Cosmos3Transformer

@@ -30,8 +30,8 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from support.compare import rel
 from cosmos3_core import api
+from support.compare import rel
 
 H, W, F, STEPS, SEED, SHIFT = 64, 96, 9, 2, 11, 3.0
 PROMPT = "a red robot walking on the street at night"
@@ -320,9 +320,9 @@ def test_launch_without_torchrun_is_refused(monkeypatch):
 def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkpoint, single):
     """The in-process option (ComfyUI's two-GPU guidance): logic and numbers on two CPU "devices"; the concurrency
     of two real GPUs is not exercised here."""
+    from cosmos3_core.model.towers import tower_module
     from cosmos3_core.parallel.devices import BranchDevices
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.model.towers import tower_module
 
     ours, _, diffusers_latents, _ = single
     threads = torch.get_num_threads()

@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos3_core import defaults
-from cosmos3_core.api import generate
-from cosmos3_core import api
+from cosmos3_core import api, defaults
+from cosmos3_core.checks import check_clip, check_sampling
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from cosmos3_core.resolve import resolve
-from cosmos3_core.checks import check_clip, check_sampling
 from support.compare import rel
 
 CORE = Path(__file__).resolve().parent.parent / "cosmos3_core"

@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from cosmos3_core import media
-from cosmos3_core.kernels.attention import flash4_unavailable_reason
-from cosmos3_core.request import ActionRequest
 from cosmos3_core.api import generate
+from cosmos3_core.kernels.attention import flash4_unavailable_reason
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request
+from cosmos3_core.request import ActionRequest, Request
 from cosmos3_core.resolve import resolve
 from cosmos3_core.runtime import RuntimeOptions
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+from diffusers import SeaCacheConfig as RefConfig
 from PIL import Image
 
-from diffusers import Cosmos3OmniPipeline, SeaCacheConfig as RefConfig, UniPCMultistepScheduler
-
-from cosmos3_core.api import generate
 from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig

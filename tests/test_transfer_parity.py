@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos import Cosmos3OmniBlocks
 from diffusers.modular_pipelines.cosmos import decoders as ref_decoders

@@ -22,7 +22,8 @@ from ..config import DTYPES, CheckpointError
 from ..model.precision import FORMATS, OVERLAP_MODES, REASONER_POLICIES
 from ..request import Request, Resolved
 from ..runtime import COMPILE_MODES, RuntimeOptions
-from ..sampling.sea_cache import DEFAULTS as SEA_CACHE_DEFAULTS, SeaCacheConfig
+from ..sampling.sea_cache import DEFAULTS as SEA_CACHE_DEFAULTS
+from ..sampling.sea_cache import SeaCacheConfig
 from .interrupt import end_status_line, interrupted, status_line
 
 
@@ -202,7 +203,8 @@ def check_writable(path: Path, flag: str) -> None:
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as exc:
-        raise ValueError(f"{flag} {path}: cannot write in {parent} ({exc.strerror}); choose a writable folder.") from None
+        raise ValueError(f"{flag} {path}: cannot write in {parent} ({exc.strerror}); choose a writable "
+                         "folder.") from None
 
 
 @contextmanager
@@ -319,7 +321,8 @@ def decode_while_encoding(args: argparse.Namespace, pipe, resolved: Resolved, ou
 
     latents = out.latents
     shape = pipe.vae.decoded_shape(latents)
-    compile_args = dict(compile=resolved.options.on(pipe.vae.device).vae_compile, compile_backend=resolved.options.compile_backend)
+    options = resolved.options
+    compile_args = dict(compile=options.on(pipe.vae.device).vae_compile, compile_backend=options.compile_backend)
     if out.sound_latent is not None:  # first: the mp4 declares its audio track before any frame
         out.waveform = pipe.decode_sound(out.sound_latent, shape[0], resolved.fps)
     out.frames = torch.empty(shape, dtype=torch.float32)

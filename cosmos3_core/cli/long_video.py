@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "window's last frames; --num-frames may then exceed one clip")
     g.add_argument("--conditional-frames", type=int, default=None,
                    help=f"frames each window takes from the previous one (default {defaults.LONG_CONDITIONAL_FRAMES}; "
-                        f"Transfer {defaults.TRANSFER_CONDITIONAL_FRAMES}); with --video, its first frames seed window 1")
+                        f"Transfer {defaults.TRANSFER_CONDITIONAL_FRAMES}); with --video, its first frames seed "
+                        "window 1")
     g.add_argument("--one-pass", action="store_true",
                    help=f"sample --num-frames above {defaults.NUM_FRAMES} as one clip instead of windows (the "
                         "models were trained on clips of up to 189 frames)")
@@ -35,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Transfer: a control video, KEY one of edge, blur, depth, seg, wsm (repeat for several; "
                         "all the same length and size); the video is as long as the controls (--num-frames caps it)")
     g.add_argument("--control-guidance", type=float, default=None,
-                   help=f"Transfer: strength of the controls (default {defaults.CONTROL_GUIDANCE:g} = as given; else one "
-                        "more pass per step)")
+                   help=f"Transfer: strength of the controls (default {defaults.CONTROL_GUIDANCE:g} = as given; "
+                        "else one more pass per step)")
     g.add_argument("--frames-out", default=None, help="also save the decoded float frames (.safetensors)")
 
 

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         p, attention_help="attention kernels: auto = FlashAttention-4 (optional flash-attn-4) on Hopper GPUs for long "
                           "sequences, else PyTorch SDPA; sdpa forces SDPA (the reference's route); flash4 requires it")
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
-                   help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
+                   help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by "
+                        "default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
     p.add_argument("--use-system-prompt", action="store_true",
                    help="prepend the system prompt (default: the checkpoint's setting; action modes: off)")

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
-from ..config import DTYPES
 from ..checks import check_options
+from ..config import DTYPES
 from . import common
 
 

@@ -110,7 +110,8 @@ class MoTAttention(nn.Module):
 
     def __init__(self, config: Cosmos3Config, linear: type[nn.Linear]):
         super().__init__()
-        d, hd, bias, kind, eps = config.hidden_size, config.head_dim, config.attention_bias, config.norm_kind, config.rms_norm_eps
+        d, hd, bias = config.hidden_size, config.head_dim, config.attention_bias
+        kind, eps = config.norm_kind, config.rms_norm_eps
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = hd
@@ -168,7 +169,8 @@ class TimestepEmbedder(nn.Module):
 
 
 class DomainAwareLinear(nn.Module):
-    """Per-embodiment linear map ``y = x @ W[d] + b[d]`` with ``W[d]`` stored flat as ``[in·out]`` (layout [in, out])."""
+    """Per-embodiment linear map ``y = x @ W[d] + b[d]`` with ``W[d]`` stored flat as ``[in·out]`` (layout [in,
+    out])."""
 
     def __init__(self, in_features: int, out_features: int, num_domains: int):
         super().__init__()

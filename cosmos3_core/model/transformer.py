@@ -35,11 +35,12 @@ from ..kernels.gemv import gemv
 from ..kernels.packed import LayerWeights
 from ..runtime import DEFAULT, RuntimeOptions
 from .fp8 import run_linear
-from .precision import StepPrecision
 from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
 from .layout import GenLayout, patchify, select_branches, unpatchify
+from .precision import StepPrecision
 from .rope import apply_rope, rope_tables, text_position_ids
 from .text_kv import TextKV
+
 
 class SequenceParallel(Protocol):
     """What the generation layers need from a sequence-parallel group (``parallel/ulysses.py`` implements it):
@@ -290,8 +291,8 @@ class Cosmos3Transformer(nn.Module):
 
 
 def generation_layer_fn(options: RuntimeOptions = DEFAULT) -> Callable:
-    """``generation_layer``, or where ``options.compiles`` its ``torch.compile``d version (kernels/compile.py): one graph
-    shared by every layer (the layer's weights are graph inputs) that fuses the norms, RoPE and activations — same
+    """``generation_layer``, or where ``options.compiles`` its ``torch.compile``d version (kernels/compile.py): one
+    graph shared by every layer (the layer's weights are graph inputs) that fuses the norms, RoPE and activations — same
     math, other rounding of the intermediates. Shapes are static except the prompt lengths (the text K/V's length
     dimension is dynamic): one graph per generation shape (resolution × frames, branches, batch, streams, attention
     route), the same in every process whatever the prompts and whatever ran before, each kept on disk whole and
@@ -299,8 +300,8 @@ def generation_layer_fn(options: RuntimeOptions = DEFAULT) -> Callable:
     parallel group) goes through plain ``torch.compile``, which allows graph breaks."""
     if not options.compiles:
         return generation_layer
-    return compiled(generation_layer, backend=options.compile_backend, fullgraph=False, dynamic_dims=_prompt_length_dims,
-                    key_extra=flash4_available, aot_allowed=_no_weight_hooks)
+    return compiled(generation_layer, backend=options.compile_backend, fullgraph=False,
+                    dynamic_dims=_prompt_length_dims, key_extra=flash4_available, aot_allowed=_no_weight_hooks)
 
 
 def _prompt_length_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:

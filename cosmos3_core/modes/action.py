@@ -36,8 +36,17 @@ import torch
 import torch.nn.functional as F
 
 from .. import defaults
-from ..defaults import (ACTION_ASPECT_RATIOS, ACTION_MODES, DOMAINS, EMBODIMENT_TO_DOMAIN_ID,  # noqa: F401
-                        EMBODIMENT_TO_RAW_ACTION_DIM, RESOLUTION_BINS, RESOLUTION_TIERS, VIEW_POINTS, VIEWPOINT_FRAMING)
+from ..defaults import (  # noqa: F401
+    ACTION_ASPECT_RATIOS,
+    ACTION_MODES,
+    DOMAINS,
+    EMBODIMENT_TO_DOMAIN_ID,
+    EMBODIMENT_TO_RAW_ACTION_DIM,
+    RESOLUTION_BINS,
+    RESOLUTION_TIERS,
+    VIEW_POINTS,
+    VIEWPOINT_FRAMING,
+)
 from ..model.text_kv import TextConditioning
 from ..pipeline import Cosmos3Pipeline, GenerationOutput, timed
 from ..request import ActionRequest, Resolved, Sampling

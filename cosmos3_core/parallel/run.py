@@ -41,12 +41,13 @@ def check_fast_modes(resolved: Resolved) -> None:
 
 
 def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, resolved: Resolved) -> TextConditioning:
-    ids = pipe.tokenize(resolved.prompt, resolved.negative_prompt, num_frames=resolved.num_frames, height=resolved.height,
-                        width=resolved.width, fps=resolved.fps, use_system_prompt=resolved.use_system_prompt)
+    r = resolved
+    ids = pipe.tokenize(r.prompt, r.negative_prompt, num_frames=r.num_frames, height=r.height, width=r.width,
+                        fps=r.fps, use_system_prompt=r.use_system_prompt)
     prefill = lambda token_ids: pipe.prefill(token_ids, resolved.options)  # noqa: E731
     cond = denoiser.local_text(0, ids.cond, prefill)
     uncond = denoiser.local_text(1, ids.uncond, prefill) if resolved.sampling.use_cfg else None
-    return TextConditioning(cond, uncond, resolved.num_frames, resolved.height, resolved.width, float(resolved.fps), ids.cond_text,
+    return TextConditioning(cond, uncond, r.num_frames, r.height, r.width, float(r.fps), ids.cond_text,
                             ids.uncond_text)
 
 
@@ -63,8 +64,8 @@ def generate(
     """``modes.clip.generate_clip`` of the resolved request (``request.Resolved``, mode ``clip``) on this
     rank: the same stages and plan, with the parallel pieces."""
     if resolved.mode != "clip":
-        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {resolved.mode} mode is not parallel yet — drop "
-                         "them.")
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {resolved.mode} mode is not parallel yet — "
+                         "drop them.")
     check_fast_modes(resolved)
     if mesh.cfg == 2 and not resolved.sampling.use_cfg:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")

@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import defaults
+
 logger = logging.getLogger(__name__)
 
 
@@ -183,7 +185,7 @@ def encode_condition(
             f"encode_condition: height and width must be multiples of {s}, got {height}x{width}; "
             f"round them, e.g. to {height // s * s}x{width // s * s}."
         )
-    t_lat = (num_frames - 1) // ts + 1
+    t_lat = defaults.latent_frames(num_frames)
     x0 = torch.zeros(1, vae.latent_channels, t_lat, height // s, width // s, dtype=torch.float32, device=vae.device)
 
     if image is not None:
@@ -248,7 +250,7 @@ def keyframe_indexes(count: int, num_frames: int, frame_indexes: Sequence[int] |
     if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 5 or (num_frames - 1) % 4:
         raise ValueError(f"num_frames={num_frames!r} must be 4k+1 and at least 5 (a video: 5, 9, …, 189); "
                          "keyframes condition a video, not an image.")
-    t_lat = (num_frames - 1) // 4 + 1
+    t_lat = defaults.latent_frames(num_frames)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"at least one keyframe image is needed (the start image), got {count!r}.")
     if frame_indexes is None:

@@ -1,10 +1,11 @@
 """The plan of a Cosmos3 sampling run (``SamplePlan``), assembled from resolved values (``resolve.py`` decides
 them).
 
-Everything a run needs is fixed here, before the first step: the latent shape of every stream (vision, sound, action), each stream's starting values (seeded noise mixed
-with its clean conditioning), its update rule (a stepper over a diffusers scheduler) and what is re-anchored after
-each step, the guidance branches of each step (text K/V, token layout, how their velocities combine), the
-timesteps and the memory one step needs. ``sampling.run`` then only iterates; it knows no modes.
+Everything a run needs is fixed here, before the first step: the latent shape of every stream (vision, sound, action),
+each stream's starting values (seeded noise mixed with its clean conditioning), its update rule (a stepper over a
+diffusers scheduler) and what is re-anchored after each step, the guidance branches of each step (text K/V, token
+layout, how their velocities combine), the timesteps and the memory one step needs. ``sampling.run`` then only iterates;
+it knows no modes.
 
 What is decided follows diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` (steps 4–7) and, for the action stream,
 the modular ``Cosmos3ActionPrepareLatentsStep`` / ``Cosmos3ActionLoopSchedulerStep``:
@@ -182,7 +183,8 @@ class SamplePlan:
 
 
 # ---------------------------------------------------------------------------------------------- building
-def generation_tokens(config: Cosmos3Config, latent_shape: Sequence[int], sound_len: int = 0, action_len: int = 0) -> int:
+def generation_tokens(config: Cosmos3Config, latent_shape: Sequence[int], sound_len: int = 0,
+                      action_len: int = 0) -> int:
     """Generation-stream tokens of one branch: 2×2 vision patches of every latent frame, then sound, then action."""
     t, ph, pw = patch_grid(latent_shape[2:], config.latent_patch_size)
     return t * ph * pw + sound_len + action_len
