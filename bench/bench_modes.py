@@ -24,9 +24,9 @@ text-to-image at 1024x1024. **Stand-in weights**: no Super weights exist here, s
 *Nano-size* transformer with random bf16 weights (hidden 4096, 36 layers — Super is 5120 / 64 layers, so a Super
 step costs ~2.7x this) and a full-size random Wan2.2 VAE; the distilled files (``modular_model_index.json`` with
 ``distilled_sigmas``, the stochastic FlowMatchEuler scheduler, a tokenizer) come from the tiny builder
-(``cosmos3_core.testing.tiny``, ``distilled=True``). The run goes through ``modes.dispatch.generate`` of a
+(``cosmos3_core.testing.tiny``, ``distilled=True``). The run goes through ``api.generate`` of a
 ``Request`` (eager) exactly as the CLI does, so the schedule, step count (4) and guidance (1, one branch) are read
-from those files by ``request.resolve``.
+from those files by ``resolve.resolve``.
 
 ``batch``: N seeds in one run (one forward per step over N items × both branches) vs one at a time. Full-size
 random-weight Nano in bf16, the same weights for diffusers 0.42.1 (its pipeline makes one sample per call: one

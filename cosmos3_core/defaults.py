@@ -1,6 +1,6 @@
 """Every default of a Cosmos3 run and every model constant the pack relies on, in one place.
 
-Node schemas, ``request.resolve``, the plan and the CLIs read these names; nothing else spells the numbers.
+Node schemas, ``resolve.resolve``, the plan and the CLIs read these names; nothing else spells the numbers.
 Values follow diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` defaults and the per-mode table of
 docs/architecture.md, "Defaults per mode" (the released checkpoints' training tiers), and the recipes checkpoints
 publish for a mode (``ClipRecipe``: Cosmos3-Edge's image-to-video).
@@ -47,7 +47,7 @@ ACTION_VIEW_POINT = "ego_view"
 ACTION_CHUNK_SIZE = 16
 ACTION_DOMAIN = "bridge_orig_lerobot"
 
-# Checkpoint recipes: the defaults a checkpoint's publisher gives for one mode. ``request.resolve`` takes each value a
+# Checkpoint recipes: the defaults a checkpoint's publisher gives for one mode. ``resolve.resolve`` takes each value a
 # request leaves unset from the recipe (a value the user gives always wins); every other mode and checkpoint keeps
 # the general defaults above. The nodes cannot follow them (a widget's default is one value for every checkpoint).
 class ClipRecipe(NamedTuple):

@@ -141,7 +141,7 @@ class Cosmos3Pipeline:
                     width: int, fps: float, use_system_prompt: bool | None = None,
                     options: RuntimeOptions = DEFAULT) -> TextConditioning:
         """Render both prompts as trained and run the text tower once per distinct prompt (inputs checked by
-        ``request.resolve_clip``)."""
+        ``resolve.resolve_clip``)."""
         ids = self.tokenize(prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
                             use_system_prompt=use_system_prompt)
         return self.prefill_prompts(ids, num_frames=num_frames, height=height, width=width, fps=fps, options=options)

@@ -1,7 +1,7 @@
 """Cosmos3LongVideo: a video past one clip — windowed text/image-to-video, or Transfer from control videos —
 written to an mp4 in ComfyUI's output folder while it is generated.
 
-Glue only: ``cosmos3_core.request.resolve`` decides the run and ``cosmos3_core.modes.long_video.generate_long``
+Glue only: ``cosmos3_core.resolve.resolve`` decides the run and ``cosmos3_core.modes.long_video.generate_long``
 runs every window; this node places the model
 parts through the handle (ComfyUI model management), streams each finished window into the mp4, shows it as a
 preview, reports progress per window and step (the cancel point: a cancel leaves a playable mp4 of the finished

@@ -183,7 +183,7 @@ class Cosmos3ModelHandle:
 
     def branch_denoiser(self):
         """``BranchDevices`` over the transformer when a second GPU is set (its replica built on first use), else
-        ``None``: what the sampler hands to ``pipeline.sample`` as the denoiser of a guided run."""
+        ``None``: what the sampler hands to ``Cosmos3Pipeline.run`` as the denoiser of a guided run."""
         if self.branch_devices is None:
             return None
         if self._branch_split is None:

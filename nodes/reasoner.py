@@ -16,7 +16,8 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..cosmos3_core.checks import check_options
-from ..cosmos3_core.reasoner.reasoner import TASKS, SamplingParams, postprocess
+from ..cosmos3_core.reasoner.reasoner import SamplingParams
+from ..cosmos3_core.reasoner.tasks import TASKS, postprocess
 from ..cosmos3_core.runtime import RuntimeOptions
 from .types import CATEGORY, Cosmos3Model, compile_input
 

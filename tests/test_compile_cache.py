@@ -1,7 +1,7 @@
 """A second process reuses the first one's ``torch.compile`` of the generation layer from disk.
 
 Two fresh processes, one after the other, with ``COSMOS3_CACHE_DIR`` on the same empty folder, each run the
-sampler's path (``Cosmos3Pipeline.sample(options=RuntimeOptions(compile=True))``, CPU inductor) on a tiny checkpoint: eager, then compiled,
+sampler's path (``Cosmos3Pipeline.run`` of a plan with ``RuntimeOptions(compile=True)``, CPU inductor) on a tiny checkpoint: eager, then compiled,
 then compiled with a prompt of another length. The first must compile exactly one graph (one for both prompt
 lengths) and save it to ``<COSMOS3_CACHE_DIR>/aot`` (``cosmos3_core.kernels.precompiled``); the second must load it from
 there without Dynamo tracing anything. Compiled latents must equal eager ones at fp32 rounding level. No timing is

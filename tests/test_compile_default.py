@@ -29,7 +29,7 @@ def _fresh(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_the_cli_and_the_library_import_without_compiler_diffusers_or_transformers():
-    r = _fresh("import sys\nimport cosmos3_core.cli.main, cosmos3_core.pipeline, cosmos3_core.modes.dispatch, "
+    r = _fresh("import sys\nimport cosmos3_core.cli.main, cosmos3_core.pipeline, cosmos3_core.api, "
                "cosmos3_core.reasoner.reasoner, cosmos3_core.parallel.run, cosmos3_core.kernels.compile\n"
                f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -3,7 +3,7 @@ one message naming the argument (and its CLI flag), the value and the fix; never
 of precision. Checked on this CPU (no FP8 GEMMs):
 
 * real FP8 asked for where there are no FP8 GEMMs: ``--mixed-precision-format fp8`` and ``--weight-dtype
-  fp8_e4m3fn_fast`` are refused by ``request.resolve``, before the model loads (the load is made to fail here);
+  fp8_e4m3fn_fast`` are refused by ``resolve.resolve``, before the model loads (the load is made to fail here);
   in the core the same at planning, on the device the plan runs on;
 * an FP8 checkpoint without an explicit request runs W8A16 on such a device, with one notice saying so;
 * a policy field the reference rejects (in the checkpoint) or an override it rejects or would ignore;

@@ -5,7 +5,7 @@ One spawn of 2 ranks runs CFG-parallel and Ulysses-2; one spawn of 4 ranks runs 
 Each configuration generates T2V, T2AV and T2V with a guidance interval (its second step runs the cond branch alone,
 which CFG-parallel broadcasts) — fp32, 2 steps — through ``cosmos3_core.parallel.run.generate``, and a T2AV batch of
 2 (ComfyUI's batch_size) through ``pipeline.plan`` + ``run`` with the ``ParallelDenoiser``; the test
-compares every rank's latents with this process's ``Cosmos3Pipeline.generate`` (≤ 1e-5 relative) and with diffusers
+compares every rank's latents with this process's ``api.generate`` (≤ 1e-5 relative) and with diffusers
 0.42.1 ``Cosmos3OmniPipeline`` (≤ 1e-4, the parity tolerance of test_generation_parity.py). Both spawns also run
 the tile-parallel VAE decode (compared with the one-rank tiled decode, which test_vae.py ties to diffusers'
 ``tiled_decode``); the 2-rank spawn ends with a rank that exits mid-run, and the other must raise a

@@ -20,14 +20,8 @@ transformers = pytest.importorskip("transformers")
 
 from cosmos3_core.model.loader import load_transformer  # noqa: E402
 from cosmos3_core.model.towers import tower_module  # noqa: E402
-from cosmos3_core.reasoner.reasoner import (
-    Cosmos3Reasoner,
-    SamplingParams,
-    build_messages,
-    postprocess,
-    process_logits,
-    sample_token,
-)
+from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, process_logits, sample_token
+from cosmos3_core.reasoner.tasks import build_messages, postprocess
 from cosmos3_core.reasoner.vision import load_processor, load_vision_encoder, mrope_position_ids  # noqa: E402
 from cosmos3_core.runtime import RuntimeOptions
 

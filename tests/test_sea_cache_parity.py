@@ -6,7 +6,7 @@ and sound agree as in the plain parity tests (1e-4: fp32 summation order; the ga
 The reference runs each guidance branch in its own ``cache_context``; ours runs both branches as one batch and
 decides per branch (and per batch item: a batch of two is two reference runs with seeds ``s`` and ``s + 1``). Which
 contexts ran the stack is read from the reference by counting its first decoder layer's calls per context. A whole
-request (``modes.dispatch.generate``) with ``sea_cache`` runs the same steps as the staged plan; a Transfer window
+request (``api.generate``) with ``sea_cache`` runs the same steps as the staged plan; a Transfer window
 names its branches as the reference's contexts.
 """
 

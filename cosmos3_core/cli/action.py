@@ -4,7 +4,7 @@ Every field of diffusers' ``CosmosActionCondition`` is a flag (``--action-mode``
 ``--domain-name``, ``--resolution-tier``, ``--actions`` for ``raw_actions``, ``--image`` / ``--video``,
 ``--view-point``); ``--actions-out`` writes the predicted actions without their padding (policy, inverse dynamics),
 ``--latents-out`` the raw video latent. The clip shape comes from the input and the chunk size, so ``--num-frames``,
-``--height`` and ``--width`` are refused with an action mode (``request.resolve``). An actions file written by
+``--height`` and ``--width`` are refused with an action mode (``resolve.resolve``). An actions file written by
 ``--actions-out`` carries its ``domain_name``, which stands in for ``--domain-name``.
 """
 

@@ -73,7 +73,7 @@ def fp8_compute(args: argparse.Namespace) -> bool:
 
 
 def sea_cache_config(args: argparse.Namespace) -> SeaCacheConfig | None:
-    """``--sea-cache`` and its knobs (checked by ``request.resolve``); a knob without ``--sea-cache`` is refused."""
+    """``--sea-cache`` and its knobs (checked by ``resolve.resolve``); a knob without ``--sea-cache`` is refused."""
     knobs = {k: getattr(args, "sea_cache_" + k) for k in SEA_CACHE_DEFAULTS
              if getattr(args, "sea_cache_" + k) is not None}
     if not args.sea_cache:

@@ -39,6 +39,7 @@ from ..config import CheckpointError, Cosmos3Config, _transformer_dir
 from .fp8 import Fp8Linear, quantize_weight
 from .layers import KEEP_FP32
 from .precision import linear_path
+from .towers import tower_module
 from .transformer import Cosmos3Transformer
 from .weights import (
     AMAX_SUFFIX,
@@ -304,3 +305,43 @@ def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
                 entry = f"{path.relative_to(root)}|unreadable {exc.errno}"
             digest.update(entry.encode())
     return digest.hexdigest()
+
+
+def load_lm_head(checkpoint_dir: str | Path, config: Cosmos3Config, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> torch.nn.Linear:
+    """``lm_head.weight`` from ``transformer/`` (for a transformer that was loaded without it)."""
+    path = weight_files(checkpoint_dir).get("lm_head.weight")
+    if path is None:
+        raise CheckpointError(f"{checkpoint_dir}: transformer/ has no lm_head.weight; the reasoner needs it.")
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        weight = f.get_tensor("lm_head.weight")
+    if tuple(weight.shape) != (config.vocab_size, config.hidden_size):
+        raise CheckpointError(f"{path}: lm_head.weight has shape {tuple(weight.shape)}, expected "
+                              f"{(config.vocab_size, config.hidden_size)}.")
+    head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+    head.weight = torch.nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+    return head
+
+
+def load_text_tower(checkpoint_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
+                    device: torch.device | str = "cpu") -> Cosmos3Transformer:
+    """A ``Cosmos3Transformer`` with only the understanding tower (+ ``lm_head``) materialized — the generation
+    weights stay on the ``meta`` device. For reasoner-only use (the CLI); half the memory of a full load."""
+    config = Cosmos3Config.from_checkpoint(checkpoint_dir)
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config)
+    text_ids = {id(p) for p in tower_module(model, "text").parameters()}
+    wanted = [n for n, p in model.named_parameters() if id(p) in text_ids]
+    files = weight_files(checkpoint_dir)
+    missing = [n for n in wanted if n not in files]
+    if missing:
+        raise CheckpointError(f"{checkpoint_dir}: transformer/ lacks text-tower weights {missing[:4]}.")
+    state, by_file = {}, {}
+    for name in wanted:
+        by_file.setdefault(files[name], []).append(name)
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in names:
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    return model.eval().requires_grad_(False)

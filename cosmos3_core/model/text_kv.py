@@ -36,10 +36,6 @@ class TextKV:
     def device(self) -> torch.device:
         return self.keys.device
 
-    @property
-    def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() * 2
-
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "TextKV":
         keys, values = self.keys.to(device=device, dtype=dtype), self.values.to(device=device, dtype=dtype)
         return TextKV(keys, values, self.token_ids)

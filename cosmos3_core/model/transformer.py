@@ -35,7 +35,7 @@ from ..kernels.gemv import gemv
 from ..kernels.packed import LayerWeights
 from ..runtime import DEFAULT, RuntimeOptions
 from .fp8 import run_linear
-from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
+from .layers import DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
 from .layout import GenLayout, patchify, select_branches, unpatchify
 from .precision import StepPrecision
 from .rope import apply_rope, rope_tables, text_position_ids
@@ -119,12 +119,6 @@ class Cosmos3Transformer(nn.Module):
         ``execution_device`` a model manager set (its layers may then stream weights from elsewhere), else where
         ``proj_in`` lives."""
         return self.execution_device or self.proj_in.weight.device
-
-    def keep_fp32(self) -> "Cosmos3Transformer":
-        """Re-assert the fp32 modules after a ``.to(dtype)`` (a bf16 time embedder degrades video)."""
-        for name in KEEP_FP32:
-            getattr(self, name).float()
-        return self
 
     # ------------------------------------------------------------------ text tower
     def prefill(self, token_ids: torch.Tensor | Sequence[int], attention_backend: str = "auto",

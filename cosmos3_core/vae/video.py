@@ -15,7 +15,7 @@ the last two time steps of every causal conv in a feature cache (the first laten
 ``AutoencoderKLWan._decode`` runs that loop over the whole clip and concatenates every output frame on the device
 before returning. Here the same loop is driven chunk by chunk with a per-clip state we own, each chunk's pixels are
 post-processed and copied straight into a preallocated output on ``out_device``, and a callback runs between chunks
-(progress + cancellation by raising). Each latent frame goes through ``vae_decoder.WanFrameDecoder``: the same
+(progress + cancellation by raising). Each latent frame goes through ``frame_decoder.WanFrameDecoder``: the same
 network over the module's own parameters with fewer memory passes (and, with ``compile=True``, a
 ``torch.compile``d steady-state frame); the result equals a whole-clip ``decode`` up to float rounding.
 
@@ -23,7 +23,7 @@ Optional spatial tiling reproduces ``AutoencoderKLWan.tiled_decode`` (same tile 
 ``tile_sample_*`` attributes set by ``enable_tiling``, same ``blend_v``/``blend_h`` seams), with one feature cache
 per tile so that it can also be streamed in temporal chunks. Blending is per frame, so chunking does not change it.
 
-diffusers internals relied on (0.42.1): the ``decoder`` submodules (see vae_decoder.py), ``post_quant_conv``,
+diffusers internals relied on (0.42.1): the ``decoder`` submodules (see frame_decoder.py), ``post_quant_conv``,
 the module-level ``unpatchify``, ``blend_v``/``blend_h``, the ``tile_sample_min_*``/``tile_sample_stride_*``
 attributes, ``use_tiling``, and ``clear_cache``.
 """
@@ -80,7 +80,7 @@ class Cosmos3VAE(torch.nn.Module):
         ``compile_backend``, or ``"cached"``: only the stages already on disk; one decoder per setting, kept, so its
         compiled stages are made once).
 
-        On CUDA it keeps activations and convolution weights channels-last (vae_decoder.py): on the H200 at 720p/189f
+        On CUDA it keeps activations and convolution weights channels-last (frame_decoder.py): on the H200 at 720p/189f
         (bf16) that decodes in 5.61 s at an 8.4 GiB peak compiled against 6.42 s at 9.3 GiB with the default layout,
         and in 7.17 s at 7.5 GiB eager (docs/benchmark-log.md).
 
