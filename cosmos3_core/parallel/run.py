@@ -1,4 +1,5 @@
-"""One generation on every rank of a ``cfg`` × ``ulysses`` mesh: the pipeline's stages with the parallel pieces.
+"""One generation on every rank of a ``cfg`` × ``ulysses`` × ``tp`` mesh: the pipeline's stages with the parallel
+pieces.
 
 Mirrors ``modes.clip.generate_clip`` stage by stage; only three things differ:
 
@@ -26,17 +27,18 @@ from .vae import decode_parallel
 
 
 def check_fast_modes(run) -> None:
-    """The fast modes a parallel clip cannot take yet, refused before any load: SeaCache (its contexts live with the
-    whole batch of branches on one device) and FP8 W8A8 steps (each rank holds its own share of the text K/V, which
-    those steps would need recomputed in their own precision)."""
+    """The fast modes a parallel run cannot take yet, refused before any load: SeaCache (its contexts live with the
+    whole batch of branches on one device, and a skipped layer stack must be skipped by every rank alike) and FP8
+    W8A8 steps (each rank holds its own share of the text K/V, which those steps would need recomputed in their
+    own precision)."""
     if run.sampling.sea_cache is not None:
-        raise ValueError("sea_cache: SeaCache runs on one GPU; --cfg-parallel / --ulysses do not take it yet — drop "
-                         "--sea-cache or the parallel flags.")
+        raise ValueError("sea_cache: SeaCache runs on one GPU; --cfg-parallel / --ulysses / --tp do not take it yet — "
+                         "drop --sea-cache or the parallel flags.")
     policy = run.sampling.mixed_precision
     if policy is not None and any(name != "W8A16" for name in policy.schedule(run.sampling.steps)):
-        raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses yet (each rank "
-                         "keeps its share of the text K/V, which a W8A8 step would recompute); run it on one GPU, or "
-                         "load a bf16 checkpoint for the parallel run.")
+        raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses / --tp yet (each "
+                         "rank keeps its share of the text K/V, which a W8A8 step would recompute); run it on one GPU, "
+                         "or load a bf16 checkpoint for the parallel run.")
 
 
 def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, run) -> TextConditioning:
