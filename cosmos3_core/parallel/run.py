@@ -64,8 +64,8 @@ def generate(
     """``modes.clip.generate_clip`` of the resolved request ``run`` (``request.Resolved``, mode ``clip``) on this
     rank: the same stages and plan, with the parallel pieces."""
     if run.mode != "clip":
-        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {run.mode} mode is not parallel yet — drop "
-                         "them.")
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {run.mode} mode is not parallel that way "
+                         "(under --tp alone every rank runs the mode itself on its shard) — drop them.")
     check_fast_modes(run)
     if mesh.cfg == 2 and not run.sampling.use_cfg:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")

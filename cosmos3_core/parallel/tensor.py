@@ -183,11 +183,11 @@ def _repeated_heads(linear: nn.Linear, repeat: int) -> nn.Linear:
                         device="meta", dtype=linear.weight.dtype)
 
 
-def local_bytes(model: nn.Module) -> int:
-    """The bytes of ``model``'s parameters and buffers this rank holds (a DTensor counts its local shard)."""
+def local_parameter_bytes(model: nn.Module) -> int:
+    """The bytes of ``model``'s parameters this rank holds (a DTensor counts its local shard only)."""
     total = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        local = t.to_local() if isinstance(t, DTensor) else t
+    for p in model.parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
         total += local.numel() * local.element_size()
     return total
 
