@@ -15,7 +15,9 @@ request on the unsharded checkpoint: fp32, ≤ 1e-5 relative (the row-parallel l
 another order: the difference measured here is 2–3e-6), and the ranks' copies are bitwise equal. The single-process
 runs themselves are tied to diffusers by test_generation_parity.py, test_action.py, test_distilled.py and
 test_fp8_parity.py. Per-rank parameter bytes equal ``tensor.per_rank_parameters`` (the rule that sizes the docs'
-table), which for the full-size Nano and Super is within 1 % of 1/T. Ranks and this process use one CPU thread.
+table), which for the full-size Nano and Super is 1/T plus the same small replicated part at every T. Ranks and
+this process use one CPU thread; the ranks are forks of a ``forkserver`` that imported torch, diffusers and the core
+once (spawned ranks would each spend ~10 s importing them on a 2-core CI machine).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ LORA_TARGETS = ("layers.0.self_attn.add_q_proj", "layers.1.self_attn.add_v_proj"
                 "layers.1.mlp_moe_gen.down_proj", "layers.0.self_attn.to_k", "layers.1.mlp.up_proj", "proj_in")
 FOUR = {"nano": [(False, 1, 4), (True, 1, 2), (False, 2, 2)], "super": [(False, 1, 4), (True, 1, 2)]}
 DEATH_STEP = 2
+# imported once by the fork server (no threads, no process group), not by every rank: a rank starts in a second
+PRELOAD = ["torch", "torch.distributed.tensor.parallel", "diffusers", "diffusers.models.autoencoders.autoencoder_kl_wan",
+           "diffusers.models.autoencoders.autoencoder_cosmos3_audio", "cosmos3_core.pipeline",
+           "cosmos3_core.modes.dispatch", "cosmos3_core.parallel.run", "cosmos3_core.parallel.tensor",
+           "test_tensor_parallel"]
 
 
 # ---------------------------------------------------------------------------------------------- the requests
@@ -197,7 +204,8 @@ def _spawn(world: int, ckpts: dict[str, Path], out: Path) -> list[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # the server imports the heavy modules once; each rank is a fork of it
+    ctx.set_forkserver_preload(PRELOAD)
     args = {k: str(v) for k, v in ckpts.items()}
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, str(out))) for r in range(world)]
     for p in procs:
