@@ -200,14 +200,32 @@ def _layout(cfg_parallel: bool, ulysses: int, tp: int) -> str:
     return f"cfg{2 if cfg_parallel else 1}_u{ulysses}_tp{tp}"
 
 
-def _spawn(world: int, ckpts: dict[str, Path], out: Path) -> list[int]:
+def _cli_rank(rank: int, world: int, port: int, argv: list[str], out: str) -> None:
+    """What ``torchrun --nproc-per-node {world} -m cosmos3_core.generate {argv}`` runs as rank ``rank``: torchrun's
+    environment, then the CLI's ``main``; its output and exit status go to files."""
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from cosmos3_core.cli import main as cli
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    with open(Path(out) / f"cli_r{rank}.txt", "w") as f, redirect_stdout(f), redirect_stderr(f):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    (Path(out) / f"cli_code_r{rank}.txt").write_text(str(code))
+
+
+def _spawn(world: int, ckpts, out: Path, target=_rank_main) -> list[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("forkserver")  # the server imports the heavy modules once; each rank is a fork of it
     ctx.set_forkserver_preload(PRELOAD)
-    args = {k: str(v) for k, v in ckpts.items()}
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, str(out))) for r in range(world)]
+    args = {k: str(v) for k, v in ckpts.items()} if isinstance(ckpts, dict) else ckpts
+    procs = [ctx.Process(target=target, args=(r, world, port, args, str(out))) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + 600
@@ -349,3 +367,87 @@ def test_full_size_models_hold_one_tp_th_per_rank(variant):
         mine, _ = per_rank_parameters(config, tp)
         replicated.add(round((mine * tp - total) / (tp - 1)))  # mine = (total - R) / T + R
     assert len(replicated) == 1 and 0 < replicated.pop() < 0.003 * total
+
+
+# ---------------------------------------------------------------------------------------------- torchrun CLI
+ACTION_ARGS = ["--prompt", "robot arm picks up the cup", "--steps", "2", "--device", "cpu", "--dtype", "fp32",
+               "--chunk-size", "4", "--resolution-tier", "256", "--domain-name", "bridge_orig_lerobot",
+               "--action-mode", "policy"]
+
+
+def test_torchrun_cli_runs_an_action_mode_under_tp(ckpts, tmp_path):
+    """``--tp 2`` alone runs a non-clip mode: rank 0 writes the clip, the actions and the latents (equal to the
+    one-process CLI's), rank 1 takes part in every exchange and writes nothing."""
+    from cosmos3_core.cli import main as cli
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (72, 100, 3), dtype=np.uint8)).save(tmp_path / "in.png")
+    base = ["--checkpoint", str(ckpts["nano"]), *ACTION_ARGS, "--image", str(tmp_path / "in.png")]
+    files = lambda tag: ["--out", str(tmp_path / f"{tag}.mp4"), "--latents-out",  # noqa: E731
+                         str(tmp_path / f"{tag}.safetensors"), "--actions-out", str(tmp_path / f"{tag}.npy")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(base + files("one")) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert _spawn(2, base + files("tp") + ["--tp", "2"], tmp_path, target=_cli_rank) == [0, 0]
+    logs = [(tmp_path / f"cli_r{r}.txt").read_text() for r in range(2)]
+    assert [(tmp_path / f"cli_code_r{r}.txt").read_text() for r in range(2)] == ["0", "0"], logs
+    assert logs[0].count("wrote ") == 1 and "wrote" not in logs[1] and "step 2/2" not in logs[1]
+    for tag in ("one", "tp"):
+        assert (tmp_path / f"{tag}.mp4").stat().st_size > 0
+    one, tp = (load_file(tmp_path / f"{tag}.safetensors")["video_latent"] for tag in ("one", "tp"))
+    assert rel(tp, one) <= 1e-5
+    actions = [torch.from_numpy(np.load(tmp_path / f"{tag}.npy")) for tag in ("one", "tp")]
+    assert actions[0].shape == (4, 10) and rel(actions[1], actions[0]) <= 1e-5
+
+
+def test_torchrun_cli_bad_layout_is_one_error_line_from_rank_0(ckpts, tmp_path):
+    argv = ["--checkpoint", str(ckpts["super"]), "--prompt", PROMPT, "--device", "cpu", "--num-frames", "9",
+            "--height", "64", "--width", "96", "--out", str(tmp_path / "x.mp4"), "--tp", "2", "--ulysses", "2"]
+    _spawn(2, argv, tmp_path, target=_cli_rank)
+    logs = [(tmp_path / f"cli_r{r}.txt").read_text() for r in range(2)]
+    assert [(tmp_path / f"cli_code_r{r}.txt").read_text() for r in range(2)] == ["2", "2"], logs
+    errors = [line for line in logs[0].splitlines() if line.startswith("error:")]
+    assert errors == ["error: world size 2: no --cfg-parallel (1) × --ulysses 2 × --tp 2 needs exactly 4 processes; "
+                      "launch torchrun --nproc-per-node 4 or change the degrees."], logs[0]
+    assert "error" not in logs[1] and "Traceback" not in logs[0] + logs[1]
+    assert not (tmp_path / "x.mp4").exists()
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_tp_degree_must_split_the_heads():
+    from cosmos3_core.parallel.mesh import check_layout
+
+    nano, super_ = dict(num_heads=32, num_kv_heads=8), dict(num_heads=64, num_kv_heads=8)
+    with pytest.raises(ValueError, match=r"^--tp 3: the tensor-parallel degree must divide the model's 32 query "
+                                         r"heads and divide or be a multiple of its 8 key/value heads; choose one of "
+                                         r"\[1, 2, 4, 8, 16, 32\]\.$"):
+        check_layout(3, False, 1, tp=3, guidance=6.0, **nano)
+    with pytest.raises(ValueError, match=r"--tp 6: .*choose one of \[1, 2, 4, 8, 16, 32, 64\]"):
+        check_layout(6, False, 1, tp=6, guidance=6.0, **super_)
+    with pytest.raises(ValueError, match="--tp 0: the tensor-parallel degree must be at least 1"):
+        check_layout(1, False, 1, tp=0, guidance=6.0, **nano)
+    for tp in (1, 2, 4, 8, 16):  # 16 > 8 KV heads: each key/value head on two ranks
+        check_layout(tp, False, 1, tp=tp, guidance=6.0, **nano)
+    check_layout(16, True, 1, tp=8, guidance=6.0, **nano)  # CFG 2 × TP 8 on 16 GPUs
+
+
+def test_world_size_must_equal_cfg_times_ulysses_times_tp():
+    from cosmos3_core.parallel.mesh import check_layout
+
+    with pytest.raises(ValueError, match=r"^world size 4: --cfg-parallel \(2\) × --ulysses 1 × --tp 4 needs exactly 8 "
+                                         r"processes; launch torchrun --nproc-per-node 8 or change the degrees\.$"):
+        check_layout(4, True, 1, tp=4, guidance=6.0, num_heads=32, num_kv_heads=8)
+    check_layout(8, True, 1, tp=4, guidance=6.0, num_heads=32, num_kv_heads=8)
+    check_layout(8, True, 2, tp=2, guidance=6.0, num_heads=32, num_kv_heads=8)
+
+
+def test_ulysses_under_tp_splits_each_ranks_heads():
+    """With --tp T a rank holds H/T query heads; Ulysses must split those (the tiny Nano's 4/2 heads at TP 2: 2/1)."""
+    from cosmos3_core.parallel.mesh import check_layout
+
+    with pytest.raises(ValueError, match=r"^--ulysses 4: .*\(with --tp 2 each rank holds 2 query heads and 1 key/value "
+                                         r"heads\); choose one of \[1, 2\]\.$"):
+        check_layout(8, False, 4, tp=2, guidance=6.0, num_heads=4, num_kv_heads=2)
+    check_layout(4, False, 2, tp=2, guidance=6.0, num_heads=4, num_kv_heads=2)
