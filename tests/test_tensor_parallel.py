@@ -447,7 +447,8 @@ def test_ulysses_under_tp_splits_each_ranks_heads():
     """With --tp T a rank holds H/T query heads; Ulysses must split those (the tiny Nano's 4/2 heads at TP 2: 2/1)."""
     from cosmos3_core.parallel.mesh import check_layout
 
-    with pytest.raises(ValueError, match=r"^--ulysses 4: .*\(with --tp 2 each rank holds 2 query heads and 1 key/value "
-                                         r"heads\); choose one of \[1, 2\]\.$"):
+    with pytest.raises(ValueError, match=r"^--ulysses 4: the Ulysses degree must divide each --tp 2 rank's 2 query heads "
+                                         r"and divide or be a multiple of its 1 key/value heads; choose one of "
+                                         r"\[1, 2\]\.$"):
         check_layout(8, False, 4, tp=2, guidance=6.0, num_heads=4, num_kv_heads=2)
     check_layout(4, False, 2, tp=2, guidance=6.0, num_heads=4, num_kv_heads=2)

@@ -44,16 +44,14 @@ def head_degrees(num_heads: int, num_kv_heads: int) -> list[int]:
             if num_heads % d == 0 and (num_kv_heads % d == 0 or d % num_kv_heads == 0)]
 
 
-def check_heads(ulysses: int, num_heads: int, num_kv_heads: int, per_rank: str = "") -> None:
+def check_heads(ulysses: int, num_heads: int, num_kv_heads: int, whose: str = "the model's") -> None:
     """Raise a clear ``ValueError`` unless ``ulysses`` splits the query heads and the key/value heads cleanly
-    (``per_rank``: the heads are one tensor-parallel rank's, said so in the message)."""
+    (``whose`` heads they are, in the message: the model's, or one tensor-parallel rank's)."""
     good = head_degrees(num_heads, num_kv_heads)
     if ulysses not in good:
-        whose = f"{per_rank} holds" if per_rank else "the model has"
         raise ValueError(
-            f"--ulysses {ulysses}: the Ulysses degree must divide the query heads and divide or be a multiple of "
-            f"the key/value heads ({whose} {num_heads} query heads and {num_kv_heads} key/value heads); choose "
-            f"one of {good}."
+            f"--ulysses {ulysses}: the Ulysses degree must divide {whose} {num_heads} query heads and divide or be a "
+            f"multiple of its {num_kv_heads} key/value heads; choose one of {good}."
         )
 
 
@@ -93,7 +91,7 @@ def check_layout(
     if tp == 1:
         check_heads(ulysses, num_heads, num_kv_heads)
     else:
-        check_heads(ulysses, num_heads // tp, max(1, num_kv_heads // tp), per_rank=f"with --tp {tp} each rank")
+        check_heads(ulysses, num_heads // tp, max(1, num_kv_heads // tp), whose=f"each --tp {tp} rank's")
 
 
 def check_same_devices(devices: list[str]) -> None:
