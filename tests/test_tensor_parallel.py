@@ -317,7 +317,8 @@ def test_fp8_checkpoint_loads_sharded_with_replicated_scales(spawned):
 
 def test_each_rank_reads_and_holds_its_share(spawned, single):
     """No rank reads a sharded tensor whole; its parameter bytes are the ones ``per_rank_parameters`` computes."""
-    from cosmos3_core.parallel.tensor import per_rank_parameters, style_of
+    from cosmos3_core.parallel.sizing import per_rank_parameters
+    from cosmos3_core.parallel.tensor import style_of
 
     world, out, _ = spawned
     pipes = single[1]
@@ -325,11 +326,12 @@ def test_each_rank_reads_and_holds_its_share(spawned, single):
         for r in range(2):
             held, *whole = (out / f"reads_r{r}.txt").read_text().splitlines()
             assert whole and not [n for n in whole if style_of(n.rpartition(".")[0]) is not None], f"rank {r}"
-            assert int(held) == 4 * per_rank_parameters(pipes["nano"].config, 2)[0]  # fp32
+            assert int(held) == 4 * per_rank_parameters(pipes["nano"].config, 2).mine  # fp32
         return
     for kind, layouts in FOUR.items():
         for layout in layouts:
-            mine, total = per_rank_parameters(pipes[kind].config, layout[2])
+            counts = per_rank_parameters(pipes[kind].config, layout[2])
+            mine, total = counts.mine, counts.total
             for r in range(world):
                 held = int((out / f"{kind}_{_layout(*layout)}_bytes_r{r}.txt").read_text())
                 assert held == 4 * mine < 4 * total, (kind, layout, r)
@@ -353,20 +355,35 @@ def test_full_size_models_hold_one_tp_th_per_rank(variant):
     plus the same replicated modules at every T (norms, the modality heads, the time embedder: Nano 37.5 M, Super
     52.7 M parameters, under 0.3 % of the model)."""
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.parallel.tensor import per_rank_parameters
-    from cosmos3_core.testing.fullsize import NANO
+    from cosmos3_core.parallel.sizing import per_rank_parameters
+    from cosmos3_core.testing.fullsize import NANO, SUPER
 
-    values = dict(NANO)
-    if variant == "super":
-        values.update(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64)
-    config = Cosmos3Config.from_dict(values)
-    _, total = per_rank_parameters(config, 1)
+    config = Cosmos3Config.from_dict(NANO if variant == "nano" else SUPER)
+    total = per_rank_parameters(config, 1).total
     assert abs(total / 1e9 - {"nano": 14.55, "super": 63.24}[variant]) < 0.01  # without lm_head (0.62 / 0.78 B)
     replicated = set()
     for tp in (2, 4, 8):
-        mine, _ = per_rank_parameters(config, tp)
+        mine = per_rank_parameters(config, tp).mine
         replicated.add(round((mine * tp - total) / (tp - 1)))  # mine = (total - R) / T + R
     assert len(replicated) == 1 and 0 < replicated.pop() < 0.003 * total
+
+
+def test_step_memory_per_rank():
+    """One process: the single-GPU model of one step (``step_memory_required``, checked on an H200). CFG-parallel
+    halves the branches, TP divides the head- and MLP-wide tensors, Ulysses the tokens."""
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.model.towers import step_memory_required
+    from cosmos3_core.parallel.sizing import per_rank_step_bytes
+    from cosmos3_core.testing.fullsize import NANO
+
+    config, tokens, texts = Cosmos3Config.from_dict(NANO), 44160, [300, 120]  # 720p/189f, both branches
+    one = per_rank_step_bytes(config, tokens, texts)
+    assert one == step_memory_required(config, tokens, texts, torch.bfloat16)
+    cfg2 = per_rank_step_bytes(config, tokens, texts, cfg_parallel=True)
+    tp2, u2 = (per_rank_step_bytes(config, tokens, texts, **kw) for kw in (dict(tp=2), dict(ulysses=2)))
+    assert 0.45 * one < cfg2 < 0.55 * one
+    assert 0.55 * one < tp2 < 0.7 * one  # the residual stream (3·D per token) is not split
+    assert 0.45 * one < u2 < 0.55 * one
 
 
 # ---------------------------------------------------------------------------------------------- torchrun CLI

@@ -190,25 +190,3 @@ def local_parameter_bytes(model: nn.Module) -> int:
         local = p.to_local() if isinstance(p, DTensor) else p
         total += local.numel() * local.element_size()
     return total
-
-
-def per_rank_parameters(config: Cosmos3Config, tp: int, skip_modules=("lm_head",)) -> tuple[int, int]:
-    """(parameters one rank holds under tensor parallel degree ``tp``, of the whole model): computed from the
-    module tree on ``meta`` and ``style_of``, the rule ``shard`` applies (tests/test_tensor_parallel.py checks it
-    against the loaded shards)."""
-    from ..model.transformer import Cosmos3Transformer
-
-    check_tp(tp, config.num_attention_heads, config.num_key_value_heads)
-    with torch.device("meta"):
-        model = Cosmos3Transformer(config, skip_modules=skip_modules)
-    repeat = max(1, tp // config.num_key_value_heads)
-    mine = total = 0
-    for module_name, module in model.named_modules():
-        style = style_of(module_name)
-        for pname, p in module.named_parameters(recurse=False):
-            n = p.numel()
-            total += n
-            if style in ("colwise", "vocab") or (style == "rowwise" and pname == "weight"):
-                n = -(-n * (repeat if module_name.rpartition(".")[2] in KV_PROJECTIONS else 1) // tp)
-            mine += n
-    return mine, total
