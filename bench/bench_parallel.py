@@ -14,7 +14,7 @@ GPUs, per stage). bench/README.md lists the commands of each multi-GPU run (issu
     python bench/bench_parallel.py --render bench/results/parallel.json
     python bench/bench_parallel.py --memory-table          # the computed per-GPU memory of each layout (no GPU)
 
-Each run resolves one ``Request`` (eager, ``RuntimeOptions(compile=False)``) and runs it with
+Each run resolves one ``Request`` (eager unless ``--compile on``) and runs it with
 ``cosmos3_core.parallel.run.generate`` (the clip's stages with a ``ParallelDenoiser`` and the tile-parallel decode);
 a 1-step run of the same shape warms up first (``--no-warmup``: not). Every rank builds the same weights as
 common.py builds them for one GPU (seeded, drawn on its own GPU): Nano's or Super's geometry, bf16, the Wan2.2 VAE
@@ -63,7 +63,7 @@ def build_pipeline(args, mesh, tmp: Path):
 
     if args.tiny:
         files = build_tiny_checkpoint(tmp / "tiny", variant=args.model, sound=args.sound, seed=0)
-        sharding = TensorParallel(mesh.tp_mesh, Cosmos3Config.from_checkpoint(files)) if mesh.tp > 1 else None
+        sharding = TensorParallel(mesh.tp_mesh, Cosmos3Config.from_checkpoint(files)) if sharded(args, mesh) else None
         return Cosmos3Pipeline.load(files, dtype=torch.float32, device=mesh.device, with_sound=args.sound,
                                     sharding=sharding)
     from common import build_sharded, make_components
@@ -72,11 +72,15 @@ def build_pipeline(args, mesh, tmp: Path):
     from cosmos3_core.vae.video import Cosmos3VAE
 
     config = Cosmos3Config.from_dict(geometry(args.model))
-    sharding = TensorParallel(mesh.tp_mesh, config) if mesh.tp > 1 else None
+    sharding = TensorParallel(mesh.tp_mesh, config) if sharded(args, mesh) else None
     model = build_sharded(geometry(args.model), str(mesh.device), sharding)  # seeded: the same on every rank
     torch.manual_seed(0)  # the VAE's default init, identical on every rank
     files, vae, audio, tokenizer = make_components(str(mesh.device), tmp)
     return Cosmos3Pipeline(files, model, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio) if args.sound else None)
+
+
+def sharded(args, mesh) -> bool:
+    return mesh.tp > 1 or args.tp_path
 
 
 def parse_args() -> argparse.Namespace:
@@ -84,6 +88,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cfg-parallel", action="store_true")
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--tp-path", action="store_true",
+                   help="shard with DTensor even at --tp 1 (the tensor-parallel code path on one GPU: must equal the "
+                        "plain run)")
+    p.add_argument("--compile", choices=("off", "on", "auto"), default="off",
+                   help="RuntimeOptions.compile (default off: eager; the 1-step warm-up absorbs the compile)")
     p.add_argument("--model", choices=GEOMETRIES, default="nano", help="the random weights' geometry")
     p.add_argument("--sound", action="store_true", help="T2AV (a sound track too)")
     p.add_argument("--tiny", action="store_true", help="tiny checkpoint on the CPU with gloo: a start-up check")
@@ -132,7 +141,7 @@ def main() -> None:
         build_s = time.perf_counter() - start
         request = Request(prompt=LONG_PROMPT, negative_prompt=None, num_frames=args.num_frames, height=args.height,
                           width=args.width, steps=args.steps, guidance=6.0, seed=0, sound=args.sound,
-                          options=RuntimeOptions(compile=False))
+                          options=RuntimeOptions(compile=args.compile))
         if not args.no_warmup:
             generate(pipe, resolve(replace(request, steps=1), pipe.info), mesh, decode=False)
         if cuda:
@@ -168,8 +177,8 @@ def result_row(args, mesh, pipe, out, total: float, build_s: float) -> dict:
     layout = " × ".join([f"CFG {mesh.cfg}"] * (mesh.cfg > 1) + [f"Ulysses {mesh.ulysses}"] * (mesh.ulysses > 1)
                         + [f"TP {mesh.tp}"] * (mesh.tp > 1)) or "1 GPU"
     row = dict(
-        model=args.model, gpus=mesh.world_size, layout=layout, cfg=mesh.cfg, ulysses=mesh.ulysses, tp=mesh.tp,
-        tiny=args.tiny, sound=args.sound,
+        model=args.model, gpus=mesh.world_size, layout=layout + (" (TP code path)" if args.tp_path else ""),
+        cfg=mesh.cfg, ulysses=mesh.ulysses, tp=mesh.tp, tiny=args.tiny, sound=args.sound, compile=args.compile,
         device=torch.cuda.get_device_name(mesh.device) if cuda else platform.processor() or "cpu",
         height=args.height, width=args.width, frames=args.num_frames, steps=args.steps,
         build_s=round(build_s, 1), preprocess_s=round(out.timings["preprocess"], 2),
