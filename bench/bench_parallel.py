@@ -202,7 +202,7 @@ def compare(latents: torch.Tensor, path: Path) -> dict:
     got = latents.float().cpu()
     rel = float((got - ref).norm() / ref.norm())
     cosine = float(torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0))
-    return dict(reference=path.name, rel=round(rel, 5), cosine=round(cosine, 6))
+    return dict(reference=path.name, rel=float(f"{rel:.3g}"), cosine=float(f"{cosine:.9f}"))
 
 
 def _commit() -> str:
