@@ -231,8 +231,8 @@ def read_results(path: Path) -> list[dict]:
 
 def render(path: Path) -> str:
     rows = [r for r in read_results(path) if not r["tiny"]]
-    lines = ["| card | model | GPUs | layout | sound | denoise s | VAE decode s | total s | efficiency (denoise / decode "
-             "/ total) | weights GiB/GPU | peak GiB/GPU |", "|---|---|---:|---|---|---:|---:|---:|---|---:|---:|"]
+    lines = ["| card | model | GPUs | layout | sound | denoise s | VAE decode s | total s | efficiency (denoise / "
+             "decode / total) | weights GiB/GPU | peak GiB/GPU |", "|---|---|---:|---|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         base = next((b for b in rows if b["gpus"] == 1 and b["device"] == r["device"] and b.get("model", "nano")
                      == r.get("model", "nano") and b.get("sound") == r.get("sound")), None)
@@ -242,9 +242,10 @@ def render(path: Path) -> str:
             eff = " / ".join(f"{x:.0%}" for x in e)
         layout = r.get("layout") or f"CFG {r['cfg']} × Ulysses {r['ulysses']}"
         weights = max(r["weights_gib_per_rank"]) if "weights_gib_per_rank" in r else "–"
-        lines.append(f"| {r['device']} | {r.get('model', 'nano')} | {r['gpus']} | {layout} | "
-                     f"{'T2AV' if r.get('sound') else 'T2V'} | {r['denoise_s']} | {r['vae_decode_s']} | {r['total_s']} | "
-                     f"{eff} | {weights} | {max(r['peak_gib_per_rank'])} |")
+        sound = "T2AV" if r.get("sound") else "T2V"
+        lines.append(f"| {r['device']} | {r.get('model', 'nano')} | {r['gpus']} | {layout} | {sound} | "
+                     f"{r['denoise_s']} | {r['vae_decode_s']} | {r['total_s']} | {eff} | {weights} | "
+                     f"{max(r['peak_gib_per_rank'])} |")
     return "\n".join(lines)
 
 

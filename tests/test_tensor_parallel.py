@@ -47,8 +47,9 @@ LORA_TARGETS = ("layers.0.self_attn.add_q_proj", "layers.1.self_attn.add_v_proj"
 FOUR = {"nano": [(False, 1, 4), (True, 1, 2), (False, 2, 2)], "super": [(False, 1, 4), (True, 1, 2)]}
 DEATH_STEP = 2
 # imported once by the fork server (no threads, no process group), not by every rank: a rank starts in a second
-PRELOAD = ["torch", "torch.distributed.tensor.parallel", "diffusers", "diffusers.models.autoencoders.autoencoder_kl_wan",
-           "diffusers.models.autoencoders.autoencoder_cosmos3_audio", "cosmos3_core.pipeline",
+PRELOAD = ["torch", "torch.distributed.tensor.parallel", "diffusers",
+           "diffusers.models.autoencoders.autoencoder_kl_wan", "diffusers.models.autoencoders.autoencoder_cosmos3_audio",
+           "cosmos3_core.pipeline",
            "cosmos3_core.modes.dispatch", "cosmos3_core.parallel.run", "cosmos3_core.parallel.tensor",
            "test_tensor_parallel"]
 
@@ -464,8 +465,8 @@ def test_ulysses_under_tp_splits_each_ranks_heads():
     """With --tp T a rank holds H/T query heads; Ulysses must split those (the tiny Nano's 4/2 heads at TP 2: 2/1)."""
     from cosmos3_core.parallel.mesh import check_layout
 
-    with pytest.raises(ValueError, match=r"^--ulysses 4: the Ulysses degree must divide each --tp 2 rank's 2 query heads "
-                                         r"and divide or be a multiple of its 1 key/value heads; choose one of "
+    with pytest.raises(ValueError, match=r"^--ulysses 4: the Ulysses degree must divide each --tp 2 rank's 2 query "
+                                         r"heads and divide or be a multiple of its 1 key/value heads; choose one of "
                                          r"\[1, 2\]\.$"):
         check_layout(8, False, 4, tp=2, guidance=6.0, num_heads=4, num_kv_heads=2)
     check_layout(4, False, 2, tp=2, guidance=6.0, num_heads=4, num_kv_heads=2)
