@@ -232,7 +232,8 @@ def read_results(path: Path) -> list[dict]:
 def render(path: Path) -> str:
     rows = [r for r in read_results(path) if not r["tiny"]]
     lines = ["| card | model | GPUs | layout | sound | denoise s | VAE decode s | total s | efficiency (denoise / "
-             "decode / total) | weights GiB/GPU | peak GiB/GPU |", "|---|---|---:|---|---|---:|---:|---:|---|---:|---:|"]
+             "decode / total) | weights GiB/GPU | peak GiB/GPU |",
+             "|---|---|---:|---|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         base = next((b for b in rows if b["gpus"] == 1 and b["device"] == r["device"] and b.get("model", "nano")
                      == r.get("model", "nano") and b.get("sound") == r.get("sound")), None)

@@ -48,7 +48,8 @@ FOUR = {"nano": [(False, 1, 4), (True, 1, 2), (False, 2, 2)], "super": [(False, 
 DEATH_STEP = 2
 # imported once by the fork server (no threads, no process group), not by every rank: a rank starts in a second
 PRELOAD = ["torch", "torch.distributed.tensor.parallel", "diffusers",
-           "diffusers.models.autoencoders.autoencoder_kl_wan", "diffusers.models.autoencoders.autoencoder_cosmos3_audio",
+           "diffusers.models.autoencoders.autoencoder_kl_wan",
+           "diffusers.models.autoencoders.autoencoder_cosmos3_audio",
            "cosmos3_core.pipeline",
            "cosmos3_core.modes.dispatch", "cosmos3_core.parallel.run", "cosmos3_core.parallel.tensor",
            "test_tensor_parallel"]

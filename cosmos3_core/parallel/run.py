@@ -37,8 +37,8 @@ def check_fast_modes(run) -> None:
     policy = run.sampling.mixed_precision
     if policy is not None and any(name != "W8A16" for name in policy.schedule(run.sampling.steps)):
         raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses / --tp yet "
-                         "(each rank keeps its share of the text K/V, which a W8A8 step would recompute); run it on one "
-                         "GPU, or load a bf16 checkpoint for the parallel run.")
+                         "(each rank keeps its share of the text K/V, which a W8A8 step would recompute); run it on "
+                         "one GPU, or load a bf16 checkpoint for the parallel run.")
 
 
 def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, run) -> TextConditioning:
