@@ -67,7 +67,6 @@ def build_pipeline(args, mesh, tmp: Path):
         return Cosmos3Pipeline.load(files, dtype=torch.float32, device=mesh.device, with_sound=args.sound,
                                     sharding=sharding)
     from common import build_sharded, make_components
-
     from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
@@ -120,12 +119,14 @@ def main() -> None:
     if args.memory_table:
         print(memory_table())
         return
-    from common import LONG_PROMPT
+    from dataclasses import replace
 
+    from common import LONG_PROMPT
     from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.parallel.mesh import init_parallel
     from cosmos3_core.parallel.run import generate
-    from cosmos3_core.request import Request, replace, resolve
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
     from cosmos3_core.runtime import RuntimeOptions
     from cosmos3_core.testing.tiny import transformer_config
 

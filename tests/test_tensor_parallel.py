@@ -51,7 +51,7 @@ PRELOAD = ["torch", "torch.distributed.tensor.parallel", "diffusers",
            "diffusers.models.autoencoders.autoencoder_kl_wan",
            "diffusers.models.autoencoders.autoencoder_cosmos3_audio",
            "cosmos3_core.pipeline",
-           "cosmos3_core.modes.dispatch", "cosmos3_core.parallel.run", "cosmos3_core.parallel.tensor",
+           "cosmos3_core.api", "cosmos3_core.parallel.run", "cosmos3_core.parallel.tensor",
            "test_tensor_parallel"]
 
 
@@ -62,8 +62,7 @@ def _image() -> Image.Image:
 
 def _requests(kind: str):
     """The ``Request`` of each named run (the same in every rank and in this process)."""
-    from cosmos3_core.modes.action import ActionRequest
-    from cosmos3_core.request import Request
+    from cosmos3_core.request import ActionRequest, Request
 
     clip = dict(prompt=PROMPT, num_frames=F, height=H, width=W, seed=SEED)
     guided = dict(clip, negative_prompt=NEGATIVE, steps=STEPS, guidance=6.0, shift=SHIFT)
@@ -83,9 +82,9 @@ def _requests(kind: str):
 def _generate(pipe, request, mesh=None):
     """A clip through ``parallel.run.generate`` on ``mesh``, or any mode's own ``generate`` (one process, or a
     model sharded by ``--tp`` alone)."""
-    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.api import generate
     from cosmos3_core.parallel import run
-    from cosmos3_core.request import resolve
+    from cosmos3_core.resolve import resolve
 
     if mesh is not None and request.action is None:
         return run.generate(pipe, resolve(request, pipe.info), mesh, decode=False)
@@ -162,9 +161,11 @@ def _two_ranks(rank: int, ckpts: dict[str, Path], out: Path) -> None:
 
 def _die(rank: int, pipe, mesh, out: Path) -> None:
     """Rank 1 exits inside step ``DEATH_STEP``; rank 0 must fail fast with one clear message."""
+    from dataclasses import replace
+
     from cosmos3_core.parallel import run
     from cosmos3_core.parallel.mesh import ParallelError
-    from cosmos3_core.request import replace, resolve
+    from cosmos3_core.resolve import resolve
 
     def die(step, total, preview):
         if rank == 1 and step == DEATH_STEP - 1:

@@ -1,7 +1,7 @@
 """``torchrun --nproc-per-node N -m cosmos3_core.generate ... --cfg-parallel --ulysses K --tp T``: one run on N ranks.
 
-The router hands a resolved request with ``--cfg-parallel``, ``--ulysses K > 1`` or ``--tp T > 1`` to ``run``. Every
-rank joins the ``cfg`` × ``ulysses`` × ``tp`` mesh on its device (``cuda:LOCAL_RANK``, or the CPU with gloo for
+The router hands a resolved request with ``--cfg-parallel``, ``--ulysses K > 1`` or ``--tp T > 1`` to ``execute``.
+Every rank joins the ``cfg`` × ``ulysses`` × ``tp`` mesh on its device (``cuda:LOCAL_RANK``, or the CPU with gloo for
 ``--device cpu``) and loads the checkpoint: a full replica, or with ``--tp T`` only its 1/T share of every
 decoder-layer weight (``parallel/tensor.py``). A clip runs ``parallel.run.generate`` (the tile-parallel VAE decode
 included). The other modes (windows, Transfer, action) run under ``--tp`` alone: rank 0 runs the mode's own CLI
@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..parallel.mesh import ParallelError, guarded, init_parallel
+from ..request import Resolved
 from . import common
 
 
@@ -41,27 +42,27 @@ def wanted(args: argparse.Namespace) -> bool:
     return bool(args.cfg_parallel) or args.ulysses != 1 or args.tp != 1
 
 
-def run(args: argparse.Namespace, run, runners: dict[str, Callable]) -> dict[str, float] | None:
+def execute(args: argparse.Namespace, resolved: Resolved, runners: dict[str, Callable]) -> dict[str, float] | None:
     """Timings on rank 0; ``None`` on the other ranks (rank 0 reports). ``runners``: the CLI's runner per mode."""
-    if run.mode != "clip" and (args.cfg_parallel or args.ulysses != 1):
-        raise ValueError(f"--cfg-parallel / --ulysses run one clip on several GPUs; the {run.mode} mode is not "
+    if resolved.mode != "clip" and (args.cfg_parallel or args.ulysses != 1):
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip on several GPUs; the {resolved.mode} mode is not "
                          "parallel that way (windows, Transfer and action modes run on one device, or under --tp "
                          "alone) — drop them.")
     from ..parallel.run import check_fast_modes
 
-    check_fast_modes(run)
+    check_fast_modes(resolved)
     try:
-        return _run(args, run, runners)
+        return _execute(args, resolved, runners)
     except ParallelError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
 
-def _join(args: argparse.Namespace, run):
+def _join(args: argparse.Namespace, resolved: Resolved):
     """The mesh; a bad layout or unequal devices is said once, by rank 0 (the others exit with the same status)."""
     config = common.checkpoint_config(args.checkpoint)
     try:
-        return init_parallel(args.cfg_parallel, args.ulysses, tp=args.tp, guidance=run.sampling.guidance,
+        return init_parallel(args.cfg_parallel, args.ulysses, tp=args.tp, guidance=resolved.sampling.guidance,
                              num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
                              device_type=args.device, timeout_s=args.parallel_timeout), config
     except ValueError:
@@ -70,37 +71,37 @@ def _join(args: argparse.Namespace, run):
         raise
 
 
-def _run(args: argparse.Namespace, run, runners: dict[str, Callable]) -> dict[str, float] | None:
+def _execute(args: argparse.Namespace, resolved: Resolved, runners: dict[str, Callable]) -> dict[str, float] | None:
     from ..parallel.run import generate
     from ..parallel.tensor import TensorParallel
 
-    mesh, config = _join(args, run)
+    mesh, config = _join(args, resolved)
     writer = mesh.rank == 0
     args.weight_sharding = TensorParallel(mesh.tp_mesh, config) if mesh.tp > 1 else None
     timings: dict[str, float] | None = {}
-    if run.mode != "clip":  # --tp alone: every rank runs the mode; rank 0 writes
-        timings = runners[run.mode](args, run) if writer else _run_silently(args, run)
+    if resolved.mode != "clip":  # --tp alone: every rank runs the mode; rank 0 writes
+        timings = runners[resolved.mode](args, resolved) if writer else _generate_silently(args, resolved)
     else:
-        pipe = common.load_pipeline(args, timings, sound=run.sampling.sound, device=mesh.device)
+        pipe = common.load_pipeline(args, timings, sound=resolved.sampling.sound, device=mesh.device)
 
         def progress(step: int, total: int, _preview) -> None:
             if writer:
                 common.print_progress(step, total)
 
-        out = generate(pipe, run, mesh, callback=progress)
+        out = generate(pipe, resolved, mesh, callback=progress)
         if writer:
-            common.write_outputs(args, pipe, run, out, timings)
+            common.write_outputs(args, pipe, resolved, out, timings)
     final_barrier(mesh.device)
     dist.destroy_process_group()
     return timings if writer else None
 
 
-def _run_silently(args: argparse.Namespace, run) -> None:
+def _generate_silently(args: argparse.Namespace, resolved: Resolved) -> None:
     """A rank > 0's part of a non-clip mode: the same load and generation as rank 0's runner, nothing written."""
-    from ..modes.dispatch import MODES
+    from ..api import GENERATORS
 
-    pipe = common.load_pipeline(args, {}, sound=run.sampling.sound)
-    MODES[run.mode](pipe, run, decode=False)
+    pipe = common.load_pipeline(args, {}, sound=resolved.sampling.sound)
+    GENERATORS[resolved.mode](pipe, resolved, decode=False)
 
 
 def final_barrier(device: torch.device) -> None:

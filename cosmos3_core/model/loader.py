@@ -41,13 +41,26 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, _transformer_dir
-from .layers import KEEP_FP32
 from .fp8 import Fp8Linear, quantize_weight
+from .layers import KEEP_FP32
 from .precision import linear_path
 from .transformer import Cosmos3Transformer
-from .weights import (AMAX_SUFFIX, E4M3_MAX, FP8_DTYPES, INPUT_SCALE_SUFFIXES, WEIGHT_SCALE_SUFFIXES, CastLinear,
-                      Fp8Checkpoint, fp8_checkpoint, is_dropped, is_modelopt_fp8, missing_scale_error, read_scale, scale_key,
-                      stored_linear_weight)
+from .weights import (
+    AMAX_SUFFIX,
+    E4M3_MAX,
+    FP8_DTYPES,
+    INPUT_SCALE_SUFFIXES,
+    WEIGHT_SCALE_SUFFIXES,
+    CastLinear,
+    Fp8Checkpoint,
+    fp8_checkpoint,
+    is_dropped,
+    is_modelopt_fp8,
+    missing_scale_error,
+    read_scale,
+    scale_key,
+    stored_linear_weight,
+)
 
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
