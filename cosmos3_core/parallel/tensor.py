@@ -120,6 +120,9 @@ class TensorParallel:
 
     def __post_init__(self):
         check_tp(self.degree, self.config.num_attention_heads, self.config.num_key_value_heads)
+        if self.config.intermediate_size % self.degree:  # every Cosmos3 MLP width divides by 2..1024
+            raise ValueError(f"--tp {self.degree}: the MLP width {self.config.intermediate_size} does not split "
+                             f"{self.degree} ways; choose a degree that divides it.")
 
     @property
     def degree(self) -> int:
