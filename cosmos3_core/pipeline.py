@@ -100,10 +100,12 @@ class Cosmos3Pipeline:
         storage_dtype: torch.dtype | None = None,
         scaled_linear: type[torch.nn.Linear] | None = None,
         fp8_compute: bool = False,
+        sharding=None,
     ) -> "Cosmos3Pipeline":
         """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``);
         ``fp8_compute``: approximate FP8 compute for a bf16 checkpoint (the CLI's ``--weight-dtype fp8_e4m3fn_fast``,
-        ``model/fp8.py``).
+        ``model/fp8.py``); ``sharding``: this rank's part of a tensor-parallel load (``model.loader.WeightSharding``,
+        ``parallel.tensor.TensorParallel``).
 
         Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
         holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
@@ -122,7 +124,7 @@ class Cosmos3Pipeline:
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
         transformer = load_transformer(
             root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear,
-            storage_dtype=storage_dtype, fp8_compute=fp8_compute,
+            storage_dtype=storage_dtype, fp8_compute=fp8_compute, sharding=sharding,
             **({"scaled_linear": scaled_linear} if scaled_linear else {}),
         )
         return cls(root, transformer, vae, tokenizer, sound)

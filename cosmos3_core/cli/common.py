@@ -240,12 +240,14 @@ def removed_if_unfinished(path):
 
 # ---------------------------------------------------------------------------------------------- running
 def load_pipeline(args: argparse.Namespace, timings: dict[str, float], *, sound: bool, device=None):
-    """The one timed load of the checkpoint (``timings["model_load"]``)."""
+    """The one timed load of the checkpoint (``timings["model_load"]``); under ``--tp`` this rank's shard of it
+    (``args.weight_sharding``, set by cli/parallel.py)."""
     from ..pipeline import Cosmos3Pipeline
 
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=device or args.device,
-                                with_sound=sound, fp8_compute=fp8_compute(args))
+                                with_sound=sound, fp8_compute=fp8_compute(args),
+                                sharding=getattr(args, "weight_sharding", None))
     timings["model_load"] = time.perf_counter() - start
     return pipe
 

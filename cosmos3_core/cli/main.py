@@ -8,7 +8,8 @@ files), ``resolve.resolve`` decides and checks the whole run before anything loa
 * ``windows`` / ``transfer`` (cli/long_video.py): ``--num-frames`` above one clip (189) runs as windows unless
   ``--one-pass``; ``--frames-per-chunk`` sets the window; ``--control KEY=FILE`` is Transfer; streamed to the mp4;
 * ``action`` (cli/action.py): ``--action-mode policy|forward_dynamics|inverse_dynamics``;
-* under ``torchrun`` with ``--cfg-parallel`` / ``--ulysses K`` a clip runs on N ranks (cli/parallel.py).
+* under ``torchrun`` with ``--cfg-parallel`` / ``--ulysses K`` / ``--tp T`` a clip runs on N ranks, and with
+  ``--tp T`` alone every mode (cli/parallel.py).
 
 Prints the stage timings ``model_load, preprocess, inference, to_cpu, encode`` as the PhyAI generation script does
 (inference = denoising loop + VAE/audio decode; encode = what is left of writing the file, since an mp4 is encoded
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--use-system-prompt", action="store_true",
                    help="prepend the system prompt (default: the checkpoint's setting; action modes: off)")
     long_video.add_arguments(p)  # --frames-per-chunk, --conditional-frames, --one-pass, --control, ...
-    parallel.add_arguments(p)  # --cfg-parallel, --ulysses, --parallel-timeout
+    parallel.add_arguments(p)  # --cfg-parallel, --ulysses, --tp, --parallel-timeout
     action.add_arguments(p)  # --action-mode and the other CosmosActionCondition fields
     return p
 
@@ -91,7 +92,7 @@ def run_command(args: argparse.Namespace) -> dict[str, float] | None:
         values = ", ".join(f"{name} {value:g}" for name, value in resolved.recipe_defaults)
         print(f"{resolved.recipe}: {values} (the checkpoint's published defaults; a flag given wins)", file=sys.stderr)
     if parallel.wanted(args):
-        return parallel.execute(args, resolved)
+        return parallel.execute(args, resolved, RUNNERS)
     return RUNNERS[resolved.mode](args, resolved)
 
 

@@ -22,6 +22,11 @@ linears are ``fp8.Fp8Linear`` (by default), given the checkpoint's activation an
 (``X.input_quantizer._amax`` / ``X.input_scale``, ``X.weight_quantizer._amax``) and the reference's path class;
 ``fp8_compute=True`` quantizes a bf16 checkpoint's decoder-layer linears the same way at load (approximate FP8
 compute, ``fp8.py``). ``model.fp8_checkpoint`` (``weights.Fp8Checkpoint``) is then what the step policy reads.
+
+A distributed load passes a ``WeightSharding`` (``sharding=``; parallel/tensor.py's ``TensorParallel``): it splits
+the meta-built model (``shard``), says which slice of each checkpoint tensor this rank holds (``source``), and
+makes the model's parameter from that slice (``place``). Each rank then reads only its slices (safetensors'
+``get_slice``), never a whole sharded tensor, and every per-tensor step above (FP8 scales, casts) runs on the slice.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -61,6 +66,16 @@ from .weights import (
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "diffusion_pytorch_model.safetensors"
+
+
+class WeightSharding(Protocol):
+    """How a distributed load splits the transformer's weights across ranks (see the module docstring)."""
+
+    def shard(self, model: torch.nn.Module) -> None: ...
+
+    def source(self, name: str, param: torch.Tensor) -> tuple[tuple[int, ...], tuple[slice, ...] | None]: ...
+
+    def place(self, local: torch.Tensor, param: torch.Tensor) -> torch.Tensor: ...
 
 
 def weight_files(checkpoint_dir: str | Path) -> dict[str, Path]:
@@ -110,6 +125,7 @@ def load_transformer(
     storage_dtype: torch.dtype | None = None,
     scaled_linear: type[torch.nn.Linear] = Fp8Linear,
     fp8_compute: bool = False,
+    sharding: WeightSharding | None = None,
 ) -> Cosmos3Transformer:
     """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
 
@@ -121,7 +137,8 @@ def load_transformer(
     ``scaled_linear`` (a linear layer with an fp32 ``scale_weight`` parameter, e.g. ``CastLinear`` or ComfyUI's
     ``comfy.ops.scaled_fp8_ops().Linear``); with ``Fp8Linear`` (the default) they also get their W8A8 scales.
     ``fp8_compute``: quantize a bf16 checkpoint's decoder-layer linears to FP8 with per-tensor scales at load
-    (approximate FP8 compute; W8A8 with dynamic activation scales)."""
+    (approximate FP8 compute; W8A8 with dynamic activation scales). ``sharding``: this rank's part of a
+    distributed load (module docstring)."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
     files = weight_files(checkpoint_dir)
     folder = _transformer_dir(checkpoint_dir)
@@ -136,9 +153,17 @@ def load_transformer(
         linear = scaled_linear
     elif linear is torch.nn.Linear and storage_dtype not in (None, dtype):
         linear = CastLinear
+    if fp8_compute and sharding is not None:
+        raise ValueError("fp8_compute rounds each weight with one scale of the whole tensor, which a sharded load "
+                         "never reads whole; load the bf16 checkpoint without it for a tensor-parallel run.")
     with torch.device("meta"):
         model = Cosmos3Transformer(config, skip_modules=skip_modules, linear=linear)
-    expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
+    if sharding is not None:
+        sharding.shard(model)
+    params = model.state_dict(keep_vars=True)
+    slices = {name: sharding.source(name, p) if sharding is not None else (tuple(p.shape), None)
+              for name, p in params.items()}
+    expected = {name: shape for name, (shape, _) in slices.items()}
     linear_weights = {f"{name}.weight" for name, m in model.named_modules()
                       if isinstance(m, torch.nn.Linear) and name.split(".")[0] not in KEEP_FP32}
     scales = {name for name in expected if name.endswith(".scale_weight")}
@@ -161,12 +186,7 @@ def load_transformer(
     for path, names in by_file.items():
         with _open(path) as f:
             for name in names:
-                tensor = _read(f, path, name)
-                if tuple(tensor.shape) != tuple(expected[name]):
-                    raise CheckpointError(
-                        f"{path}: {name!r} has shape {tuple(tensor.shape)} but config.json implies "
-                        f"{tuple(expected[name])}; the config and the weights belong to different models."
-                    )
+                tensor = _read(f, path, name, expected[name], slices[name][1])
                 if name in linear_weights:
                     scale = _scale_of(name, files, folder) if modelopt else None
                     if fp8_compute and name.startswith("layers."):
@@ -183,6 +203,8 @@ def load_transformer(
                     continue
                 target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
                 state[name] = tensor.to(device=device, dtype=target)
+    if sharding is not None:
+        state = {name: sharding.place(value, params[name]) for name, value in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.fp8_checkpoint = fp8 if keep_fp8 else None  # bf16/fp16 storage dequantized it: a dense model
     if model.fp8_checkpoint is not None:
@@ -237,11 +259,19 @@ def _config_values(folder: Path) -> dict:
         return {}
 
 
-def _read(f, path: Path, name: str) -> torch.Tensor:
+def _read(f, path: Path, name: str, shape: tuple[int, ...] | None = None,
+          index: tuple[slice, ...] | None = None) -> torch.Tensor:
+    """Tensor ``name`` of the open file ``f``, checked to have ``shape`` (the one ``config.json`` implies), or
+    only its ``index`` slice (a sharded load: the rest is never read)."""
     try:
-        return f.get_tensor(name)
+        part = f.get_slice(name)
+        found = tuple(part.get_shape())
+        if shape is None or found == tuple(shape):
+            return f.get_tensor(name) if index is None else part[index]
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: tensor {name!r} is unreadable ({exc}); download it again.") from exc
+    raise CheckpointError(f"{path}: {name!r} has shape {found} but config.json implies {tuple(shape)}; the config "
+                          "and the weights belong to different models.")
 
 
 def _scale_of(weight_name: str, files: dict[str, Path], folder: Path) -> torch.Tensor | None:

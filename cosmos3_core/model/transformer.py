@@ -87,6 +87,7 @@ class Cosmos3Transformer(nn.Module):
         self.skip_modules = tuple(skip_modules)
         self.execution_device: torch.device | None = None
         self.fp8_checkpoint = None  # weights.Fp8Checkpoint of an FP8 load (loader.py), read by the step policy
+        self.weight_sharding = None  # loader.WeightSharding of a tensor-parallel load (parallel/tensor.py)
         d, kind, eps = config.hidden_size, config.norm_kind, config.rms_norm_eps
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.layers = nn.ModuleList(DecoderLayer(config, linear) for _ in range(config.num_hidden_layers))
@@ -154,7 +155,7 @@ class Cosmos3Transformer(nn.Module):
         if len(ids) > 1:  # every prompt at positions 0..L-1
             cos, sin = (torch.cat([t[:m] for m in lengths]) for t in (cos, sin))
         h = self.embed_tokens(all_ids.to(device))  # [ΣL, D]
-        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads)
+        shape = (cfg.num_hidden_layers, self.layers[0].self_attn.num_kv_heads)  # this rank's heads (tensor parallel)
         keys = [torch.empty(*shape, m, cfg.head_dim, dtype=dtype, device=device) for m in lengths]
         values = [torch.empty_like(k) for k in keys]
         last = len(self.layers) - 1
@@ -305,10 +306,11 @@ def _prompt_length_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
 
 def _no_weight_hooks(args: tuple) -> bool:
     """Whether a ``generation_layer`` call's layer computes with its parameters as they are: no host per-call cast
-    or weight function (``comfy.ops`` weight streaming, on-the-fly LoRA), which only plain ``torch.compile``'s
-    in-process guards can follow."""
+    or weight function (``comfy.ops`` weight streaming, on-the-fly LoRA) and no forward hooks (a tensor-parallel
+    layer's, which exchange partial sums), which only plain ``torch.compile``'s in-process guards can follow."""
     return not any(getattr(m, "comfy_cast_weights", False) or getattr(m, "weight_function", None)
-                   or getattr(m, "bias_function", None) for m in args[0].modules())
+                   or getattr(m, "bias_function", None) or m._forward_pre_hooks or m._forward_hooks
+                   for m in args[0].modules())
 
 
 def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None,

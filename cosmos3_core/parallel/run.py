@@ -1,4 +1,5 @@
-"""One generation on every rank of a ``cfg`` × ``ulysses`` mesh: the pipeline's stages with the parallel pieces.
+"""One generation on every rank of a ``cfg`` × ``ulysses`` × ``tp`` mesh: the pipeline's stages with the parallel
+pieces.
 
 Mirrors ``modes.clip.generate_clip`` stage by stage; only three things differ:
 
@@ -27,17 +28,18 @@ from .vae import decode_parallel
 
 
 def check_fast_modes(resolved: Resolved) -> None:
-    """The fast modes a parallel clip cannot take yet, refused before any load: SeaCache (its contexts live with the
-    whole batch of branches on one device) and FP8 W8A8 steps (each rank holds its own share of the text K/V, which
-    those steps would need recomputed in their own precision)."""
+    """The fast modes a parallel run cannot take yet, refused before any load: SeaCache (its contexts live with the
+    whole batch of branches on one device, and a skipped layer stack must be skipped by every rank alike) and FP8
+    W8A8 steps (each rank holds its own share of the text K/V, which those steps would need recomputed in their
+    own precision)."""
     if resolved.sampling.sea_cache is not None:
-        raise ValueError("sea_cache: SeaCache runs on one GPU; --cfg-parallel / --ulysses do not take it yet — drop "
-                         "--sea-cache or the parallel flags.")
+        raise ValueError("sea_cache: SeaCache runs on one GPU; --cfg-parallel / --ulysses / --tp do not take it yet — "
+                         "drop --sea-cache or the parallel flags.")
     policy = resolved.sampling.mixed_precision
     if policy is not None and any(name != "W8A16" for name in policy.schedule(resolved.sampling.steps)):
-        raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses yet (each rank "
-                         "keeps its share of the text K/V, which a W8A8 step would recompute); run it on one GPU, or "
-                         "load a bf16 checkpoint for the parallel run.")
+        raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses / --tp yet "
+                         "(each rank keeps its share of the text K/V, which a W8A8 step would recompute); run it on "
+                         "one GPU, or load a bf16 checkpoint for the parallel run.")
 
 
 def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, resolved: Resolved) -> TextConditioning:
@@ -64,8 +66,8 @@ def generate(
     """``modes.clip.generate_clip`` of the resolved request (``request.Resolved``, mode ``clip``) on this
     rank: the same stages and plan, with the parallel pieces."""
     if resolved.mode != "clip":
-        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {resolved.mode} mode is not parallel yet — "
-                         "drop them.")
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {resolved.mode} mode is not parallel that way "
+                         "(under --tp alone every rank runs the mode itself on its shard) — drop them.")
     check_fast_modes(resolved)
     if mesh.cfg == 2 and not resolved.sampling.use_cfg:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")
