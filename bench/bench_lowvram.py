@@ -50,6 +50,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import LONG_PROMPT, NANO, RESOLUTIONS, WAN22_VAE, gib  # noqa: E402
+from cosmos3_core import api
 
 CONTEXT_GIB = 0.5  # what a real card's CUDA context and driver keep of its nominal size
 CASES = {"h200_480p": ("480p", None), "h200_720p": ("720p", None), "card16_480p": ("480p", 16.0)}
@@ -71,14 +72,13 @@ def import_pack():
 def random_nano_pipeline(files: Path, linear):
     """Full-size Nano with seeded random bf16 weights on the CPU (ComfyUI's offload device), built with ComfyUI's
     Linear like the loader node does, plus a random Wan2.2 VAE and the AVAE sound decoder."""
-    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
-
-    from cosmos3_pack.cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_pack.cosmos3_core.config import Cosmos3Config
+    from cosmos3_pack.cosmos3_core.model.transformer import Cosmos3Transformer
     from cosmos3_pack.cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_pack.cosmos3_core.sampling.prompt import load_tokenizer
-    from cosmos3_pack.cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_pack.cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_pack.cosmos3_core.vae.video import Cosmos3VAE
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):
@@ -139,7 +139,7 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
         stamps = []
 
         def sample():
-            plan = pipe.plan(text, seed=0, steps=steps, guidance=6.0, sound=True, device=handle.generation_device)
+            plan = api.plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=True, device=handle.generation_device)
             handle.load_generation_tower(plan.memory_required)
             return pipe.run(plan, callback=lambda *_: (torch.cuda.synchronize(), stamps.append(time.perf_counter())))
 
@@ -241,7 +241,7 @@ def run_case(handle, mm, shape, vram_gib, steps: int, cuda: bool) -> dict:
         text = phase("text_encode", encode)
 
         def sample():
-            plan = pipe.plan(text, seed=0, steps=steps, guidance=6.0, sound=pipe.supports_sound,
+            plan = api.plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=pipe.info.has_sound,
                              device=handle.generation_device)
             handle.load_generation_tower(plan.memory_required)
             return pipe.run(plan)

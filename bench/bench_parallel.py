@@ -45,7 +45,6 @@ def build_pipeline(tiny: bool, device: torch.device, tmp: Path):
         files = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=False, seed=0)
         return Cosmos3Pipeline.load(files, dtype=torch.float32, device=device, with_sound=False)
     from common import build_ours, make_components
-
     from cosmos3_core.vae.video import Cosmos3VAE
 
     model = build_ours(str(device))  # seeded: the same weights on every rank
@@ -73,11 +72,13 @@ def main() -> None:
     if args.tiny:
         args.height, args.width, args.num_frames, args.steps = 64, 96, 9, 2
 
-    from common import LONG_PROMPT
+    from dataclasses import replace
 
+    from common import LONG_PROMPT
     from cosmos3_core.parallel.mesh import init_parallel
     from cosmos3_core.parallel.run import generate
-    from cosmos3_core.request import Request, replace, resolve
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
     from cosmos3_core.runtime import RuntimeOptions
 
     heads = (4, 2) if args.tiny else (32, 8)

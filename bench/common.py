@@ -109,8 +109,9 @@ def build_models(device: str):
 
 
 def reference_inputs(ref, ids: list[int], latents: torch.Tensor, fps: float, timestep: int):
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline as P
     import types
+
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline as P
 
     pipe = types.SimpleNamespace(transformer=ref, vae_scale_factor_temporal=4)
     dev = latents.device
@@ -147,8 +148,8 @@ LONG_PROMPT = " ".join(["a red robot walks down a busy city street at night whil
 def build_tiny_ours() -> torch.nn.Module:
     """A tiny random fp32 model on the CPU (cosmos3_core/testing/tiny.py's geometry and init) for ``--tiny``."""
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.testing.tiny import randomize_transformer_, transformer_config
     from cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_core.testing.tiny import randomize_transformer_, transformer_config
 
     config = Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000, action=False))
     model = Cosmos3Transformer(config, skip_modules=("lm_head",))

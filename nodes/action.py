@@ -13,14 +13,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
 import comfy.model_management as mm
 import folder_paths
+import torch
 from comfy_api.latest import io
 
-from ..cosmos3_core.modes import action as core
 from ..cosmos3_core import defaults
+from ..cosmos3_core.modes import action as core
+from ..cosmos3_core.request import ActionRequest
+from ..cosmos3_core.resolve import resolve_action
+from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Model, Cosmos3Text
 
@@ -92,7 +94,7 @@ class Cosmos3ActionCondition(io.ComfyNode):
             raise ValueError(f"{who}: the actions are for domain_name={actions.domain_name!r} but domain_name is "
                              f"{domain_name!r}; pick the embodiment the actions were recorded with.")
         frames = image[..., :3]
-        request = core.ActionRequest(
+        request = ActionRequest(
             mode=mode, chunk_size=chunk_size, domain_name=domain_name,
             resolution_tier=int(resolution_tier) if str(resolution_tier).isdigit() else resolution_tier,
             raw_actions=None if actions is None else actions.values,
@@ -101,12 +103,13 @@ class Cosmos3ActionCondition(io.ComfyNode):
         )
         pipe = model.pipeline
         with node_errors(who):
-            model.load_vae(core.encode_shape(pipe, request))
-            condition = core.encode(pipe, request)
-            ids = core.tokenize(pipe, condition, prompt, negative_prompt, fps=fps,
-                                use_system_prompt=use_system_prompt)
+            resolve_action(pipe.info, request, prompt, negative_prompt, fps)
+            model.load_vae(core.encode_latent_shape(request, pipe.vae))
+            condition = core.encode_action_condition(pipe.vae, request, pipe.config)
+            ids = core.action_prompt_ids(pipe.tokenizer, condition, prompt, negative_prompt, fps=fps,
+                                         use_system_prompt=use_system_prompt)
         model.load_text_tower(text_length=ids.prefill_tokens)
-        text = core.prefill(pipe, ids, condition, fps=fps)
+        text = core.prefill(pipe, ids, condition, fps=fps, options=RuntimeOptions())
         out = mm.intermediate_device()
         return io.NodeOutput(text.to(out), condition.to(out))
 

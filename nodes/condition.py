@@ -11,27 +11,15 @@ checks it; wire both from the same primitive to keep one source of truth).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
 import comfy.model_management as mm
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.request import ConditionLatents
 from ..cosmos3_core.sampling.conditioning import encode_keyframes, keyframe_indexes
 from .errors import node_errors
 from .types import CATEGORY, Cosmos3Condition, Cosmos3Model
-
-
-@dataclass(frozen=True)
-class ConditionLatents:
-    x0: torch.Tensor  # [1, 48, k, h, w] normalized clean latent frames, on the intermediate device
-    clean_frames: tuple[int, ...]
-    height: int
-    width: int
-    mode: str  # "image-to-video" | "video-to-video" | "keyframes"
-    num_frames: int | None = None  # the clip length the condition was made for (keyframes), None: any length
 
 
 class Cosmos3VAEEncodeCond(io.ComfyNode):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-
 import comfy.model_management as mm
 import comfy.utils
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.request import check_options
+from ..cosmos3_core.checks import check_options
 from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model, Cosmos3Sound, compile_input
@@ -111,7 +110,8 @@ def _check_create_video_fps(prompt: dict | None, node_id: str | None, fps: float
         value = inputs.get("fps")
         if isinstance(value, list):  # linked: follow it into a Primitive node
             source = prompt.get(str(value[0]), {})
-            value = source.get("inputs", {}).get("value") if source.get("class_type", "").startswith("Primitive") else None
+            primitive = source.get("class_type", "").startswith("Primitive")
+            value = source.get("inputs", {}).get("value") if primitive else None
         if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(float(value) - fps) > 1e-3 * fps:
             raise ValueError(
                 f"Cosmos3AudioDecode: CreateVideo (node {other_id}) plays the frames at {float(value):g} fps, but the "

@@ -7,15 +7,14 @@ import logging
 import os
 from pathlib import Path
 
-import torch
-
 import comfy.model_management as mm
 import folder_paths
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core.config import DTYPES
-from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
 from ..cosmos3_core.model.loader import checkpoint_fingerprint
+from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
 from ..cosmos3_core.sampling.distilled import read_distilled
 from .core_vae import Cosmos3CoreVAE
 from .model_handle import Cosmos3ModelHandle
@@ -58,7 +57,8 @@ def find_checkpoints() -> dict[str, Path]:
 
 
 def _roots() -> list[str]:
-    return [p for k in FOLDER_KEYS if k in folder_paths.folder_names_and_paths for p in folder_paths.get_folder_paths(k)]
+    keys = [k for k in FOLDER_KEYS if k in folder_paths.folder_names_and_paths]
+    return [p for k in keys for p in folder_paths.get_folder_paths(k)]
 
 
 def checkpoint_kind(path: Path) -> str:

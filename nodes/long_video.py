@@ -23,7 +23,8 @@ from ..cosmos3_core.media import OutputError, VideoWriter
 from ..cosmos3_core.modes.long_video import generate_long, stopped_writing
 from ..cosmos3_core.modes.stream_decode import preview_image
 from ..cosmos3_core.modes.transfer import CONTROL_KEYS
-from ..cosmos3_core.request import Request, resolve
+from ..cosmos3_core.request import Request
+from ..cosmos3_core.resolve import resolve
 from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .preview import make_previewer
@@ -129,13 +130,15 @@ class Cosmos3LongVideo(io.ComfyNode):
             conditional_frames=None if conditional_frames < 0 else conditional_frames, height=height, width=width,
             fps=fps, steps=steps, guidance=cfg, seed=seed, schedule=schedule, shift=shift or None, sound=sound,
             image=None if image is None else image[0], video=video, controls=controls,
-            control_guidance=control_guidance,
+            # the widget always sends a value: its default on a node without controls asks for nothing
+            control_guidance=None if controls is None and control_guidance == defaults.CONTROL_GUIDANCE
+            else control_guidance,
             options=RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type),
             **fast,
         )
         pipe = model.pipeline
         with node_errors(NODE):
-            run = resolve(request, pipe.info)
+            resolved = resolve(request, pipe.info)
 
         def prepare(part: str, need) -> None:
             if part == "text":
@@ -161,11 +164,11 @@ class Cosmos3LongVideo(io.ComfyNode):
         with node_errors(NODE):
             try:  # closed (playable) on a cancel too; a full disk keeps the windows written whole (fragmented)
                 with VideoWriter(path, fps, width, height, audio=sound, fragmented=True) as writer:
-                    generate_long(pipe, run, [writer.append, _window_preview(bar)], progress=progress,
+                    generate_long(pipe, resolved, [writer.append, _window_preview(bar)], progress=progress,
                                   device=model.generation_device, prepare=prepare)
             except OutputError as exc:
                 raise ValueError(f"could not write {exc.path} (filename_prefix={filename_prefix!r}): "
-                                 f"{stopped_writing(exc, run.windows)}") from None
+                                 f"{stopped_writing(exc, resolved.windows)}") from None
         return io.NodeOutput(InputImpl.VideoFromFile(path),
                              ui=ui.PreviewVideo([ui.SavedResult(file, subfolder, io.FolderType.output)]))
 

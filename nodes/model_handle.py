@@ -16,11 +16,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.ops
+import torch
 
 from ..cosmos3_core.model.loader import read_fp8_checkpoint
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
@@ -197,9 +196,9 @@ class Cosmos3ModelHandle:
         return self._branch_split
 
     def get_reasoner(self):
-        """The checkpoint's ``cosmos3_core.reasoner.reasoner.Cosmos3Reasoner`` over this handle's transformer (no second copy
-        of the text weights), built on first use and cached here; its processor and ``lm_head`` are read from
-        ``self.path`` then, the vision encoder on the first image/video."""
+        """The checkpoint's ``cosmos3_core.reasoner.reasoner.Cosmos3Reasoner`` over this handle's transformer (no
+        second copy of the text weights), built on first use and cached here; its processor and ``lm_head`` are read
+        from ``self.path`` then, the vision encoder on the first image/video."""
         if self._reasoner is None:
             from ..cosmos3_core.reasoner.reasoner import Cosmos3Reasoner
             from ..cosmos3_core.reasoner.vision import load_processor

@@ -30,7 +30,8 @@ class Cosmos3GuidanceOnTwoGPUs(io.ComfyNode):
                 io.Int.Input("second_gpu", default=1, min=0, max=63,
                              tooltip="CUDA index of the GPU for the negative branch (not the model's own GPU)."),
             ],
-            outputs=[Cosmos3Model.Output(display_name="model", tooltip="The same model, guidance split over two GPUs.")],
+            outputs=[Cosmos3Model.Output(display_name="model",
+                                         tooltip="The same model, guidance split over two GPUs.")],
         )
 
     @classmethod

@@ -15,10 +15,9 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
-from ..cosmos3_core.runtime import RuntimeOptions
-from ..cosmos3_core.request import check_options
-
+from ..cosmos3_core.checks import check_options
 from ..cosmos3_core.reasoner.reasoner import TASKS, SamplingParams, postprocess
+from ..cosmos3_core.runtime import RuntimeOptions
 from .types import CATEGORY, Cosmos3Model, compile_input
 
 MAX_NEW_TOKENS = 8192

@@ -11,7 +11,8 @@ import comfy.model_management as mm
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.request import resolve_clip
+from ..cosmos3_core.resolve import resolve_clip
+from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model, Cosmos3Text
 
@@ -60,5 +61,5 @@ class Cosmos3TextEncode(io.ComfyNode):
             resolve_clip(prompt, negative, **shape, checkpoint=pipe.info, one_pass=one_pass)
             ids = pipe.tokenize(prompt, negative, **shape)
         model.load_text_tower(text_length=ids.prefill_tokens)
-        text = pipe.prefill_prompts(ids, **shape)
+        text = pipe.prefill_prompts(ids, **shape, options=RuntimeOptions())
         return io.NodeOutput(text.to(mm.intermediate_device()))

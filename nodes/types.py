@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 Cosmos3Model = io.Custom("COSMOS3_MODEL")  # nodes.model_handle.Cosmos3ModelHandle
 Cosmos3Text = io.Custom("COSMOS3_TEXT")  # cosmos3_core.pipeline.TextConditioning (both branches' text K/V)
-Cosmos3Condition = io.Custom("COSMOS3_CONDITION")  # nodes.condition.ConditionLatents
+Cosmos3Condition = io.Custom("COSMOS3_CONDITION")  # cosmos3_core.request.ConditionLatents
 Cosmos3Sound = io.Custom("COSMOS3_SOUND")  # nodes.sampler.SoundLatent
 Cosmos3Action = io.Custom("COSMOS3_ACTION")  # cosmos3_core.modes.action.ActionCondition (action modes)
 Cosmos3Actions = io.Custom("COSMOS3_ACTIONS")  # nodes.action.ActionVectors (action vectors [T, width])
@@ -44,7 +44,7 @@ def fast_mode_inputs() -> list:
 
 
 def fast_mode_sampling(sea_cache: bool, sea_cache_threshold: float, mixed_precision_format: str) -> dict:
-    """The fast-mode sampling arguments (``request.resolve_sampling``'s) of those inputs."""
+    """The fast-mode fields of ``request.SamplingRequest`` those inputs ask for."""
     from ..cosmos3_core.sampling.sea_cache import SeaCacheConfig
 
     if mixed_precision_format not in MIXED_PRECISION_CHOICES:

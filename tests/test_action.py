@@ -16,8 +16,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from diffusers import UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos.modular_blocks_cosmos3 import Cosmos3OmniBlocks
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
@@ -27,12 +25,14 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     _EMBODIMENT_TO_RAW_ACTION_DIM,
     CosmosActionCondition,
 )
+from PIL import Image
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.modes import action as act
-from cosmos3_core.modes.action import ActionRequest, action_prompt_ids, encode_action_condition
-from cosmos3_core.modes.dispatch import generate
-from cosmos3_core.request import Request
+from cosmos3_core.modes.action import action_prompt_ids, encode_action_condition
 from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import ActionRequest, Request
 from support.compare import rel
 
 PROMPT = "robot arm picks up the red cup"
@@ -237,7 +237,7 @@ def test_plain_text_encode_is_refused_for_an_action_run(ours):
     h, w = cond.output_size
     plain = ours.encode_text(PROMPT, "", num_frames=CHUNK + 1, height=h, width=w, fps=5.0)
     with pytest.raises(ValueError, match="^the text was not encoded for this action condition"):
-        act.plan(ours, plain, cond)
+        api.plan(ours, plain, action=cond)
 
 
 def test_action_files_round_trip(tmp_path):

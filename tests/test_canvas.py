@@ -54,9 +54,23 @@ from pathlib import Path
 import pytest
 
 from support import comfy_host
-from test_workflows import (ALL_WORKFLOWS, TEMPLATE_ORDER, check_mp4, check_outputs, ensure_tiny_checkpoints,
-                            load_api, load_ui, nodes_of, schema_inputs, shrink_api, source_node,
-                            thumbnail_path, ui_path, widget_slots, write_test_inputs)
+from test_workflows import (
+    ALL_WORKFLOWS,
+    TEMPLATE_ORDER,
+    check_mp4,
+    check_outputs,
+    ensure_tiny_checkpoints,
+    load_api,
+    load_ui,
+    nodes_of,
+    schema_inputs,
+    shrink_api,
+    source_node,
+    thumbnail_path,
+    ui_path,
+    widget_slots,
+    write_test_inputs,
+)
 
 pytestmark = pytest.mark.comfy
 

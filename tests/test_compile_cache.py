@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from cosmos3_core import api
+
 needs_cpu_inductor = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
                                         reason="CPU inductor needs a C++ compiler")
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +41,8 @@ def worker(checkpoint: str) -> dict:
     out = {}
     for name, prompt in (("short", "a red robot walking"), ("long", "a red robot walking on a wet street at night")):
         text = pipe.encode_text(prompt, "blurry", **SHAPE)
-        eager = pipe.sample(text, seed=1, steps=2, sound=False).latents
-        compiled = pipe.sample(text, seed=1, steps=2, sound=False, options=RuntimeOptions(compile=True)).latents
+        eager = pipe.run(api.plan(pipe, text, seed=1, steps=2, sound=False)).latents
+        compiled = pipe.run(api.plan(pipe, text, seed=1, steps=2, sound=False, options=RuntimeOptions(compile=True))).latents
         out[name] = dict(rel=float((compiled - eager).norm() / eager.norm()), tokens=text.cond.length)
     layer = generation_layer_fn(RuntimeOptions(compile=True))  # the process's one compiled layer
     out.update(compiled=layer.compiled, loaded=layer.loaded, cache_dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos3_core.request import check_options
+from cosmos3_core.checks import check_options
 from cosmos3_core.runtime import DEFAULT, RuntimeOptions, compile_pays
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,8 +85,8 @@ def test_a_compile_that_fails_mid_run_is_one_error_and_the_next_run_works(tiny_c
     naming the function and the fix; the next run, eager, works and equals an eager run made before the failure."""
     from torch._dynamo import register_backend
 
+    from cosmos3_core.api import generate
     from cosmos3_core.kernels.precompiled import CompileError
-    from cosmos3_core.modes.dispatch import generate
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.request import Request
 

@@ -25,7 +25,6 @@ import warnings
 
 import pytest
 import torch
-
 from diffusers.pipelines.cosmos.mixed_precision import _w8a16_linear
 
 from cosmos3_core.model.fp8 import Fp8Linear, emulated_scaled_mm, quantize_activation, quantize_weight, run_linear

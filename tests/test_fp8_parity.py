@@ -33,14 +33,15 @@ import warnings
 
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.model.fp8 import Fp8Linear
 from cosmos3_core.model.precision import StepPrecision
-from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
+from cosmos3_core.request import Request
+from cosmos3_core.resolve import resolve
 from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.testing.fp8 import build_fp8_checkpoint
 from support.compare import rel
@@ -220,7 +221,7 @@ def test_compiled_w8a8_and_sea_cache_steps_equal_eager(checkpoints):
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
     runs = []
     for options in (EMULATE, RuntimeOptions(fp8_gemm="emulate", compile="on", compile_backend="aot_eager")):
-        plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=6.0, sound=True, options=options,
+        plan = api.plan(ours, text, seed=SEED, steps=STEPS, guidance=6.0, sound=True, options=options,
                          sea_cache=SeaCacheConfig(threshold=0.6))
         assert {p for p in plan.precision} == {"W8A16,W8A16,W8A8", "W8A8,W8A16,W8A8"}
         runs.append((ours.run(plan).latents, plan.cache.trace))

@@ -16,7 +16,6 @@ import copy
 import itertools
 
 import pytest
-
 from diffusers.pipelines.cosmos.mixed_precision import Cosmos3MixedPrecisionConfig, _classify_cosmos3_linear
 
 from cosmos3_core.model import precision

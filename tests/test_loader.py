@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniTransformer
 
 from cosmos3_core.config import CheckpointError, Cosmos3Config

@@ -19,10 +19,26 @@ import uuid
 import pytest
 import torch
 
+from cosmos3_core import api
 from support import comfy_host
-from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_DISTILLED, TINY_EDGE, TINY_EDGE_VLM,
-                            TINY_NANO, TINY_NANO_VLM, check_outputs, load_api, nodes_of, output_files,
-                            prepared_executor, shrink_api, tiny_checkpoint_for)
+from test_workflows import (
+    MODES,
+    PACK_NODE_IDS,
+    REASONER_MODES,
+    TEST_IMAGE,
+    TINY_DISTILLED,
+    TINY_EDGE,
+    TINY_EDGE_VLM,
+    TINY_NANO,
+    TINY_NANO_VLM,
+    check_outputs,
+    load_api,
+    nodes_of,
+    output_files,
+    prepared_executor,
+    shrink_api,
+    tiny_checkpoint_for,
+)
 
 pytestmark = pytest.mark.comfy
 
@@ -465,13 +481,13 @@ def test_partially_loaded_generation_tower_streams_weights_and_matches(host):
     handle = loader.execute(checkpoint=TINY_NANO, dtype="fp32", device="default").args[0]
     pipe = handle.pipeline
     text = pipe.encode_text("a red robot", None, num_frames=9, height=64, width=96, fps=24.0)
-    full = pipe.sample(text, seed=3, steps=2)
+    full = pipe.run(api.plan(pipe, text, seed=3, steps=2))
     patcher = handle.generation_patcher
     patcher.patch_model(device_to=patcher.load_device, lowvram_model_memory=1, load_weights=True)
     try:
         streamed = [m for m in patcher.model.modules() if getattr(m, "comfy_cast_weights", False)]
         assert len(streamed) >= 10  # the big linears were left to stream
-        partial = pipe.sample(text, seed=3, steps=2)
+        partial = pipe.run(api.plan(pipe, text, seed=3, steps=2))
     finally:
         patcher.unpatch_model(patcher.offload_device)
     assert torch.allclose(partial.latents, full.latents, rtol=1e-5, atol=1e-6)
@@ -486,6 +502,7 @@ def test_partial_load_brings_unstreamable_modules_along(host):
 
     import comfy.model_patcher
     import comfy.ops
+
     from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.model.towers import tower_module
     from cosmos3_core.model.transformer import Cosmos3Transformer

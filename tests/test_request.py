@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from cosmos3_core import defaults
-from cosmos3_core.modes.action import ActionRequest
-from cosmos3_core.request import CheckpointInfo, Request, resolve, resolve_clip
+from cosmos3_core.request import ActionRequest, CheckpointInfo, Request
+from cosmos3_core.resolve import resolve, resolve_clip
 
 ROOT = Path(__file__).resolve().parents[1]
 

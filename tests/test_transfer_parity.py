@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos import Cosmos3OmniBlocks
 from diffusers.modular_pipelines.cosmos import decoders as ref_decoders
@@ -139,7 +138,8 @@ def test_transfer_over_four_chunks_matches_modular_pipeline(ours, reference, mon
     the text guidance gated off for the last step."""
     from cosmos3_core.modes.long_video import generate_long
     from cosmos3_core.modes.stream_decode import FrameCollector
-    from cosmos3_core.request import Request, resolve
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
 
     controls = {"depth": control_clip(4, 12), "edge": control_clip(5, 12)}  # given out of canonical order
     seed_video = control_clip(6, 3)

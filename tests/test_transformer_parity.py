@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniTransformer
 from diffusers.models.transformers import transformer_cosmos3 as dtc
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
@@ -18,7 +17,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 from cosmos3_core.config import Cosmos3Config
 from cosmos3_core.model.layout import build_layout
 from cosmos3_core.model.loader import load_transformer
-from cosmos3_core.model.rope import rope_tables, vision_position_ids, sound_position_ids, action_position_ids
+from cosmos3_core.model.rope import action_position_ids, rope_tables, sound_position_ids, vision_position_ids
 from support.compare import rel
 
 RTOL = 1e-5

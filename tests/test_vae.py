@@ -11,8 +11,8 @@ import torch
 from diffusers import Cosmos3OmniPipeline
 from diffusers.video_processor import VideoProcessor
 
-from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 from cosmos3_core.config import CheckpointError
+from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 
 TOL = 1e-5
 

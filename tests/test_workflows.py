@@ -436,7 +436,7 @@ def widget_slots(info: dict) -> list[tuple[str, str]]:
 
 
 def ui_links(ui: dict) -> dict[int, tuple]:
-    return {l[0]: tuple(l[1:]) for l in ui["links"]}
+    return {link[0]: tuple(link[1:]) for link in ui["links"]}
 
 
 def same_value(a, b) -> bool:
@@ -464,9 +464,9 @@ def test_every_mode_ships_a_ui_and_api_pair():
         assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
         assert all(isinstance(k, str) and k.isdigit() and "class_type" in v and "inputs" in v for k, v in api.items())
         assert ui["last_node_id"] >= max(n["id"] for n in ui["nodes"])
-        assert ui["last_link_id"] >= max((l[0] for l in ui["links"]), default=0)
+        assert ui["last_link_id"] >= max((link[0] for link in ui["links"]), default=0)
         assert len({n["id"] for n in ui["nodes"]}) == len(ui["nodes"]), "duplicate node ids"
-        assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
+        assert len({link[0] for link in ui["links"]}) == len(ui["links"]), "duplicate link ids"
         thumb = thumbnail_path(mode)
         assert thumb.is_file(), (f"{thumb.name} missing: the Templates browser shows no picture. Write it with "
                                  "python example_workflows/thumbnails.py")
@@ -578,7 +578,7 @@ def test_ui_and_api_agree(host, mode):
         for e in n.get("inputs", []):
             assert e["link"] is None or e["link"] in links, (n["id"], e)
         for o in n.get("outputs", []):
-            assert all(l in links for l in (o.get("links") or [])), (n["id"], o)
+            assert all(link in links for link in (o.get("links") or [])), (n["id"], o)
 
     # widgets_values <-> API literal inputs
     for nid, n in ui_nodes.items():

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..parallel.mesh import ParallelError, guarded, init_parallel
+from ..request import Resolved
 from . import common
 
 
@@ -32,39 +33,39 @@ def wanted(args: argparse.Namespace) -> bool:
     return bool(args.cfg_parallel) or args.ulysses != 1
 
 
-def run(args: argparse.Namespace, run) -> dict[str, float] | None:
+def execute(args: argparse.Namespace, resolved: Resolved) -> dict[str, float] | None:
     """Timings on rank 0; ``None`` on the other ranks (rank 0 reports)."""
-    if run.mode != "clip":
-        raise ValueError(f"--cfg-parallel / --ulysses run one clip on several GPUs; the {run.mode} mode is not "
+    if resolved.mode != "clip":
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip on several GPUs; the {resolved.mode} mode is not "
                          "parallel yet (windows, Transfer and action modes run on one device) — drop them.")
     from ..parallel.run import check_fast_modes
 
-    check_fast_modes(run)
+    check_fast_modes(resolved)
     try:
-        return _run(args, run)
+        return _execute(args, resolved)
     except ParallelError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
 
-def _run(args: argparse.Namespace, run) -> dict[str, float] | None:
+def _execute(args: argparse.Namespace, resolved: Resolved) -> dict[str, float] | None:
     from ..parallel.run import generate
 
     config = common.checkpoint_config(args.checkpoint)
-    mesh = init_parallel(args.cfg_parallel, args.ulysses, guidance=run.sampling.guidance,
+    mesh = init_parallel(args.cfg_parallel, args.ulysses, guidance=resolved.sampling.guidance,
                          num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
                          device_type=args.device, timeout_s=args.parallel_timeout)
     writer = mesh.rank == 0
     timings: dict[str, float] = {}
-    pipe = common.load_pipeline(args, timings, sound=run.sampling.sound, device=mesh.device)
+    pipe = common.load_pipeline(args, timings, sound=resolved.sampling.sound, device=mesh.device)
 
     def progress(step: int, total: int, _preview) -> None:
         if writer:
             common.print_progress(step, total)
 
-    out = generate(pipe, run, mesh, callback=progress)
+    out = generate(pipe, resolved, mesh, callback=progress)
     if writer:
-        common.write_outputs(args, pipe, run, out, timings)
+        common.write_outputs(args, pipe, resolved, out, timings)
     final_barrier(mesh.device)
     dist.destroy_process_group()
     return timings if writer else None

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
+from ..checks import check_options
 from ..config import DTYPES
-from ..request import check_options
 from . import common
 
 

@@ -97,7 +97,8 @@ def build_layout(
     if len(text_lengths) < 1:
         raise ValueError("build_layout: at least one guidance branch is needed.")
     if sound_len and not config.sound_gen:
-        raise ValueError("build_layout: this checkpoint has no sound head (sound_gen is false); generate without sound.")
+        raise ValueError("build_layout: this checkpoint has no sound head (sound_gen is false); generate without "
+                         "sound.")
     if action_len and not config.action_gen:
         raise ValueError("build_layout: this checkpoint has no action head (action_gen is false).")
     t = int(latent_shape[0])

@@ -39,13 +39,26 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, _transformer_dir
-from .layers import KEEP_FP32
 from .fp8 import Fp8Linear, quantize_weight
+from .layers import KEEP_FP32
 from .precision import linear_path
 from .transformer import Cosmos3Transformer
-from .weights import (AMAX_SUFFIX, E4M3_MAX, FP8_DTYPES, INPUT_SCALE_SUFFIXES, WEIGHT_SCALE_SUFFIXES, CastLinear,
-                      Fp8Checkpoint, fp8_checkpoint, is_dropped, is_modelopt_fp8, missing_scale_error, read_scale, scale_key,
-                      stored_linear_weight)
+from .weights import (
+    AMAX_SUFFIX,
+    E4M3_MAX,
+    FP8_DTYPES,
+    INPUT_SCALE_SUFFIXES,
+    WEIGHT_SCALE_SUFFIXES,
+    CastLinear,
+    Fp8Checkpoint,
+    fp8_checkpoint,
+    is_dropped,
+    is_modelopt_fp8,
+    missing_scale_error,
+    read_scale,
+    scale_key,
+    stored_linear_weight,
+)
 
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -277,8 +290,9 @@ def load_diffusers_folder(module_cls, folder: Path, what: str, dtype: torch.dtyp
                 state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{folder}: the {what}'s weights do not match its config.json — {len(missing)} missing "
-                              f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); {redownload}.")
+        raise CheckpointError(f"{folder}: the {what}'s weights do not match its config.json — {len(missing)} "
+                              f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
+                              f"{redownload}.")
     module.load_state_dict(state, strict=True, assign=True)
     return module.eval()
 

@@ -41,7 +41,8 @@ def decode_parallel(
     if latents.ndim == 4:
         latents = latents.unsqueeze(0)
     if latents.ndim != 5 or latents.shape[:2] != (1, vae.latent_channels):
-        raise ValueError(f"decode_parallel: latents must be [1,{vae.latent_channels},T,h,w], got {tuple(latents.shape)}.")
+        raise ValueError(f"decode_parallel: latents must be [1,{vae.latent_channels},T,h,w], got "
+                         f"{tuple(latents.shape)}.")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     h_lat, w_lat = latents.shape[-2:]
     grid = vae.tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride)

@@ -18,8 +18,8 @@ them; this module runs the text tower's own forward, including the last layer, `
   RoPE rotation is looked up in the cache's table, each layer (``decode_layer``) writes K/V with ``index_copy_`` and
   attends over the whole cache under a mask (attention.py's decode route: grouped heads, no expanded copy), each
   projection one GEMV (``decode_weights``: gemv.py's Triton kernel on CUDA, q/k/v and gate/up packed) — no
-  ``.item()``, so the step can be ``torch.compile``d (``RuntimeOptions.compile``) and CUDA-graph captured. Positions past the
-  prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
+  ``.item()``, so the step can be ``torch.compile``d (``RuntimeOptions.compile``) and CUDA-graph captured. Positions
+  past the prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
 * ``generate_ids`` advances the cursor in place after each step, and for greedy decoding picks the token (penalty,
   argmax, ``seen`` update) inside the step too, so on CUDA one graph replay per token does all of it; a random draw
   stays outside the graph (the generator's state is not captured).
@@ -38,17 +38,27 @@ import torch
 from torch import nn
 
 from .. import defaults
-from ..kernels.attention import attention
 from ..config import CheckpointError, Cosmos3Config
-from ..model.layers import project, transformers_rms_norm
-from ..kernels.packed import LayerWeights, packed_weight, plain_weight
-from ..model.rope import apply_rope, rope_tables
+from ..kernels.attention import attention
 from ..kernels.compile import compiled
 from ..kernels.cuda_graph import GraphedCall
-from ..runtime import DEFAULT, RuntimeOptions
+from ..kernels.packed import LayerWeights, packed_weight, plain_weight
+from ..model.layers import project, transformers_rms_norm
+from ..model.rope import apply_rope, rope_tables
 from ..model.towers import tower_module
 from ..model.transformer import Cosmos3Transformer, text_layer_output, text_qkv
-from .vision import PreparedPrompt, VisionEncoder, VisionFeatures, checkpoint_family, has_vision_encoder, load_processor, load_vision_encoder, prepare_prompt, special_token_ids
+from ..runtime import DEFAULT, RuntimeOptions
+from .vision import (
+    PreparedPrompt,
+    VisionEncoder,
+    VisionFeatures,
+    checkpoint_family,
+    has_vision_encoder,
+    load_processor,
+    load_vision_encoder,
+    prepare_prompt,
+    special_token_ids,
+)
 
 DEFAULT_MAX_CONTEXT = 32768  # tokens; the cache is allocated per call at the size needed (multiple of 256)
 _CACHE_ROUND = 256

@@ -39,8 +39,14 @@ from pathlib import Path
 
 import torch
 
-from .tiny import (_LEGACY_TRANSFORMER_KEYS, SCHEDULER_CONFIG, _build_sound_tokenizer, _build_vae,
-                   build_text_tokenizer, transformer_config)
+from .tiny import (
+    _LEGACY_TRANSFORMER_KEYS,
+    SCHEDULER_CONFIG,
+    _build_sound_tokenizer,
+    _build_vae,
+    build_text_tokenizer,
+    transformer_config,
+)
 
 NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
             num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,

@@ -36,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from .. import defaults
 from .frame_decoder import WanFrameDecoder
 
 OnChunk = Callable[[int, int], None]
@@ -121,7 +122,7 @@ class Cosmos3VAE(torch.nn.Module):
 
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int, int]:
         """Latent shape ``[1, C, (F-1)//4+1, H/16, W/16]`` for a clip of ``num_frames`` x ``height`` x ``width``."""
-        t = (num_frames - 1) // self.temporal_scale + 1
+        t = defaults.latent_frames(num_frames)
         return (1, self.latent_channels, t, height // self.spatial_scale, width // self.spatial_scale)
 
     def num_pixel_frames(self, latent_frames: int) -> int:
@@ -187,13 +188,12 @@ class Cosmos3VAE(torch.nn.Module):
         is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
         card what else is resident decides, and tiling needs about half the activations (docs/benchmark-log.md).
         ``compile=True`` runs every latent frame after the first through ``torch.compile`` (``compile_backend``; the
-        run's ``RuntimeOptions.vae_compile``): the first decode at a new size, or tile size, compiles for a while; later ones
-        reuse it, also in later processes (kept on disk). ``compile="cached"`` uses compiled stages only where they
-        are on disk already and runs the others eagerly (what ``compile="auto"`` does: compiling costs a first run
-        more than it saves). ``out``: a float32 tensor of
-        ``decoded_shape(latents)`` to decode into instead of a new one on ``out_device`` (frames
-        ``[0, num_pixel_frames(done))`` of it are final when ``on_chunk(done, total)`` is called — until an untiled
-        decode that ran out of memory starts again tiled, when the count starts again too).
+        run's ``RuntimeOptions.vae_compile``): the first decode at a new size, or tile size, compiles for a while; later
+        ones reuse it, also in later processes (kept on disk). ``compile="cached"`` uses compiled stages only where they
+        are on disk already and runs the others eagerly (what ``compile="auto"`` does: compiling costs a first run more
+        than it saves). ``out``: a float32 tensor of ``decoded_shape(latents)`` to decode into instead of a new one on
+        ``out_device`` (frames ``[0, num_pixel_frames(done))`` of it are final when ``on_chunk(done, total)`` is called
+        — until an untiled decode that ran out of memory starts again tiled, when the count starts again too).
         """
         if latents.ndim == 4:
             latents = latents.unsqueeze(0)

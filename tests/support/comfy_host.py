@@ -178,12 +178,13 @@ class InProcessHost:
         if Path(folder_paths.base_path).resolve() != self.base_dir:
             raise RuntimeError(f"folder_paths was imported before the host was set up "
                                f"(base_path={folder_paths.base_path})")
-        import utils.extra_config  # noqa: F401  (before nodes: gotcha 10)
-        import utils.install_util  # noqa: F401
-        import server
-        import nodes
         import execution
         import hook_breaker_ac10a0
+        import server
+        import utils.extra_config  # noqa: F401  (before nodes: gotcha 10)
+        import utils.install_util  # noqa: F401
+
+        import nodes
         self.folder_paths = folder_paths
         self.server_module = server
         self.nodes = nodes
@@ -335,6 +336,7 @@ def _cleanup_session_home():
 
 
 import atexit  # noqa: E402
+
 atexit.register(_cleanup_session_home)
 
 
