@@ -91,19 +91,20 @@ def resolve_checkpoint(checkpoint: str) -> tuple[str, Path] | None:
 
 
 def missing_checkpoint_message(checkpoint: str) -> str:
-    """What a user reads when ``checkpoint`` resolves to no folder: what was found, where, and the fix."""
-    found, where = find_checkpoints(), ", ".join(_roots())
+    """What a user reads when ``checkpoint`` resolves to no folder: every folder searched with the checkpoints found
+    in it, and the fix."""
+    found, roots = find_checkpoints(), list(dict.fromkeys(_roots()))
     if not found:
-        return (f"Cosmos3Loader: no Cosmos3 checkpoint was found (searched {where}; a checkpoint is a folder holding "
-                f"transformer/config.json). Download one into {Path(_roots()[0]) / 'Cosmos3-Nano'} (README: \"Get "
-                f"the model\"), press r to refresh, then {PICK}.")
-    listed = ", ".join(f"'{name}' ({checkpoint_kind(path)}, in {path.parent})" for name, path in found.items())
+        return (f"Cosmos3Loader: no Cosmos3 checkpoint was found in {', '.join(roots)} (a checkpoint is a folder "
+                f"holding transformer/config.json). Download one into {Path(roots[0]) / 'Cosmos3-Nano'} (README: "
+                f"\"Get the model\"), press r to refresh, then {PICK}.")
     kind = SHIPPED_NAMES.get(checkpoint)
     several = sum(checkpoint_kind(p) == kind for p in found.values()) if kind else 0
     why = f" and {several} {kind} checkpoints were" if several > 1 else ""
-    return (f"Cosmos3Loader: checkpoint {checkpoint!r} was not found{why}; {PICK} — found: {listed}; searched "
-            f"{where}. To add one, put its folder (with transformer/config.json) under one of those folders and "
-            "press r to refresh.")
+    where = "; ".join(f"in {root}: " + (", ".join(f"'{name}' ({checkpoint_kind(path)})" for name, path in found.items()
+                                                 if path.parent == Path(root)) or "none") for root in roots)
+    return (f"Cosmos3Loader: checkpoint {checkpoint!r} was not found{why}; {PICK} — {where}. To add one, put its "
+            "folder (with transformer/config.json) in one of those folders and press r to refresh.")
 
 
 class Cosmos3Loader(io.ComfyNode):

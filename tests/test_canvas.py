@@ -521,6 +521,44 @@ def test_every_template_opens_readable_in_a_1920x1080_window(server, page, tmp_p
         b.pump(0.5)
 
 
+def test_a_checkpoint_that_is_not_there_is_refused_on_run_with_the_fix(server, page):
+    """The shipped Text to Image as it comes: its checkpoint ``Cosmos3-Nano`` stands for no folder here (this server
+    holds several Nano-type tiny checkpoints under other names), so **Run** is refused before anything runs and the
+    frontend holds the loader's message (``app.lastNodeErrors``, which also outlines the node): the checkpoints found, the folders searched, "pick
+    one in Load Cosmos3 Checkpoint" — 1.32.9 shows it in its error dialog, 1.58.1 in the details of its "Invalid
+    input" toast naming the node."""
+    b = page
+    mode = "t2i"
+    drop(b, ui_path(mode), len(load_ui(mode)["nodes"]))
+    (loader,) = [n["id"] for n in load_ui(mode)["nodes"] if n["type"] == "Cosmos3Loader"]
+    before, seen = set(server.get("/history")), len(b.errors)
+    click_run(b)
+    held = f"JSON.stringify(app.lastNodeErrors && app.lastNodeErrors[{json.dumps(str(loader))}] || null)"
+    b.wait_for(f"{held} !== 'null'", timeout=20, what="the loader's validation error")
+    (error,) = json.loads(b.eval(held))["errors"]
+    for needle in ("Cosmos3Loader: checkpoint 'Cosmos3-Nano' was not found and",
+                   "pick one in Load Cosmos3 Checkpoint — in ", "'cosmos3-tiny-nano' (Nano/Super)",
+                   "models/diffusers: "):
+        assert needle in error["details"], (needle, error)
+    on_screen = ("pick one in Load Cosmos3 Checkpoint" if server.frontend == "bundled"
+                 else "Load Cosmos3 Checkpoint rejected the value for checkpoint")
+    b.wait_for(f"document.body.innerText.includes({json.dumps(on_screen)})", timeout=10, what=on_screen)
+    b.screenshot(server.artifacts / "missing_checkpoint_refused.png")
+    assert set(server.get("/history")) == before, "something ran"
+    refused = [e for e in b.errors[seen:] if e.startswith("PromptExecutionError")]  # the frontend logs the refusal
+    assert len(refused) == len(b.errors[seen:]) == 1, b.errors[seen:]
+    del b.errors[seen:]
+    closed = b.eval(f"""(() => {{  // the close (x) of the smallest box showing the refusal
+        const close = 'button[aria-label=Close], .p-dialog-close-button';
+        let box = [...document.querySelectorAll('*')].filter(e => (e.innerText || '').includes({json.dumps(on_screen)})).pop();
+        while (box && !box.querySelector(close)) box = box.parentElement;
+        if (box) box.querySelector(close).click();
+        return !!box;
+    }})()""")
+    assert closed, "no close (x) button on the refusal"
+    b.wait_for(f"!document.body.innerText.includes({json.dumps(on_screen)})", timeout=10, what="the refusal closed")
+
+
 def test_templates_list_ui_workflows_with_thumbnails(server):
     listing = server.get("/api/workflow_templates")
     names = sorted(listing.get(comfy_host.PACK_NAME, []))

@@ -85,8 +85,8 @@ def test_missing_checkpoint_is_refused_when_queued(server):
     (error,) = refused.value.node_errors[loader]["errors"]
     msg = error["details"]
     models = server.base_dir / "models"
-    for needle in ("Cosmos3Loader: checkpoint 'Cosmos3-Nano-v2' was not found; pick one in Load Cosmos3 Checkpoint",
-                   f"'my-nano' (Nano/Super, in {models / 'cosmos3'})",
-                   f"'{REVISION}' (Edge, in {server.snapshots})",
-                   f"searched {server.snapshots}, {models / 'cosmos3'}, {models / 'diffusers'}"):
-        assert needle in msg, f"{needle!r} not in {msg!r}"
+    want = ("checkpoint - Cosmos3Loader: checkpoint 'Cosmos3-Nano-v2' was not found; pick one in Load Cosmos3 "
+            f"Checkpoint — in {server.snapshots}: '{REVISION}' (Edge); in {models / 'cosmos3'}: 'my-nano' (Nano/Super); "
+            f"in {models / 'diffusers'}: none. To add one, put its folder (with transformer/config.json) in one of "
+            "those folders and press r to refresh.")
+    assert msg == want, msg

@@ -253,11 +253,11 @@ def test_missing_checkpoint_is_refused_at_validation(host, name, why):
     assert error["type"] == "custom_validation_failed", error
     msg = error["details"]
     assert msg.startswith(f"checkpoint - Cosmos3Loader: checkpoint {name!r} "), msg
-    assert re.search(f"{re.escape(repr(name))} {why} pick one in Load Cosmos3 Checkpoint — found: ", msg), msg
-    for needle in (f"'{TINY_NANO}' (Nano/Super, in ",
-                   f"'{TINY_EDGE}' (Edge, in ", f"'{TINY_DISTILLED}' (distilled 4-step, in ",
-                   f"searched {host.base_dir / 'models' / 'cosmos3'}, {host.base_dir / 'models' / 'diffusers'}",
-                   "transformer/config.json", "press r to refresh"):
+    assert re.search(f"{re.escape(repr(name))} {why} pick one in Load Cosmos3 Checkpoint — in ", msg), msg
+    models = host.base_dir / "models"
+    for needle in (f"in {models / 'cosmos3'}: none; in {models / 'diffusers'}: '", f"'{TINY_NANO}' (Nano/Super)",
+                   f"'{TINY_EDGE}' (Edge)", f"'{TINY_DISTILLED}' (distilled 4-step)",
+                   "put its folder (with transformer/config.json) in one of those folders and press r to refresh"):
         assert needle in msg, f"{needle!r} not in {msg!r}"
     assert_next_run_succeeds(host)
 
