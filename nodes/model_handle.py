@@ -21,6 +21,7 @@ import comfy.model_patcher
 import comfy.ops
 import torch
 
+from ..cosmos3_core.model.loader import read_fp8_checkpoint
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
 
@@ -120,10 +121,12 @@ class Cosmos3ModelHandle:
         # stream their weights from the offload device at each call (weight streaming, "lowvram"). Weights stored
         # in another dtype than the compute dtype (fp8, or an NVIDIA FP8 checkpoint's weight + scale) go through
         # ComfyUI's cast-weight layers, which cast at each call and stream the same way.
+        # ComfyUI's scaled-FP8 layers only for an NVIDIA FP8 checkpoint (asking ComfyUI for them logs a line).
         cast = storage_dtype is not None and storage_dtype != dtype
         linear = CastStreamingLinear if cast else StreamingLinear
+        scaled = _scaled_fp8_linear() if read_fp8_checkpoint(path) is not None else None
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
-                                    storage_dtype=storage_dtype, scaled_linear=_scaled_fp8_linear())
+                                    storage_dtype=storage_dtype, scaled_linear=scaled)
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod

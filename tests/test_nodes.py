@@ -12,6 +12,7 @@ interrupt at every progress update, so the sampler's per-step progress is its ca
 """
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 
@@ -25,6 +26,7 @@ from test_workflows import (
     PACK_NODE_IDS,
     REASONER_MODES,
     TEST_IMAGE,
+    TINY_DISTILLED,
     TINY_EDGE,
     TINY_EDGE_VLM,
     TINY_NANO,
@@ -237,11 +239,27 @@ def test_compiled_vae_decode_at_many_sizes_across_prompts(host, monkeypatch):
             assert success, error_of(messages)["exception_message"]
 
 
-def test_missing_checkpoint(host):
-    g = t2i_graph(checkpoint="Cosmos3-Nano-missing")
-    # ComfyUI 0.3.75 does not check V3 combo values in validate_prompt: the loader's own message must be clear
-    _expect_error(host, g, "Cosmos3Loader", "'Cosmos3-Nano-missing'", "was not found",
-                  str(host.base_dir / "models" / "diffusers"), "transformer/config.json")
+@pytest.mark.parametrize("name, why", [("Cosmos3-Nano-missing", r"was not found;"),
+                                       ("Cosmos3-Nano", r"was not found and \d+ Nano/Super checkpoints were;")])
+def test_missing_checkpoint_is_refused_at_validation(host, name, why):
+    """ComfyUI 0.3.75 does not check a V3 combo's value against its options: the loader's ``validate_inputs``
+    refuses a name that stands for no folder before anything runs, listing what it found and where it looked. The
+    shipped name ``Cosmos3-Nano`` would stand for the one Nano/Super checkpoint found; this host has several."""
+    g = t2i_graph(checkpoint=name)
+    ok, _, _, node_errors = host.validate(g)
+    (loader,) = nodes_of(g, "Cosmos3Loader")
+    assert not ok and list(node_errors) == [loader], node_errors
+    (error,) = node_errors[loader]["errors"]
+    assert error["type"] == "custom_validation_failed", error
+    msg = error["details"]
+    assert msg.startswith(f"checkpoint - Cosmos3Loader: checkpoint {name!r} "), msg
+    assert re.search(f"{re.escape(repr(name))} {why} pick one in Load Cosmos3 Checkpoint — in ", msg), msg
+    models = host.base_dir / "models"
+    for needle in (f"in {models / 'cosmos3'}: none; in {models / 'diffusers'}: '", f"'{TINY_NANO}' (Nano/Super)",
+                   f"'{TINY_EDGE}' (Edge)", f"'{TINY_DISTILLED}' (distilled 4-step)",
+                   "put its folder (with transformer/config.json) in one of those folders and press r to refresh"):
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    assert_next_run_succeeds(host)
 
 
 def test_partial_checkpoint_without_transformer_config(host):

@@ -12,9 +12,11 @@ with ``config.json`` is one error naming the first few offenders. Weights delibe
 
 ``load_diffusers_folder`` is the one guarded entry for the diffusers modules of a checkpoint (``vae/``,
 ``sound_tokenizer/``): it checks ``config.json`` and every weight file itself first — safetensors only, never a
-pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — and calls ``from_pretrained`` with
-``use_safetensors=True`` so diffusers can never fall back to unsafe serialization. ``checkpoint_fingerprint`` is
-what a cache of loaded checkpoints keys on: it changes when a folder is replaced under the same name.
+pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — then builds the module the way
+``from_pretrained(torch_dtype=...)`` ends up with it: ``from_config`` on the ``meta`` device (no random init, no
+``accelerate``), every tensor of the files read memory-mapped, cast to the dtype (floating tensors; the modules have
+no ``_keep_in_fp32_modules``) and assigned, each key accounted for. ``checkpoint_fingerprint`` is what a cache of
+loaded checkpoints keys on: it changes when a folder is replaced under the same name.
 
 Linear weights may be stored narrower than the compute dtype (``storage_dtype``, e.g. FP8), and NVIDIA's FP8
 (ModelOpt) checkpoints load as published (FP8 weight + tensorwise scale); see ``weights.py`` for both. Their
@@ -34,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -283,32 +286,57 @@ def _scale_of(weight_name: str, files: dict[str, Path], folder: Path) -> torch.T
 
 
 def load_diffusers_folder(module_cls, folder: Path, what: str, dtype: torch.dtype) -> torch.nn.Module:
-    """``module_cls.from_pretrained(folder)`` from local safetensors only; any problem is one ``CheckpointError``
-    naming the file and the fix (never diffusers' traceback, never a pickle load)."""
+    """``module_cls`` (a diffusers ``ModelMixin``) from a local folder of ``config.json`` + safetensors, as
+    ``module_cls.from_pretrained(folder, torch_dtype=dtype)`` gives it; any problem is one ``CheckpointError`` naming
+    the file and the fix (never diffusers' traceback, never a pickle load)."""
     folder = Path(folder)
     redownload = f"download the checkpoint's {folder.name}/ folder again"
-    config = folder / "config.json"
-    if not config.is_file():
-        raise CheckpointError(f"{config} not found: the {what} folder {folder.name}/ must hold config.json and "
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path} not found: the {what} folder {folder.name}/ must hold config.json and "
                               f"diffusion_pytorch_model*.safetensors; {redownload}.")
     try:
-        json.loads(config.read_text(encoding="utf-8"))
+        config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{config} is not readable JSON ({exc}); {redownload}.") from exc
+        raise CheckpointError(f"{config_path} is not readable JSON ({exc}); {redownload}.") from exc
     weights = sorted(folder.glob("*.safetensors"))
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if not weights:
         found = f"only pickle weights {pickles}, which are never loaded (unsafe)" if pickles else "no weights"
         raise CheckpointError(f"{folder}: the {what} has {found}; it needs diffusion_pytorch_model*.safetensors — "
                               f"{redownload} (or convert the weights to safetensors).")
-    for path in weights:
-        with _open(path):
-            pass
     try:
-        return module_cls.from_pretrained(folder, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{folder}: the {what} cannot be loaded ({reason}); {redownload}.") from exc
+        module = _build_on_meta(module_cls, config)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{config_path}: the {what} cannot be built from it ({exc}); {redownload}.") from exc
+    expected = module.state_dict(keep_vars=True)
+    state: dict[str, torch.Tensor] = {}
+    for path in weights:
+        with _open(path) as f:
+            for name in f.keys():
+                tensor = _read(f, path, name)
+                if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+                    raise CheckpointError(f"{path}: {name!r} has shape {tuple(tensor.shape)} but config.json implies "
+                                          f"{tuple(expected[name].shape)}; {redownload}.")
+                state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: the {what}'s weights do not match its config.json — {len(missing)} "
+                              f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
+                              f"{redownload}.")
+    module.load_state_dict(state, strict=True, assign=True)
+    return module.eval()
+
+
+def _build_on_meta(module_cls, config: dict) -> torch.nn.Module:
+    """``module_cls.from_config(config)`` with every tensor on the ``meta`` device (nothing allocated or initialised).
+    diffusers' Cosmos3 sound tokenizer wraps its convolutions in ``torch.nn.utils.weight_norm``, whose deprecation
+    FutureWarning (the module works as published) is silenced here, at the call that raises it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.nn\.utils\.weight_norm.* is deprecated",
+                                category=FutureWarning)
+        with torch.device("meta"):
+            return module_cls.from_config(config)
 
 
 def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:

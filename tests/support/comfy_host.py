@@ -178,13 +178,20 @@ class InProcessHost:
         if Path(folder_paths.base_path).resolve() != self.base_dir:
             raise RuntimeError(f"folder_paths was imported before the host was set up "
                                f"(base_path={folder_paths.base_path})")
-        import execution
-        import hook_breaker_ac10a0
-        import server
-        import utils.extra_config  # noqa: F401  (before nodes: gotcha 10)
+        # ComfyUI's own order, not isort's: its ``utils`` package first (imported after ``execution``, ``utils`` is
+        # already a module that is not the package; gotcha 10)
+        import utils.extra_config  # noqa: F401
         import utils.install_util  # noqa: F401
 
+        # isort: split
+        import server
+
+        # isort: split
         import nodes
+
+        # isort: split
+        import execution
+        import hook_breaker_ac10a0
         self.folder_paths = folder_paths
         self.server_module = server
         self.nodes = nodes
