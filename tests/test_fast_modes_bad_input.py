@@ -132,7 +132,7 @@ def test_approximate_mode_on_a_cpu_is_refused_and_labelled(ckpts):
     with pytest.raises(ValueError, match=r"weight_dtype fp8_e4m3fn_fast \(approximate FP8 compute.*\) needs real FP8"):
         api.plan(pipe, text, steps=4)  # a sampler's plan, on the device it runs on
     plan = api.plan(pipe, text, steps=8, options=EMULATE)  # the numerical reference
-    assert plan.precision[3] == "W8A8,W8A16,W8A8" and "approximate" in plan.fp8
+    assert plan.precision[3] == ("W8A8", "W8A16", "W8A8") and "approximate" in plan.fp8
     assert torch.isfinite(pipe.run(plan).latents).all()
     with pytest.raises(Exception, match="already NVIDIA FP8"):
         Cosmos3Pipeline.load(ckpts["fp8"], dtype=torch.float32, fp8_compute=True)
