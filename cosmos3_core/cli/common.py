@@ -61,6 +61,10 @@ def add_fast_mode_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="auto",
                    help="fp8_e4m3fn_fast: FP8 compute for a bf16 checkpoint, its weights rounded to FP8 at load "
                         "(approximate; NVIDIA's step policy)")
+    g.add_argument("--gguf", default=None, metavar="FILE",
+                   help="the transformer's weights from this GGUF file (python -m cosmos3_core.gguf writes one), "
+                        "kept quantized and dequantized per layer; --checkpoint gives the rest (VAE, tokenizer, "
+                        "configs)")
     s = p.add_argument_group("SeaCache (reuse the layer stack on steps whose spectral indicator barely changes)")
     s.add_argument("--sea-cache", action="store_true", help="turn SeaCache on (diffusers' SeaCacheConfig defaults)")
     for name, default in SEA_CACHE_DEFAULTS.items():
@@ -247,7 +251,7 @@ def load_pipeline(args: argparse.Namespace, timings: dict[str, float], *, sound:
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=device or args.device,
                                 with_sound=sound, fp8_compute=fp8_compute(args),
-                                sharding=getattr(args, "weight_sharding", None))
+                                sharding=getattr(args, "weight_sharding", None), gguf_file=getattr(args, "gguf", None))
     timings["model_load"] = time.perf_counter() - start
     return pipe
 

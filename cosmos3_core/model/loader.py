@@ -45,6 +45,8 @@ from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, _transformer_dir
 from .fp8 import Fp8Linear, quantize_weight
+from .gguf_file import GgufFile, check_model, read_gguf
+from .gguf_quants import QUANTIZED, GgufLinear, dequantize, packed_shape
 from .layers import KEEP_FP32
 from .precision import linear_path
 from .towers import tower_module
@@ -129,6 +131,8 @@ def load_transformer(
     scaled_linear: type[torch.nn.Linear] = Fp8Linear,
     fp8_compute: bool = False,
     sharding: WeightSharding | None = None,
+    gguf_file: str | Path | None = None,
+    quantized_linear: type[torch.nn.Linear] = GgufLinear,
 ) -> Cosmos3Transformer:
     """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
 
@@ -141,21 +145,27 @@ def load_transformer(
     ``comfy.ops.scaled_fp8_ops().Linear``); with ``Fp8Linear`` (the default) they also get their W8A8 scales.
     ``fp8_compute``: quantize a bf16 checkpoint's decoder-layer linears to FP8 with per-tensor scales at load
     (approximate FP8 compute; W8A8 with dynamic activation scales). ``sharding``: this rank's part of a
-    distributed load (module docstring)."""
+    distributed load (module docstring). ``gguf_file``: the weights come from this GGUF file (``gguf_file.py``),
+    every linear layer is a ``quantized_linear`` (``GgufLinear`` or a host's subclass) and the quantized ones keep
+    their GGML blocks; tensors the file lacks come from ``transformer/`` as usual."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
-    files = weight_files(checkpoint_dir)
     folder = _transformer_dir(checkpoint_dir)
     config_values = _config_values(folder)
-    fp8 = fp8_checkpoint(config_values, files, fp8_compute=fp8_compute, where=str(folder))
-    if fp8_compute and (storage_dtype is not None or scaled_linear is not Fp8Linear):
-        raise ValueError("fp8_compute stores the linear weights in FP8 itself, in its own layers; leave "
-                         "storage_dtype and scaled_linear unset.")
-    modelopt = is_modelopt_fp8(config_values, set(files))
+    gguf = None if gguf_file is None else _open_gguf(gguf_file, config, folder, fp8_compute, storage_dtype, sharding)
+    files = weight_files(checkpoint_dir) if gguf is None else _companion_files(checkpoint_dir, config_values)
+    fp8 = None if gguf is not None else fp8_checkpoint(config_values, files, fp8_compute=fp8_compute,
+                                                        where=str(folder))
+    if fp8_compute and (storage_dtype is not None or not issubclass(scaled_linear, Fp8Linear)):
+        raise ValueError("fp8_compute stores the linear weights in FP8 itself, in its own layers (Fp8Linear or a "
+                         "subclass); leave storage_dtype unset.")
+    modelopt = fp8 is not None and is_modelopt_fp8(config_values, set(files))
     keep_fp8 = (modelopt and storage_dtype in (None, torch.float8_e4m3fn)) or fp8_compute
     if keep_fp8:
         linear = scaled_linear
     elif linear is torch.nn.Linear and storage_dtype not in (None, dtype):
         linear = CastLinear
+    if gguf is not None:
+        linear = quantized_linear
     if fp8_compute and sharding is not None:
         raise ValueError("fp8_compute rounds each weight with one scale of the whole tensor, which a sharded load "
                          "never reads whole; load the bf16 checkpoint without it for a tensor-parallel run.")
@@ -172,9 +182,11 @@ def load_transformer(
     scales = {name for name in expected if name.endswith(".scale_weight")}
     wanted = {name: path for name, path in files.items()  # scales are read with their weight, below
               if not _skipped(name, skip_modules) and not is_dropped(name) and not name.endswith(WEIGHT_SCALE_SUFFIXES)}
+    from_gguf = set() if gguf is None else {name for name in gguf.tensors if not _skipped(name, skip_modules)}
+    wanted = {name: path for name, path in wanted.items() if name not in from_gguf}
 
-    missing = sorted(set(expected) - set(wanted) - scales)
-    unexpected = sorted(set(wanted) - set(expected))
+    missing = sorted(set(expected) - set(wanted) - from_gguf - scales)
+    unexpected = sorted((set(wanted) | from_gguf) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
             f"{folder}: weights do not match config.json — "
@@ -206,6 +218,8 @@ def load_transformer(
                     continue
                 target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
                 state[name] = tensor.to(device=device, dtype=target)
+    if gguf is not None:
+        state.update(_read_gguf(model, gguf, sorted(from_gguf), expected, linear_weights, dtype, device))
     if sharding is not None:
         state = {name: sharding.place(value, params[name]) for name, value in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
@@ -213,6 +227,49 @@ def load_transformer(
     if model.fp8_checkpoint is not None:
         _set_w8a8_scales(model, files, folder, approximate=fp8.approximate, device=device)
     return model.eval().requires_grad_(False)
+
+
+def _open_gguf(path, config: Cosmos3Config, folder: Path, fp8_compute: bool, storage_dtype, sharding) -> GgufFile:
+    """The GGUF file a load reads its weights from, checked to be of this Cosmos3 and loaded as it is stored."""
+    if fp8_compute or storage_dtype is not None or sharding is not None:
+        raise ValueError("a GGUF file is loaded as its GGML types store it: leave weight_dtype auto (no FP8 compute "
+                         "or storage dtype) and load it on one GPU (no tensor parallelism).")
+    gguf = read_gguf(path)
+    check_model(gguf, config, folder.parent)
+    return gguf
+
+
+def _companion_files(checkpoint_dir: str | Path, config_values: dict) -> dict[str, Path]:
+    """The safetensors weights of the Hub folder a GGUF load reads the tensors the GGUF lacks from: none when the
+    folder holds no transformer weights (only its configs, VAE and tokenizer) or holds the FP8 revision's."""
+    folder = _transformer_dir(checkpoint_dir)
+    if not (folder / INDEX_FILE).is_file() and not (folder / SINGLE_FILE).is_file():
+        return {}
+    files = weight_files(checkpoint_dir)
+    return {} if is_modelopt_fp8(config_values, set(files)) else files
+
+
+def _read_gguf(model, gguf: GgufFile, names: list[str], expected: dict, linear_weights: set[str],
+               dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+    """The state of the tensors ``names`` read from ``gguf``: a quantized linear weight as its GGML blocks (its
+    layer made to hold them, ``GgufLinear.quantize_as``), everything else dequantized to the compute dtype (the
+    fp32 modules to fp32)."""
+    state = {}
+    for name in names:
+        t = gguf.tensors[name]
+        if tuple(t.shape) != tuple(expected[name]):
+            raise CheckpointError(f"GGUF file {gguf.path}: {name!r} has shape {t.shape} but config.json implies "
+                                  f"{tuple(expected[name])}; the GGUF and the checkpoint folder belong to different "
+                                  "models.")
+        raw = t.raw()
+        keep_fp32 = name.split(".")[0] in KEEP_FP32
+        if name in linear_weights and t.qtype.name in QUANTIZED and not keep_fp32:
+            model.get_submodule(name[: -len(".weight")]).quantize_as(t.qtype)
+            state[name] = raw.reshape(packed_shape(t.shape, t.qtype)).to(device)
+        else:
+            target = torch.float32 if keep_fp32 else dtype
+            state[name] = dequantize(raw, t.qtype, t.shape).to(device=device, dtype=target)
+    return state
 
 
 def _set_w8a8_scales(model: Cosmos3Transformer, files: dict[str, Path], folder: Path, *, approximate: bool,

@@ -435,13 +435,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def merge_lora(model: torch.nn.Module, patches: Mapping[str, LoraPatch], strength: float = 1.0) -> None:
     """``W += strength · s · ΔW`` in place for every patched layer of ``model`` (computed in fp32, stored back in the
     weight's dtype; a ModelOpt ``scale_weight`` is honoured). Strength 0 leaves the weights untouched. Reload the
-    checkpoint to undo. A tensor-parallel model merges each rank's slice of ``ΔW`` into its shard."""
+    checkpoint to undo. A tensor-parallel model merges each rank's slice of ``ΔW`` into its shard; a GGUF-quantized
+    layer (``gguf_quants.GgufLinear``) keeps its blocks and adds ``strength · s · ΔW`` after dequantizing, per call."""
     strength = check_strength(strength)
     if strength == 0.0:
         return
     sharding = getattr(model, "weight_sharding", None)
     for module_name, patch in patches.items():
         layer = model.get_submodule(module_name)
+        if getattr(layer, "qtype", None) is not None:  # GGUF blocks stay as they are: the patch adds at each call
+            layer.add_patch(patch, strength)
+            continue
         index = None if sharding is None else sharding.source(module_name + ".weight", layer.weight)[1]
         weight = _local(layer.weight)
         scale = getattr(layer, "scale_weight", None)
