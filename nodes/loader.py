@@ -1,4 +1,6 @@
-"""Cosmos3Loader: a checkpoint folder under models/diffusers or models/cosmos3 → COSMOS3_MODEL."""
+"""Cosmos3Loader: a checkpoint folder under models/diffusers or models/cosmos3 → COSMOS3_MODEL; optionally its
+transformer's weights from a GGUF file in ComfyUI's diffusion_models/unet folders (the ``gguf`` input), the folder
+then giving everything else (VAE, tokenizer, configs)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 
 FOLDER_KEYS = ("cosmos3", "diffusers")
+GGUF_KEY = "cosmos3_gguf"  # the .gguf files of ComfyUI's diffusion_models folders (register_model_folder)
+GGUF_NONE = "none"
 NONE_FOUND = "(no Cosmos3 checkpoint found)"
 WEIGHT_DTYPES = {"auto": None, **STORAGE_DTYPES}
 PICK = "pick one in Load Cosmos3 Checkpoint"
@@ -34,8 +38,32 @@ _log = logging.getLogger(__name__)
 
 def register_model_folder() -> None:
     """Add ``models/cosmos3`` beside ComfyUI's own ``models/diffusers`` (also when ``extra_model_paths.yaml``
-    already named a ``cosmos3`` folder: ComfyUI keeps each path once)."""
+    already named a ``cosmos3`` folder: ComfyUI keeps each path once), and the ``.gguf`` files of ComfyUI's
+    ``diffusion_models`` folders (``models/diffusion_models``, ``models/unet`` and what ``extra_model_paths.yaml``
+    adds to them: the same list of folders, shared) as ``cosmos3_gguf``."""
     folder_paths.add_model_folder_path("cosmos3", os.path.join(folder_paths.models_dir, "cosmos3"))
+    folders = folder_paths.folder_names_and_paths.get("diffusion_models", ([], set()))[0]
+    folder_paths.folder_names_and_paths[GGUF_KEY] = (folders, {".gguf"})
+
+
+def gguf_files() -> list[str]:
+    """The ``.gguf`` files of ComfyUI's diffusion_models/unet folders (names relative to their folder)."""
+    if GGUF_KEY not in folder_paths.folder_names_and_paths:
+        return []
+    return list(folder_paths.get_filename_list(GGUF_KEY))
+
+
+def gguf_path(gguf: str) -> Path | None:
+    """The file a ``gguf`` input names (None: ``none``); a name that is no listed file is refused."""
+    if gguf in (None, GGUF_NONE):
+        return None
+    path = folder_paths.get_full_path(GGUF_KEY, gguf) if GGUF_KEY in folder_paths.folder_names_and_paths else None
+    if path is None:
+        folders = ", ".join(folder_paths.get_folder_paths("diffusion_models"))
+        raise ValueError(f"Cosmos3Loader: gguf file {gguf!r} was not found in {folders}; put the .gguf file there "
+                         "(python -m cosmos3_core.gguf writes one from a checkpoint), press r to refresh, then pick "
+                         "it — or set gguf to none.")
+    return Path(path)
 
 
 def find_checkpoints() -> dict[str, Path]:
@@ -129,6 +157,12 @@ class Cosmos3Loader(io.ComfyNode):
                                        "dtype above. fp8_e4m3fn halves bf16 memory (Nano's generation tower 14 → 7 "
                                        "GiB). auto: as the checkpoint stores them (an NVIDIA FP8 checkpoint stays "
                                        "FP8), else the compute dtype."),
+                io.Combo.Input("gguf", options=[GGUF_NONE, *gguf_files()], default=GGUF_NONE, optional=True,
+                               tooltip="GGUF transformer weights (a .gguf file in models/diffusion_models or "
+                                       "models/unet; python -m cosmos3_core.gguf makes one): kept quantized and "
+                                       "dequantized layer by layer (Q8_0 ≈ half the memory of bf16, Q4_0 ≈ a quarter). "
+                                       "The checkpoint above gives everything else (VAE, tokenizer, configs): pick "
+                                       "the one the GGUF was converted from. none: the checkpoint's own weights."),
             ],
             outputs=[Cosmos3Model.Output(display_name="model", tooltip="The loaded checkpoint; connect it to every "
                                                                              "Cosmos3 node."),
@@ -140,29 +174,45 @@ class Cosmos3Loader(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, checkpoint: str, dtype: str = "auto", device: str = "default",
-                           weight_dtype: str = "auto"):
-        """ComfyUI re-runs the loader (and everything downstream) when this changes: a checkpoint folder replaced
-        under the same name while the server runs is loaded again, never served from the cached model."""
+                           weight_dtype: str = "auto", gguf: str = GGUF_NONE):
+        """ComfyUI re-runs the loader (and everything downstream) when this changes: a checkpoint folder (or GGUF
+        file) replaced under the same name while the server runs is loaded again, never served from the cached
+        model."""
         resolved = resolve_checkpoint(checkpoint)
-        return checkpoint_fingerprint(resolved[1]) if resolved is not None else f"missing {checkpoint}"
+        folder = checkpoint_fingerprint(resolved[1]) if resolved is not None else f"missing {checkpoint}"
+        try:
+            path = gguf_path(gguf)
+            st = path.stat() if path is not None else None
+        except (ValueError, OSError):
+            return f"{folder} gguf missing {gguf}"
+        return folder if st is None else f"{folder} gguf {path.resolve()} {st.st_size} {st.st_mtime_ns} {st.st_ino}"
 
     @classmethod
-    def validate_inputs(cls, checkpoint: str | None = None) -> bool | str:
-        """Refuses a checkpoint name that stands for no folder before the prompt is queued (ComfyUI 0.3.75 does not
-        check a V3 combo's value against its options); a linked value (None here) is checked when it runs."""
-        if checkpoint is None or resolve_checkpoint(checkpoint) is not None:
-            return True
-        return missing_checkpoint_message(checkpoint)
+    def validate_inputs(cls, checkpoint: str | None = None, gguf: str | None = None) -> bool | str:
+        """Refuses a checkpoint name that stands for no folder (or a gguf name that is no listed file) before the
+        prompt is queued (ComfyUI 0.3.75 does not check a V3 combo's value against its options); a linked value
+        (None here) is checked when it runs."""
+        if checkpoint is not None and resolve_checkpoint(checkpoint) is None:
+            return missing_checkpoint_message(checkpoint)
+        try:
+            gguf_path(gguf)
+        except ValueError as exc:
+            return str(exc)
+        return True
 
     @classmethod
     def execute(cls, checkpoint: str, dtype: str = "auto", device: str = "default",
-                weight_dtype: str = "auto") -> io.NodeOutput:
+                weight_dtype: str = "auto", gguf: str = GGUF_NONE) -> io.NodeOutput:
         if dtype not in ("auto", *DTYPES):
             raise ValueError(f"Cosmos3Loader: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}.")
         if device not in ("default", "cpu"):
             raise ValueError(f"Cosmos3Loader: device {device!r} is not one of default, cpu.")
         if weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"Cosmos3Loader: weight_dtype {weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}.")
+        gguf_file = gguf_path(gguf)
+        if gguf_file is not None and weight_dtype != "auto":
+            raise ValueError(f"Cosmos3Loader: weight_dtype {weight_dtype!r} does not apply to a GGUF file, whose "
+                             f"weights stay in their GGML types; set weight_dtype to auto (or gguf to none).")
         resolved = resolve_checkpoint(checkpoint)
         if resolved is None:
             raise ValueError(missing_checkpoint_message(checkpoint))
@@ -188,7 +238,8 @@ class Cosmos3Loader(io.ComfyNode):
                     "weight_dtype to bf16 or fp16 (or auto), or device to cpu."
                 ) from exc
         try:
-            handle = Cosmos3ModelHandle.load(name, path, torch_dtype, device, storage)
+            handle = Cosmos3ModelHandle.load(name, path, torch_dtype, device, storage, gguf_file=gguf_file)
         except (ValueError, FileNotFoundError) as exc:
-            raise ValueError(f"Cosmos3Loader: checkpoint {name!r} cannot be loaded: {exc}") from exc
+            what = f"checkpoint {name!r}" + (f" with gguf {gguf!r}" if gguf_file is not None else "")
+            raise ValueError(f"Cosmos3Loader: {what} cannot be loaded: {exc}") from exc
         return io.NodeOutput(handle, Cosmos3CoreVAE(handle.pipeline.vae, handle.vae_patcher.load_device, name))

@@ -21,6 +21,7 @@ import comfy.model_patcher
 import comfy.ops
 import torch
 
+from ..cosmos3_core.model.gguf_quants import GgufLinear, dequant_workspace_bytes
 from ..cosmos3_core.model.loader import read_fp8_checkpoint
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
@@ -67,6 +68,50 @@ class StreamingLinear(comfy.ops.disable_weight_init.Linear):
 
 class CastStreamingLinear(comfy.ops.manual_cast.Linear):
     """ComfyUI's cast-at-each-call Linear (weights stored in another dtype), at top level for the same reason."""
+
+
+class StreamingGgufLinear(GgufLinear, comfy.ops.CastWeightBiasOp):
+    """The core's GGUF linear (``gguf_quants.GgufLinear``: GGML blocks dequantized at each call) as a ComfyUI layer:
+    its bytes stream from the offload device when the tower is partially loaded (``comfy_cast_weights``), and
+    ComfyUI's weight patches (LoRA) apply to the dequantized float32 weight at each call (``weight_function``,
+    set by ``Cosmos3Patcher``: the blocks themselves are never patched)."""
+
+    def reset_parameters(self):
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        comfy.ops.run_every_op()
+        non_blocking = mm.device_supports_non_blocking(x.device)
+        weight = mm.cast_to(self.weight, None, x.device, non_blocking=non_blocking)
+        bias = None if self.bias is None else mm.cast_to(self.bias, None, x.device, non_blocking=non_blocking)
+        return self.forward_with(x, weight, bias, self.weight_function)
+
+
+class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
+    """ComfyUI's ``ModelPatcher`` for the pack's towers. A patched GGUF layer keeps its blocks: the patch is handed
+    to the layer as a per-call weight function (as ComfyUI does for streamed layers) instead of being merged; the
+    unpatch drops it. Every other weight patches as ComfyUI patches it."""
+
+    def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
+        layer = self._layer(key)
+        if key in self.patches and getattr(layer, "qtype", None) is not None and key.endswith(".weight"):
+            layer.weight_function = [comfy.model_patcher.LowVramPatch(key, self.patches)]
+            return
+        super().patch_weight_to_device(key, device_to=device_to, inplace_update=inplace_update)
+
+    def unpatch_model(self, device_to=None, unpatch_weights=True):
+        super().unpatch_model(device_to=device_to, unpatch_weights=unpatch_weights)
+        if unpatch_weights:
+            for m in self.model.modules():
+                if getattr(m, "qtype", None) is not None:
+                    m.weight_function = []
+
+    def _layer(self, key: str):
+        name = key.rpartition(".")[0]
+        try:
+            return self.model.get_submodule(name)
+        except AttributeError:
+            return None
 
 
 def _scaled_fp8_linear() -> type:
@@ -116,7 +161,7 @@ class Cosmos3ModelHandle:
 
     @classmethod
     def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str,
-             storage_dtype: torch.dtype | None = None) -> "Cosmos3ModelHandle":
+             storage_dtype: torch.dtype | None = None, gguf_file: Path | None = None) -> "Cosmos3ModelHandle":
         # ComfyUI's Linear: when a tower does not fit in VRAM, ModelPatcher loads it partially and these layers
         # stream their weights from the offload device at each call (weight streaming, "lowvram"). Weights stored
         # in another dtype than the compute dtype (fp8, or an NVIDIA FP8 checkpoint's weight + scale) go through
@@ -125,8 +170,11 @@ class Cosmos3ModelHandle:
         cast = storage_dtype is not None and storage_dtype != dtype
         linear = CastStreamingLinear if cast else StreamingLinear
         scaled = _scaled_fp8_linear() if read_fp8_checkpoint(path) is not None else None
+        # A GGUF file: every linear layer keeps its GGML blocks and streams them (StreamingGgufLinear); the rest of
+        # the checkpoint comes from the folder.
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
-                                    storage_dtype=storage_dtype, scaled_linear=scaled)
+                                    storage_dtype=storage_dtype, scaled_linear=scaled, gguf_file=gguf_file,
+                                    quantized_linear=StreamingGgufLinear)
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod
@@ -143,7 +191,7 @@ class Cosmos3ModelHandle:
             # name is what ComfyUI's log and memory manager show ("Requested to load Cosmos3GenerationTower").
             holder = holder_cls()
             holder.add_module("inner", module)
-            return comfy.model_patcher.ModelPatcher(holder, load_device=device, offload_device=offload_device)
+            return Cosmos3Patcher(holder, load_device=device, offload_device=offload_device)
 
         vae_device = mm.vae_device() if device_choice == "default" else torch.device("cpu")
         sound = (patcher(Cosmos3SoundDecoder, pipe.sound_decoder, vae_device, mm.vae_offload_device())
@@ -159,7 +207,8 @@ class Cosmos3ModelHandle:
 
     # ------------------------------------------------------------------ placement
     def load_text_tower(self, text_length: int) -> None:
-        _load(self.text_patcher, prefill_memory_required(self.pipeline.config, text_length, self.dtype))
+        _load(self.text_patcher, prefill_memory_required(self.pipeline.config, text_length, self.dtype)
+              + dequant_workspace_bytes(self.pipeline.transformer))
 
     @property
     def generation_device(self) -> torch.device:
@@ -167,7 +216,9 @@ class Cosmos3ModelHandle:
         return self.generation_patcher.load_device
 
     def load_generation_tower(self, memory_required: int) -> None:
-        _load(self.generation_patcher, memory_required)
+        # a GGUF layer's call dequantizes its weight: room for the largest one beside the step's own
+        workspace = dequant_workspace_bytes(self.pipeline.transformer)
+        _load(self.generation_patcher, memory_required + workspace)
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
 

@@ -28,7 +28,7 @@ the patch's factors at each call, never stored dense), rounds once to the input'
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -206,5 +206,21 @@ class GgufLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qtype is None and not self.patches:
             return super().forward(x)
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dense_weight().to(x.dtype), bias)
+        return self.forward_with(x, self.weight, self.bias)
+
+    def forward_with(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     weight_functions: Sequence[Callable[[torch.Tensor], torch.Tensor]] = ()) -> torch.Tensor:
+        """The layer on ``x`` with ``weight``/``bias`` (this layer's, or copies a host streamed to ``x``'s device),
+        each of ``weight_functions`` (a host's weight patches) applied to the float32 weight in turn."""
+        dense = self.dense_weight(weight)
+        if weight_functions and dense.data_ptr() == weight.data_ptr():
+            dense = dense.clone()  # a plain float32 weight is its own dense weight: host patches must not touch it
+        for fn in weight_functions:
+            dense = fn(dense)
+        return F.linear(x, dense.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def dequant_workspace_bytes(model: nn.Module) -> int:
+    """The most memory one ``GgufLinear`` call adds: its float32 weight and as much again for the unpacking."""
+    return max((8 * m.in_features * m.out_features for m in model.modules()
+                if isinstance(m, GgufLinear) and m.qtype is not None), default=0)
