@@ -19,6 +19,7 @@ from ..cosmos3_core.model.loader import checkpoint_fingerprint
 from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
 from ..cosmos3_core.sampling.distilled import read_distilled
 from .core_vae import Cosmos3CoreVAE
+from .hub_cache import HUB_KEY, cache_roots, download_fix, hub_revision, hub_snapshots, missing_files
 from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 
@@ -66,8 +67,23 @@ def gguf_path(gguf: str) -> Path | None:
     return Path(path)
 
 
+def hub_roots() -> list[Path]:
+    """The Hugging Face cache folders searched: the Hub client's own, then ``extra_model_paths.yaml``'s
+    ``cosmos3_hub`` entries (nodes/hub_cache.py)."""
+    return cache_roots(folder_paths.folder_names_and_paths.get(HUB_KEY, ([],))[0])
+
+
 def find_checkpoints() -> dict[str, Path]:
-    """Sub-folders holding a Cosmos3 transformer, by display name (``<folder>`` or ``<folder> (diffusers)``)."""
+    """Checkpoint folders by display name: sub-folders of models/cosmos3 and models/diffusers holding a Cosmos3
+    transformer (by folder name), then the Cosmos3 snapshots of the Hugging Face caches (``<org>/<repo> (hub
+    <revision>)``, nodes/hub_cache.py)."""
+    found = _folder_checkpoints()
+    for name, path in hub_snapshots(hub_roots()).items():
+        found.setdefault(name, path)
+    return found
+
+
+def _folder_checkpoints() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for root in _roots():
         if not os.path.isdir(root):
@@ -104,7 +120,8 @@ def checkpoint_kind(path: Path) -> str:
 def resolve_checkpoint(checkpoint: str) -> tuple[str, Path] | None:
     """(name, folder) a checkpoint name stands for: a listed folder of that name; else a folder of that name that
     holds ``transformer/`` (its config is damaged or unreadable: loading it explains); else, for a name the shipped
-    workflows carry, the one listed checkpoint of its kind; else None."""
+    workflows carry, that Hub repository's ``main`` snapshot in the Hugging Face cache (its only one, if no main),
+    else the one listed checkpoint of its kind; else None."""
     found = find_checkpoints()
     if checkpoint in found:
         return checkpoint, found[checkpoint]
@@ -114,6 +131,10 @@ def resolve_checkpoint(checkpoint: str) -> tuple[str, Path] | None:
             if (Path(root) / checkpoint / "transformer").is_dir():
                 return checkpoint, Path(root) / checkpoint
     kind = SHIPPED_NAMES.get(checkpoint)
+    if kind:
+        cached = hub_revision({n: p for n, p in found.items() if n not in _folder_checkpoints()}, checkpoint)
+        if cached is not None:
+            return cached
     same_kind = [(name, path) for name, path in found.items() if kind and checkpoint_kind(path) == kind]
     return same_kind[0] if len(same_kind) == 1 else None
 
@@ -129,10 +150,25 @@ def missing_checkpoint_message(checkpoint: str) -> str:
     kind = SHIPPED_NAMES.get(checkpoint)
     several = sum(checkpoint_kind(p) == kind for p in found.values()) if kind else 0
     why = f" and {several} {kind} checkpoints were" if several > 1 else ""
-    where = "; ".join(f"in {root}: " + (", ".join(f"'{name}' ({checkpoint_kind(path)})" for name, path in found.items()
-                                                 if path.parent == Path(root)) or "none") for root in roots)
+    listed = lambda names: ", ".join(f"'{n}' ({checkpoint_kind(found[n])})" for n in names) or "none"  # noqa: E731
+    where = "; ".join(f"in {root}: " + listed([n for n, p in found.items() if p.parent == Path(root)])
+                      for root in roots)
+    hub = [n for n in found if " (hub " in n]
+    where += f"; in the Hugging Face cache ({', '.join(map(str, hub_roots()))}): {listed(hub)}"
     return (f"Cosmos3Loader: checkpoint {checkpoint!r} was not found{why}; {PICK} — {where}. To add one, put its "
             "folder (with transformer/config.json) in one of those folders and press r to refresh.")
+
+
+def check_snapshot_complete(name: str, path: Path) -> None:
+    """A Hub-cache snapshot whose transformer shards were not all downloaded: one message naming the missing files
+    and the ``hf download`` line that completes it (a folder's are named by the core loader)."""
+    if " (hub " not in name:
+        return
+    missing = missing_files(path)
+    if missing:
+        raise ValueError(f"Cosmos3Loader: checkpoint {name!r} ({path}) lacks {', '.join(missing[:4])}"
+                         f"{' …' if len(missing) > 4 else ''}: its download stopped before it finished. Complete it "
+                         f"with: {download_fix(path, missing)}")
 
 
 class Cosmos3Loader(io.ComfyNode):
@@ -147,7 +183,9 @@ class Cosmos3Loader(io.ComfyNode):
                         "*-4Step checkpoint (modular_model_index.json) samples on its own fixed schedule.",
             inputs=[
                 io.Combo.Input("checkpoint", options=names, tooltip="A folder under models/cosmos3 or models/diffusers "
-                               "holding transformer/, vae/, text_tokenizer/, scheduler/ (and sound_tokenizer/)."),
+                               "holding transformer/, vae/, text_tokenizer/, scheduler/ (and sound_tokenizer/), or a "
+                               "snapshot in the Hugging Face cache ('nvidia/Cosmos3-Nano (hub main)', the fp8 "
+                               "revision '(hub fp8)')."),
                 io.Combo.Input("dtype", options=["auto", *DTYPES], default="auto",
                                tooltip="Compute dtype. auto: bf16 on a GPU that supports it, else fp32."),
                 io.Combo.Input("device", options=["default", "cpu"], default="default",
@@ -217,6 +255,7 @@ class Cosmos3Loader(io.ComfyNode):
         if resolved is None:
             raise ValueError(missing_checkpoint_message(checkpoint))
         name, path = resolved
+        check_snapshot_complete(name, path)
         if name != checkpoint:
             _log.info("Cosmos3Loader: no checkpoint folder is named %r; loading %r (%s), the only %s checkpoint "
                       "found (%s to change it).", checkpoint, name, path, checkpoint_kind(path), PICK)

@@ -43,10 +43,12 @@ def server(tmp_path_factory, tiny_checkpoint):
     hide = tmp / "no_accelerate"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(HIDE)
-    env = {**os.environ, "PYTHONPATH": str(hide)}
+    hub_cache = tmp / "hf-cache"  # the Hub client's cache the loader also lists (nodes/hub_cache.py): empty here
+    hub_cache.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(hide), "HF_HUB_CACHE": str(hub_cache)}
     with comfy_host.ComfyServer(base, require_pack=True, env=env,
                                 extra_args=["--extra-model-paths-config", str(yaml)]) as srv:
-        srv.snapshots = snapshots
+        srv.snapshots, srv.hub_cache = snapshots, hub_cache
         yield srv
 
 
@@ -87,6 +89,6 @@ def test_missing_checkpoint_is_refused_when_queued(server):
     models = server.base_dir / "models"
     want = ("checkpoint - Cosmos3Loader: checkpoint 'Cosmos3-Nano-v2' was not found; pick one in Load Cosmos3 "
             f"Checkpoint — in {server.snapshots}: '{REVISION}' (Edge); in {models / 'cosmos3'}: 'my-nano' (Nano/Super); "
-            f"in {models / 'diffusers'}: none. To add one, put its folder (with transformer/config.json) in one of "
-            "those folders and press r to refresh.")
+            f"in {models / 'diffusers'}: none; in the Hugging Face cache ({server.hub_cache}): none. To add one, put "
+            "its folder (with transformer/config.json) in one of those folders and press r to refresh.")
     assert msg == want, msg
