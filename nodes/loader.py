@@ -15,6 +15,7 @@ import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core.config import DTYPES
+from ..cosmos3_core.model.fp8 import device_fp8_problem
 from ..cosmos3_core.model.loader import checkpoint_fingerprint
 from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
 from ..cosmos3_core.sampling.distilled import read_distilled
@@ -28,6 +29,8 @@ GGUF_KEY = "cosmos3_gguf"  # the .gguf files of ComfyUI's diffusion_models folde
 GGUF_NONE = "none"
 NONE_FOUND = "(no Cosmos3 checkpoint found)"
 WEIGHT_DTYPES = {"auto": None, **STORAGE_DTYPES}
+FP8_FAST = "fp8_e4m3fn_fast"  # ComfyUI's name for FP8 compute (W8A8) from a bf16 checkpoint: approximate
+WEIGHT_DTYPE_CHOICES = [*WEIGHT_DTYPES, FP8_FAST]
 PICK = "pick one in Load Cosmos3 Checkpoint"
 # The checkpoint names the shipped workflows carry (the Hub repository names) and the kind of checkpoint each
 # stands for: when no folder has that name and exactly one listed checkpoint is of that kind, the name means it.
@@ -159,6 +162,32 @@ def missing_checkpoint_message(checkpoint: str) -> str:
             "folder (with transformer/config.json) in one of those folders and press r to refresh.")
 
 
+def _host_fp8_matrix_mult() -> bool:
+    """ComfyUI started with ``--fast fp8_matrix_mult`` (or ``--fast``): FP8 weights compute in FP8 where they can."""
+    try:
+        from comfy.cli_args import PerformanceFeature, args
+    except ImportError:
+        return False
+    return PerformanceFeature.Fp8MatrixMultiplication in (args.fast or ())
+
+
+def fp8_compute_choice(weight_dtype: str, device: torch.device) -> tuple[str, bool]:
+    """(the storage ``weight_dtype`` to load with, FP8 compute on?) for the ``weight_dtype`` asked on ``device``:
+    ``fp8_e4m3fn_fast`` (or ``fp8_e4m3fn`` under ``--fast fp8_matrix_mult``) is FP8 compute where the GPU has FP8
+    tensor cores; elsewhere ``fp8_e4m3fn_fast`` is FP8 storage computed W8A16, with one notice (ComfyUI's own
+    fallback), never a silent change."""
+    asked_fast = weight_dtype == FP8_FAST or (weight_dtype == "fp8_e4m3fn" and _host_fp8_matrix_mult())
+    if not asked_fast:
+        return weight_dtype, False
+    problem = device_fp8_problem(device)
+    if problem is None:
+        return "auto", True
+    if weight_dtype == FP8_FAST:
+        _log.warning("Cosmos3Loader: weight_dtype fp8_e4m3fn_fast needs FP8 tensor cores, but %s; the weights are "
+                     "stored as fp8_e4m3fn and computed W8A16 (dequantized per layer) instead.", problem)
+    return "fp8_e4m3fn", False
+
+
 def check_snapshot_complete(name: str, path: Path) -> None:
     """A Hub-cache snapshot whose transformer shards were not all downloaded: one message naming the missing files
     and the ``hf download`` line that completes it (a folder's are named by the core loader)."""
@@ -190,11 +219,16 @@ class Cosmos3Loader(io.ComfyNode):
                                tooltip="Compute dtype. auto: bf16 on a GPU that supports it, else fp32."),
                 io.Combo.Input("device", options=["default", "cpu"], default="default",
                                tooltip="default: ComfyUI's GPU with its offloading; cpu: run everything on the CPU."),
-                io.Combo.Input("weight_dtype", options=list(WEIGHT_DTYPES), default="auto", optional=True,
+                io.Combo.Input("weight_dtype", options=WEIGHT_DTYPE_CHOICES, default="auto", optional=True,
                                tooltip="How the transformer's linear weights are stored; they are computed in the "
                                        "dtype above. fp8_e4m3fn halves bf16 memory (Nano's generation tower 14 → 7 "
                                        "GiB). auto: as the checkpoint stores them (an NVIDIA FP8 checkpoint stays "
-                                       "FP8), else the compute dtype."),
+                                       "FP8 and runs NVIDIA's W8A8 step policy on GPUs with FP8 tensor cores, sm "
+                                       "8.9+), else the compute dtype. fp8_e4m3fn_fast: FP8 compute (W8A8) for a "
+                                       "bf16 checkpoint, its weights rounded to FP8 with per-tensor scales — "
+                                       "approximate; on a GPU without FP8 tensor cores it is fp8_e4m3fn (W8A16, the "
+                                       "log says so). With ComfyUI's --fast fp8_matrix_mult, fp8_e4m3fn is "
+                                       "fp8_e4m3fn_fast."),
                 io.Combo.Input("gguf", options=[GGUF_NONE, *gguf_files()], default=GGUF_NONE, optional=True,
                                tooltip="GGUF transformer weights (a .gguf file in models/diffusion_models or "
                                        "models/unet; python -m cosmos3_core.gguf makes one): kept quantized and "
@@ -245,8 +279,9 @@ class Cosmos3Loader(io.ComfyNode):
             raise ValueError(f"Cosmos3Loader: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}.")
         if device not in ("default", "cpu"):
             raise ValueError(f"Cosmos3Loader: device {device!r} is not one of default, cpu.")
-        if weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"Cosmos3Loader: weight_dtype {weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}.")
+        if weight_dtype not in WEIGHT_DTYPE_CHOICES:
+            raise ValueError(f"Cosmos3Loader: weight_dtype {weight_dtype!r} is not one of "
+                             f"{', '.join(WEIGHT_DTYPE_CHOICES)}.")
         gguf_file = gguf_path(gguf)
         if gguf_file is not None and weight_dtype != "auto":
             raise ValueError(f"Cosmos3Loader: weight_dtype {weight_dtype!r} does not apply to a GGUF file, whose "
@@ -264,8 +299,9 @@ class Cosmos3Loader(io.ComfyNode):
             torch_dtype = torch.bfloat16 if gpu and mm.should_use_bf16(mm.get_torch_device()) else torch.float32
         else:
             torch_dtype = DTYPES[dtype]
-        storage = WEIGHT_DTYPES[weight_dtype]
         load_device = mm.get_torch_device() if device == "default" else torch.device("cpu")
+        weight_dtype, fp8_compute = fp8_compute_choice(weight_dtype, load_device)
+        storage = WEIGHT_DTYPES[weight_dtype]
         if storage is not None:
             try:
                 if not mm.supports_cast(load_device, storage):
@@ -277,7 +313,8 @@ class Cosmos3Loader(io.ComfyNode):
                     "weight_dtype to bf16 or fp16 (or auto), or device to cpu."
                 ) from exc
         try:
-            handle = Cosmos3ModelHandle.load(name, path, torch_dtype, device, storage, gguf_file=gguf_file)
+            handle = Cosmos3ModelHandle.load(name, path, torch_dtype, device, storage, gguf_file=gguf_file,
+                                             fp8_compute=fp8_compute)
         except (ValueError, FileNotFoundError) as exc:
             what = f"checkpoint {name!r}" + (f" with gguf {gguf!r}" if gguf_file is not None else "")
             raise ValueError(f"Cosmos3Loader: {what} cannot be loaded: {exc}") from exc

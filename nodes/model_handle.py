@@ -12,6 +12,7 @@ models when VRAM is short, with a memory estimate for the work about to run:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +22,10 @@ import comfy.model_patcher
 import comfy.ops
 import torch
 
+from ..cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
 from ..cosmos3_core.model.gguf_quants import GgufLinear, dequant_workspace_bytes
-from ..cosmos3_core.model.loader import read_fp8_checkpoint
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
+from ..cosmos3_core.model.weights import cast_linear
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
 
 
@@ -56,7 +58,7 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
             module._buffers[name] = tensor.to(device)
 
 
-_SCALED_FP8_LINEAR: list[type] = []
+_Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])  # ModelPatcher.backup's entries
 
 
 class StreamingLinear(comfy.ops.disable_weight_init.Linear):
@@ -87,6 +89,74 @@ class StreamingGgufLinear(GgufLinear, comfy.ops.CastWeightBiasOp):
         return self.forward_with(x, weight, bias, self.weight_function)
 
 
+class StreamingFp8Linear(Fp8Linear, comfy.ops.CastWeightBiasOp):
+    """The core's FP8 linear (``fp8.Fp8Linear``: an NVIDIA ModelOpt FP8 layer, or a bf16 checkpoint's weight
+    quantized at load for ``fp8_e4m3fn_fast``) as a ComfyUI layer, so that its W8A16 and W8A8 forwards (the step
+    policy picks, ``fp8.run_linear``) also run with ComfyUI's streaming and LoRA.
+
+    Streamed (a partially loaded tower): the FP8 weight, bias and scales are copied to the input's device at each
+    call. LoRA: a weight patched by ComfyUI gets a new FP8 scale — merged at load (``convert_weight`` dequantizes with
+    the layer's scale, ComfyUI adds the patch in float32, ``set_weight`` rounds the result to e4m3 with its own
+    ``amax / 448``, as ModelOpt calibrates a weight; ``Cosmos3Patcher`` keeps the old scales to restore), or, for a
+    streamed layer, at each call (the patched float32 weight re-quantized the same way). No patch, no change: the
+    forwards are the core's, on the same tensors."""
+
+    def reset_parameters(self):
+        return None
+
+    def _streamed(self, x: torch.Tensor):
+        """(weight, bias, scale_weight, scale_b) on ``x``'s device, a ComfyUI weight patch applied."""
+        non_blocking = mm.device_supports_non_blocking(x.device)
+        move = lambda t: None if t is None else mm.cast_to(t, None, x.device, non_blocking=non_blocking)  # noqa: E731
+        weight, bias = move(self.weight), move(self.bias)
+        if self.weight_function:
+            dense = weight
+            for fn in self.weight_function:  # LowVramPatch: convert_weight, the patch, set_weight(return_weight)
+                dense = fn(dense)
+            if weight.dtype != torch.float8_e4m3fn:  # a layer the checkpoint keeps unquantized (scale 1)
+                return dense, bias, move(self.scale_weight), None
+            weight, scale = quantize_weight(dense)
+            return weight, bias, scale, scale
+        return weight, bias, move(self.scale_weight), move(self.weight_scale_b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        comfy.ops.run_every_op()
+        weight, bias, scale, _ = self._streamed(x)
+        return cast_linear(x, weight, scale, bias)
+
+    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        comfy.ops.run_every_op()
+        weight, bias, _, scale_b = self._streamed(x)
+        return self.w8a8_with(x, weight, bias, self.activation_scale(x).to(x.device), scale_b)
+
+    def convert_weight(self, weight: torch.Tensor, inplace: bool = False, **kwargs) -> torch.Tensor:
+        scale = self.scale_weight.to(device=weight.device, dtype=torch.float32)
+        if inplace and weight.dtype == torch.float32:
+            weight *= scale
+            return weight
+        return weight.to(torch.float32) * scale
+
+    def set_weight(self, weight: torch.Tensor, inplace_update: bool = False, seed=None, return_weight: bool = False,
+                   **kwargs):
+        if return_weight:  # a streamed call: forward re-quantizes the patched float32 weight itself
+            return weight
+        if self.weight.dtype != torch.float8_e4m3fn:  # a layer the checkpoint keeps unquantized (scale 1)
+            weight = weight.to(self.weight.dtype)
+            if inplace_update:
+                self.weight.data.copy_(weight)
+            else:
+                self.weight = torch.nn.Parameter(weight, requires_grad=False)
+            return None
+        w8, scale = quantize_weight(weight)
+        self.weight = torch.nn.Parameter(w8, requires_grad=False)
+        self.scale_weight = torch.nn.Parameter(scale.to(weight.device), requires_grad=False)
+        if self.w8a8_weight_scale is not None:
+            self.w8a8_weight_scale = torch.nn.Parameter(scale.to(weight.device), requires_grad=False)
+
+
+FP8_SCALES = ("scale_weight", "w8a8_weight_scale")
+
+
 class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
     """ComfyUI's ``ModelPatcher`` for the pack's towers. A patched GGUF layer keeps its blocks: the patch is handed
     to the layer as a per-call weight function (as ComfyUI does for streamed layers) instead of being merged; the
@@ -97,6 +167,12 @@ class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
         if key in self.patches and getattr(layer, "qtype", None) is not None and key.endswith(".weight"):
             layer.weight_function = [comfy.model_patcher.LowVramPatch(key, self.patches)]
             return
+        if key in self.patches and isinstance(layer, StreamingFp8Linear) and key.endswith(".weight"):
+            prefix = key[: -len("weight")]
+            for name in FP8_SCALES:  # the patched weight gets new scales (set_weight): keep these to restore
+                value = getattr(layer, name)
+                if value is not None and prefix + name not in self.backup:
+                    self.backup[prefix + name] = _Backup(value, False)
         super().patch_weight_to_device(key, device_to=device_to, inplace_update=inplace_update)
 
     def unpatch_model(self, device_to=None, unpatch_weights=True):
@@ -112,13 +188,6 @@ class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
             return self.model.get_submodule(name)
         except AttributeError:
             return None
-
-
-def _scaled_fp8_linear() -> type:
-    """ComfyUI's scaled-FP8 linear layer (``scale_weight`` · weight, cast to the compute dtype at each call)."""
-    if not _SCALED_FP8_LINEAR:  # built once: the factory logs a line per call
-        _SCALED_FP8_LINEAR.append(comfy.ops.scaled_fp8_ops(fp8_matrix_mult=False, scale_input=False).Linear)
-    return _SCALED_FP8_LINEAR[0]
 
 
 def _load(patcher: comfy.model_patcher.ModelPatcher, memory_required: int = 0) -> None:
@@ -161,20 +230,21 @@ class Cosmos3ModelHandle:
 
     @classmethod
     def load(cls, name: str, path: Path, dtype: torch.dtype, device_choice: str,
-             storage_dtype: torch.dtype | None = None, gguf_file: Path | None = None) -> "Cosmos3ModelHandle":
+             storage_dtype: torch.dtype | None = None, gguf_file: Path | None = None,
+             fp8_compute: bool = False) -> "Cosmos3ModelHandle":
         # ComfyUI's Linear: when a tower does not fit in VRAM, ModelPatcher loads it partially and these layers
         # stream their weights from the offload device at each call (weight streaming, "lowvram"). Weights stored
         # in another dtype than the compute dtype (fp8, or an NVIDIA FP8 checkpoint's weight + scale) go through
         # ComfyUI's cast-weight layers, which cast at each call and stream the same way.
-        # ComfyUI's scaled-FP8 layers only for an NVIDIA FP8 checkpoint (asking ComfyUI for them logs a line).
+        # An NVIDIA FP8 checkpoint kept in FP8, or a bf16 one loaded for FP8 compute (fp8_compute, ComfyUI's
+        # fp8_e4m3fn_fast): the core's FP8 layers (W8A16 and W8A8 per the step policy) as ComfyUI layers.
         cast = storage_dtype is not None and storage_dtype != dtype
         linear = CastStreamingLinear if cast else StreamingLinear
-        scaled = _scaled_fp8_linear() if read_fp8_checkpoint(path) is not None else None
         # A GGUF file: every linear layer keeps its GGML blocks and streams them (StreamingGgufLinear); the rest of
         # the checkpoint comes from the folder.
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
-                                    storage_dtype=storage_dtype, scaled_linear=scaled, gguf_file=gguf_file,
-                                    quantized_linear=StreamingGgufLinear)
+                                    storage_dtype=storage_dtype, scaled_linear=StreamingFp8Linear,
+                                    fp8_compute=fp8_compute, gguf_file=gguf_file, quantized_linear=StreamingGgufLinear)
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod

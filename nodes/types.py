@@ -37,9 +37,11 @@ def fast_mode_inputs() -> list:
                        tooltip="SeaCache's accumulated-change budget before the stack runs again; larger reuses "
                                "more steps (diffusers' default 0.25)."),
         io.Combo.Input("mixed_precision_format", options=MIXED_PRECISION_CHOICES, default="auto", optional=True,
-                       tooltip="NVIDIA FP8 (ModelOpt) checkpoints: auto follows the checkpoint's step policy, none "
-                               "asks W8A8 at every step, fp8 the first/last-3-steps schedule. In ComfyUI the FP8 "
-                               "layers run W8A16 (weights dequantized; the log says so); fp8 is refused there."),
+                       tooltip="NVIDIA FP8 (ModelOpt) checkpoints and weight_dtype fp8_e4m3fn_fast: auto follows "
+                               "the checkpoint's step policy (W8A16 for the first and last 3 steps, W8A8 between), "
+                               "none asks W8A8 at every step, fp8 the first/last-3-steps schedule. W8A8 needs a GPU "
+                               "with FP8 tensor cores (sm 8.9+: Ada, Hopper, Blackwell); elsewhere an FP8 checkpoint "
+                               "runs W8A16 (the log says so) and fp8 is refused."),
     ]
 
 

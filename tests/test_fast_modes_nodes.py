@@ -2,8 +2,8 @@
 
 * SeaCache runs a workflow and reuses steps (the sampler's plan holds the run's SeaCache); the Long Video node
   takes it too, each window with a cache of its own;
-* an NVIDIA FP8 (ModelOpt) checkpoint samples through the loader: ComfyUI's scaled-FP8 layers have no W8A8 forward,
-  so the run is W8A16 at every step and the log says why, once;
+* an NVIDIA FP8 (ModelOpt) checkpoint samples through the loader: the CPU has no FP8 GEMMs, so the run is W8A16 at
+  every step and the log says why, once (its W8A8 steps in ComfyUI's layers: tests/test_fp8_nodes.py);
 * SeaCache on too few steps, ``mixed_precision_format`` ``fp8`` on a bf16 checkpoint or where FP8 GEMMs cannot run:
   one message naming the node, the value and the fix, and the next run succeeds.
 """

@@ -135,19 +135,30 @@ class Fp8Linear(CastLinear):
     def has_w8a8(self) -> bool:
         return self.weight.dtype == torch.float8_e4m3fn and (self.input_scale is not None or self.dynamic_input)
 
-    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
+    def activation_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """``scale_a`` of the W8A8 forward on ``x``: the calibrated one, or ``x``'s own amax / 448 (dynamic)."""
         if self.input_scale is not None:
-            scale_a = self.input_scale
-        elif self.dynamic_input:
-            scale_a = (x.detach().abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-        else:
-            raise ValueError("Fp8Linear: this layer has no activation scale (input_quantizer._amax); it runs W8A16 "
-                             "only.")
-        scale_b = self.w8a8_weight_scale if self.w8a8_weight_scale is not None else self.scale_weight
+            return self.input_scale
+        if self.dynamic_input:
+            return (x.detach().abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+        raise ValueError("Fp8Linear: this layer has no activation scale (input_quantizer._amax); it runs W8A16 only.")
+
+    @property
+    def weight_scale_b(self) -> torch.Tensor:
+        """``scale_b`` of the W8A8 forward: the checkpoint's ``weight_quantizer._amax`` / 448, else ``scale_weight``."""
+        return self.w8a8_weight_scale if self.w8a8_weight_scale is not None else self.scale_weight
+
+    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w8a8_with(x, self.weight, self.bias, self.activation_scale(x), self.weight_scale_b)
+
+    @staticmethod
+    def w8a8_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale_a: torch.Tensor,
+                  scale_b: torch.Tensor) -> torch.Tensor:
+        """The W8A8 forward with these tensors (a layer's own, or copies a host streamed to ``x``'s device)."""
         shape = x.shape
         x8 = quantize_activation(x, scale_a).reshape(-1, shape[-1])
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        out = fp8_matmul(x8, self.weight, scale_a, scale_b, bias, x.dtype)
+        bias = None if bias is None else bias.to(x.dtype)
+        out = fp8_matmul(x8, weight, scale_a, scale_b, bias, x.dtype)
         return out.reshape(*shape[:-1], out.shape[-1])
 
 

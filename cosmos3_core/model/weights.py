@@ -60,9 +60,14 @@ class CastLinear(nn.Linear):
         self.scale_weight = nn.Parameter(torch.ones((), device=device, dtype=torch.float32), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight.to(x.dtype) * self.scale_weight.to(x.dtype)
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, weight, bias)
+        return cast_linear(x, self.weight, self.scale_weight, self.bias)
+
+
+def cast_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` of ``x`` with ``weight`` cast to ``x``'s dtype and multiplied by its ``scale`` in that dtype
+    (diffusers' ``_w8a16_linear``: an FP8 checkpoint's W8A16 forward)."""
+    weight = weight.to(x.dtype) * scale.to(x.dtype)
+    return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
 
 
 def is_modelopt_fp8(config_values: dict, names: set[str] | list[str]) -> bool:

@@ -1,0 +1,144 @@
+"""FP8 W8A8 inside ComfyUI (real ComfyUI 0.3.75 host, CPU; the FP8 GEMM emulated exactly, ``fp8_gemm="emulate"``):
+
+* NVIDIA's ModelOpt FP8 checkpoint loaded by Load Cosmos3 Checkpoint runs the core's W8A16/W8A8 step policy in the
+  pack's ComfyUI layers (``StreamingFp8Linear``): a whole run equals the core's, bit for bit, fully loaded and with
+  every layer streamed by ComfyUI's partial load;
+* ``fp8_e4m3fn_fast`` (a bf16 checkpoint's weights rounded to FP8 at load, dynamic activation scales) likewise equals
+  the core's approximate mode; on a device without FP8 GEMMs the loader stores fp8_e4m3fn instead (W8A16) and says so
+  once;
+* a LoRA on FP8 weights gets each patched weight a new FP8 scale (its own ``amax / 448``: nothing clipped), the same
+  whether ComfyUI merges it at load or the layer patches per call; strength 0 and the unpatched model afterwards are
+  the model as before, bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import pytest
+import torch
+from test_lora import write_lora
+
+from support.compare import rel
+from test_workflows import TINY_NANO
+
+MODELOPT = "cosmos3-test-nano-modelopt"
+
+
+@pytest.fixture(scope="module")
+def setup(host):
+    from cosmos3_core.testing.fp8 import build_fp8_checkpoint
+
+    root = host.base_dir / "models" / "diffusers"
+    if not (root / MODELOPT).is_dir():
+        build_fp8_checkpoint(root / TINY_NANO, root / MODELOPT)
+    pack = host.node_class_mappings["Cosmos3Loader"].__module__.split(".nodes.")[0]
+    loras = host.base_dir / "models" / "loras"
+    loras.mkdir(parents=True, exist_ok=True)
+    handle = load(host, MODELOPT)
+    shapes = {n: (m.out_features, m.in_features) for n, m in handle.pipeline.transformer.named_modules()
+              if isinstance(m, torch.nn.Linear)}
+    write_lora(loras / "cosmos3_fp8_test.safetensors", shapes, rank=4, alpha=8.0, seed=5)
+    return root, pack
+
+
+def load(host, checkpoint, **kw):
+    return host.node_class_mappings["Cosmos3Loader"].execute(checkpoint=checkpoint, dtype="fp32", device="cpu",
+                                                             **kw).result[0]
+
+
+def run(pack: str, pipe, patchers=(), lowvram: bool = False) -> torch.Tensor:
+    """A 7-step T2I run (NVIDIA's policy: W8A16 for the first and last 3 steps, W8A8 at the middle one) of ``pipe`` with the
+    FP8 GEMM emulated, through the pack's own copy of the core when ``pack`` is given (else the tests' copy); the
+    ``patchers`` loaded by ComfyUI first (fully, or every layer streamed)."""
+    import comfy.model_management as mm
+
+    core = f"{pack}.cosmos3_core" if pack else "cosmos3_core"
+    api, request, runtime = (importlib.import_module(f"{core}.{m}") for m in ("api", "request", "runtime"))
+    mm.unload_all_models()
+    for p in patchers:
+        if lowvram:
+            p.patch_model(device_to=p.load_device, lowvram_model_memory=1)
+        else:
+            mm.load_models_gpu([p])
+    try:
+        options = runtime.RuntimeOptions(fp8_gemm="emulate", compile="off")
+        req = request.Request(prompt="a red robot", height=32, width=48, num_frames=1, steps=7, seed=3,
+                              options=options)
+        return api.generate(pipe, req, decode=False).latents
+    finally:
+        if lowvram:
+            for p in patchers:
+                p.unpatch_model(device_to=p.offload_device)
+
+
+def towers(handle):
+    return [handle.text_patcher, handle.generation_patcher]
+
+
+def test_modelopt_checkpoint_runs_the_cores_w8a8_policy_in_comfyui(host, setup):
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+
+    root, pack = setup
+    handle = load(host, MODELOPT)
+    layer = handle.pipeline.transformer.layers[0].self_attn.to_q
+    assert type(layer).__name__ == "StreamingFp8Linear" and layer.has_w8a8 and layer.path is not None
+    core = Cosmos3Pipeline.load(root / MODELOPT, dtype=torch.float32)
+    ref = run("", core)
+    w8a16 = run("", Cosmos3Pipeline.load(root / MODELOPT, dtype=torch.float32, storage_dtype=torch.float32))
+    assert rel(ref, w8a16) > 1e-4  # the W8A8 steps really ran (and differ from a dequantized model)
+    for lowvram in (False, True):
+        assert torch.equal(run(pack, handle.pipeline, towers(handle), lowvram), ref), lowvram
+
+
+def test_fp8_e4m3fn_fast_equals_the_cores_approximate_mode(host, setup, caplog):
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+
+    root, pack = setup
+    handle_cls = sys.modules[f"{pack}.nodes.model_handle"].Cosmos3ModelHandle
+    handle = handle_cls.load(TINY_NANO, root / TINY_NANO, torch.float32, "cpu", fp8_compute=True)
+    assert handle.pipeline.transformer.fp8_checkpoint.approximate
+    ref = run("", Cosmos3Pipeline.load(root / TINY_NANO, dtype=torch.float32, fp8_compute=True))
+    assert torch.equal(run(pack, handle.pipeline, towers(handle)), ref)
+    with caplog.at_level(logging.WARNING):  # the CPU has no FP8 GEMMs: FP8 storage, W8A16, said once
+        fallback = load(host, TINY_NANO, weight_dtype="fp8_e4m3fn_fast")
+    said = [r.getMessage() for r in caplog.records if "fp8_e4m3fn_fast needs FP8 tensor cores" in r.getMessage()]
+    assert len(said) == 1 and "stored as fp8_e4m3fn and computed W8A16" in said[0], said
+    assert fallback.pipeline.transformer.fp8_checkpoint is None
+    assert fallback.pipeline.transformer.layers[0].mlp.up_proj.weight.dtype == torch.float8_e4m3fn
+
+
+def test_lora_on_fp8_weights_recomputes_the_scale(host, setup):
+    root, pack = setup
+    node = host.node_class_mappings["Cosmos3LoraLoader"]
+    base = load(host, MODELOPT)
+    model = base.pipeline.transformer
+    plain = run(pack, base.pipeline, towers(base))
+    before = {n: (m.weight.clone(), m.scale_weight.clone(), m.w8a8_weight_scale.clone())
+              for n, m in model.named_modules() if type(m).__name__ == "StreamingFp8Linear"
+              and m.weight.dtype == torch.float8_e4m3fn}
+    zero = node.execute(model=base, lora_name="cosmos3_fp8_test.safetensors", strength=0.0).result[0]
+    assert zero is base  # strength 0: no patch at all (ComfyUI would re-round every patched FP8 weight)
+
+    patched = node.execute(model=base, lora_name="cosmos3_fp8_test.safetensors", strength=4.0).result[0]
+    streamed = run(pack, patched.pipeline, towers(patched), lowvram=True)
+    merged = run(pack, patched.pipeline, towers(patched))  # stays loaded: inspect the merged layers
+    assert torch.equal(merged, streamed) and rel(merged, plain) > 1e-3
+    grown = 0
+    for name, (w, scale, _) in before.items():
+        m = model.get_submodule(name)
+        if torch.equal(m.weight, w):
+            continue  # not a LoRA target
+        dense = m.weight.float() * m.scale_weight
+        assert torch.equal(m.scale_weight, m.w8a8_weight_scale)
+        assert abs(float(dense.abs().amax()) / float(m.scale_weight) - 448.0) < 1e-3  # its own amax / 448
+        grown += float(m.scale_weight) > 1.01 * float(scale)  # a fixed scale would have clipped these
+    assert grown > 0
+
+    assert torch.equal(run(pack, base.pipeline, towers(base)), plain)  # unpatched: weights and scales restored
+    for name, (w, scale, scale_b) in before.items():
+        m = model.get_submodule(name)
+        assert torch.equal(m.weight, w) and torch.equal(m.scale_weight, scale) and torch.equal(m.w8a8_weight_scale,
+                                                                                               scale_b)
