@@ -64,6 +64,13 @@ def pack_api():
     return api
 
 
+def pack_runtime():
+    """``cosmos3_core.runtime`` of the pack as ComfyUI imports it."""
+    from cosmos3_pack.cosmos3_core import runtime
+
+    return runtime
+
+
 def import_pack():
     """The pack as ComfyUI imports it (a package, relative imports intact), without its node registration."""
     for name, path in (("cosmos3_pack", REPO), ("cosmos3_pack.nodes", REPO / "nodes")):
@@ -140,7 +147,7 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
         def encode():
             ids = pipe.tokenize(LONG_PROMPT, None, **shape)
             handle.load_text_tower(text_length=ids.prefill_tokens)
-            text = pipe.prefill_prompts(ids, **shape)
+            text = pipe.prefill_prompts(ids, **shape, options=pack_runtime().DEFAULT)
             return text.to(mm.intermediate_device())
 
         text = phase("text_encode", encode)
@@ -245,7 +252,7 @@ def run_case(handle, mm, shape, vram_gib, steps: int, cuda: bool) -> dict:
         def encode():
             ids = pipe.tokenize(LONG_PROMPT, None, **text_shape)
             handle.load_text_tower(text_length=ids.prefill_tokens)
-            return pipe.prefill_prompts(ids, **text_shape).to(mm.intermediate_device())
+            return pipe.prefill_prompts(ids, **text_shape, options=pack_runtime().DEFAULT).to(mm.intermediate_device())
 
         text = phase("text_encode", encode)
 
@@ -351,6 +358,285 @@ def weight_storage_main(args) -> None:
         print(f"fp8/bf16 generation-tower linear bytes: {ratio:.3f}", flush=True)
 
 
+# ------------------------------------------------------------------------------------------------ card sizes
+# Every card size users have (issue 37): name → (model, resolution, weights, card GiB). Weights: bf16 (the pack's
+# streaming Linear), fp8 (NVIDIA's ModelOpt layout in the pack's StreamingFp8Linear: W8A8 under NVIDIA's step policy
+# where the GPU has FP8 tensor cores), gguf_q8_0 / gguf_q4_0 (StreamingGgufLinear, GGML blocks dequantized per call).
+CARD_CASES = {
+    "nano480_8g_q4_0": ("nano", "480p", "gguf_q4_0", 8),
+    "nano480_12g_q8_0": ("nano", "480p", "gguf_q8_0", 12),
+    "nano480_12g_fp8": ("nano", "480p", "fp8", 12),
+    "nano480_16g_fp8": ("nano", "480p", "fp8", 16),
+    "nano480_16g_bf16": ("nano", "480p", "bf16", 16),
+    "nano480_24g_fp8": ("nano", "480p", "fp8", 24),
+    "nano480_24g_bf16": ("nano", "480p", "bf16", 24),
+    "nano480_32g_bf16": ("nano", "480p", "bf16", 32),
+    "nano720_24g_fp8": ("nano", "720p", "fp8", 24),
+    "nano720_32g_bf16": ("nano", "720p", "bf16", 32),
+    "super480_32g_fp8": ("super", "480p", "fp8", 32),
+    "super480_48g_fp8": ("super", "480p", "fp8", 48),
+    "nano480_whole_bf16": ("nano", "480p", "bf16", None),  # the whole card (the 1.15× target's baseline)
+}
+FP8_INPUT_SCALE = 4.0 / 448  # the calibrated activation scale of every random FP8 layer (a stand-in: speed only)
+
+
+def _pack(module: str):
+    import importlib
+
+    return importlib.import_module(f"cosmos3_pack.{module}")
+
+
+def random_fullsize_pipeline(files: Path, model: str, weights: str):
+    """Full-size Nano/Super with seeded random weights on the CPU (ComfyUI's offload device) in the layer classes the
+    loader node builds for ``weights`` — the decoder-layer linears bf16, NVIDIA FP8 (e4m3 + its scale + a calibrated
+    activation scale, NVIDIA's step policy) or GGML blocks (random bytes with a weight-sized scale) — drawn tensor by
+    tensor on the GPU, so the host never holds more than the stored model (Super FP8: ≈64 GB). Plus a random Wan2.2
+    VAE and the AVAE sound decoder."""
+    import comfy.ops
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
+
+    fullsize, fp8 = _pack("cosmos3_core.testing.fullsize"), _pack("cosmos3_core.model.fp8")
+    precision, weights_mod = _pack("cosmos3_core.model.precision"), _pack("cosmos3_core.model.weights")
+    quants, handle_mod = _pack("cosmos3_core.model.gguf_quants"), _pack("nodes.model_handle")
+    config = _pack("cosmos3_core.config").Cosmos3Config.from_dict(fullsize.NANO if model == "nano" else fullsize.SUPER)
+    linear = {"bf16": comfy.ops.disable_weight_init.Linear, "fp8": handle_mod.StreamingFp8Linear}.get(
+        weights, handle_mod.StreamingGgufLinear)
+    skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
+    with torch.device("meta"):
+        tf = _pack("cosmos3_core.model.transformer").Cosmos3Transformer(config, skip_modules=skip, linear=linear)
+    g, cpu_g = torch.Generator("cuda").manual_seed(0), torch.Generator().manual_seed(0)
+    qtype = quants.BY_NAME.get(weights[len("gguf_"):].upper()) if weights.startswith("gguf_") else None
+    with torch.no_grad():
+        for mname, module in tf.named_modules():
+            for pname, p in list(module.named_parameters(recurse=False)):
+                layer_weight = mname.startswith("layers.") and pname == "weight" and p.ndim == 2
+                if layer_weight and qtype is not None:
+                    module.quantize_as(qtype)
+                    blocks = torch.randint(0, 256, (module.weight.numel() // qtype.type_size, qtype.type_size),
+                                           dtype=torch.uint8, generator=cpu_g)
+                    d = 0.02 / (127 if qtype.name == "Q8_0" else 8)
+                    blocks[:, :2] = torch.full((blocks.shape[0], 1), d, dtype=torch.float16).view(torch.uint8)
+                    module.weight = torch.nn.Parameter(blocks.reshape(module.weight.shape), requires_grad=False)
+                    continue
+                if p.ndim == 1 and "norm" in pname + mname:
+                    value = 1.0 + 0.05 * torch.randn(p.shape, generator=g, device="cuda")
+                else:
+                    value = 0.02 * torch.randn(p.shape, generator=g, device="cuda")
+                value = value.float() if mname.startswith("time_embedder") or pname == "scale_weight" \
+                    else value.to(torch.bfloat16)
+                if pname == "scale_weight":
+                    value = torch.ones((), device="cuda")
+                if layer_weight and weights == "fp8":
+                    w8, scale = fp8.quantize_weight(value)
+                    module.weight = torch.nn.Parameter(w8.cpu(), requires_grad=False)
+                    module.scale_weight = torch.nn.Parameter(scale.cpu(), requires_grad=False)
+                    module.w8a8_weight_scale = scale.cpu().clone()
+                    module.input_scale = torch.tensor(FP8_INPUT_SCALE)
+                    module.path = precision.linear_path(mname)
+                    continue
+                module._parameters[pname] = torch.nn.Parameter(value.cpu(), requires_grad=False)
+    if weights == "fp8":
+        tf.fp8_checkpoint = weights_mod.Fp8Checkpoint({
+            "quant_method": "modelopt", "quant_algo": "FP8",
+            "runtime": {"diffusion_step_policy": precision.FIRST_LAST_N_FP8_POLICY}})
+    tf.eval().requires_grad_(False)
+    vae = AutoencoderKLWan(**WAN22_VAE).to(dtype=torch.bfloat16).eval().requires_grad_(False)
+    audio = Cosmos3AVAEAudioTokenizer().eval().requires_grad_(False)
+    audio.register_to_config(encoder_enabled=False)
+    pipeline = _pack("cosmos3_core.pipeline")
+    return pipeline.Cosmos3Pipeline(files, tf, _pack("cosmos3_core.vae.video").Cosmos3VAE(vae),
+                                    _pack("cosmos3_core.sampling.prompt").load_tokenizer(files),
+                                    _pack("cosmos3_core.vae.audio").Cosmos3SoundDecoder(audio))
+
+
+def streamed_bytes(patcher) -> int:
+    """Bytes of the tower's weights left on the offload device: what ComfyUI copies to the GPU at every step."""
+    device = patcher.load_device
+    return sum(p.numel() * p.element_size() for p in patcher.model.parameters() if p.device != device)
+
+
+def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> dict:
+    """One card: text encode, ``steps`` denoising steps (compiled as shipped: ``options``), VAE and sound decode."""
+    pipe = handle.pipeline
+    h, w, frames = shape
+    mm.unload_all_models()
+    gc.collect()
+    hold, block = 0, None
+    if cuda and vram_gib is not None:
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
+        hold = max(int(free - (vram_gib - CONTEXT_GIB) * 2**30), 0)
+        block = torch.empty(hold, dtype=torch.uint8, device="cuda")
+    out = dict(height=h, width=w, frames=frames, vram_gib=vram_gib,
+               generation_tower_gib=gib3(handle.generation_patcher.model_size()))
+    text_shape = dict(num_frames=frames, height=h, width=w, fps=24.0)
+    stamps: list[float] = []
+
+    def phase(label, fn):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        result = fn()
+        if cuda:
+            torch.cuda.synchronize()
+            out[label] = dict(seconds=round(time.perf_counter() - t0, 2),
+                              peak_gib=gib3(torch.cuda.max_memory_allocated() - hold))
+        else:
+            out[label] = dict(seconds=round(time.perf_counter() - t0, 2))
+        return result
+
+    try:
+        def encode():
+            ids = pipe.tokenize(LONG_PROMPT, None, **text_shape)
+            handle.load_text_tower(text_length=ids.prefill_tokens)
+            return pipe.prefill_prompts(ids, **text_shape, options=options).to(mm.intermediate_device())
+
+        text = phase("text_encode", encode)
+
+        def sample():
+            stamps.append(time.perf_counter())
+            plan = pack_api().plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=pipe.info.has_sound,
+                                   device=handle.generation_device, options=options)
+            handle.load_generation_tower(plan.memory_required)
+            out["streamed_gib_per_step"] = gib3(streamed_bytes(handle.generation_patcher))
+            out["fp8"] = plan.fp8
+            sync = torch.cuda.synchronize if cuda else (lambda: None)
+            return pipe.run(plan, callback=lambda *_: (sync(), stamps.append(time.perf_counter())))
+
+        result = phase("sample", sample)
+        out["sample"].update(steps=steps, **step_times(stamps, out["sample"]["seconds"], out["fp8"] is not None))
+
+        def decode():
+            handle.load_vae(result.latents.shape)
+            return pipe.decode_video(result.latents)
+
+        out["frames_shape"] = list(phase("vae_decode", decode).shape)
+        if result.sound is not None:
+            def sound():
+                handle.load_sound_decoder()
+                return pipe.decode_sound(result.sound, frames, 24.0)
+
+            phase("sound_decode", sound)
+        if cuda:
+            out["peak_gib"] = max(v["peak_gib"] for v in out.values() if isinstance(v, dict) and "peak_gib" in v)
+        out["fits"] = True
+    except Exception as exc:  # an out-of-memory error, or the pack's card-too-small message: the finding
+        out["fits"] = False
+        out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
+    finally:
+        del block
+        mm.unload_all_models()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
+def step_times(stamps: list[float], seconds: float, fp8: bool) -> dict:
+    """Per-step seconds from the callback's ``stamps`` (the first: before the plan) and the 35-step projection. The
+    first step (the compile, warm-ups) counts as it ran; FP8 runs under NVIDIA's policy (steps 1–3 and the last 3
+    W8A16, the rest W8A8): each kind's mean, and 35 steps = 6 W8A16 + 29 W8A8 (else 35 of the one mean)."""
+    d = [b - a for a, b in zip(stamps, stamps[1:])]
+    if len(d) < 3:
+        return {}
+    later = d[1:]
+    if not fp8 or len(d) < 8:
+        mean = sum(later) / len(later)
+        return dict(step_s=round(mean, 3), first_step_s=round(d[0], 2),
+                    projected_35_steps_s=round(seconds - sum(d) + d[0] + 34 * mean, 1))
+    a16 = [x for i, x in enumerate(d) if i < 3 or i >= len(d) - 3][1:]
+    a8 = [x for i, x in enumerate(d) if 3 <= i < len(d) - 3]
+    t16, t8 = sum(a16) / len(a16), sum(a8) / len(a8)
+    return dict(step_s_w8a16=round(t16, 3), step_s_w8a8=round(t8, 3), first_step_s=round(d[0], 2),
+                projected_35_steps_s=round(seconds - sum(d) + d[0] + 5 * t16 + 29 * t8, 1))
+
+
+def tiny_card_handle(handle_cls, tmp: Path, model: str, weights: str):
+    """The tiny checkpoint of ``model`` loaded through the loader node's own path for ``weights`` (the GGUF written by
+    the converter, the FP8 checkpoint in NVIDIA's layout), fp32 on the CPU."""
+    from cosmos3_pack.cosmos3_core.model.gguf_write import write_gguf
+    from cosmos3_pack.cosmos3_core.testing.fp8 import build_fp8_checkpoint
+    from cosmos3_pack.cosmos3_core.testing.tiny import build_tiny_checkpoint
+
+    files = tmp / f"tiny-{model}"
+    if not files.is_dir():
+        build_tiny_checkpoint(files, variant=model, seed=0)
+    if weights == "fp8":
+        fp8 = tmp / f"tiny-{model}-fp8"
+        if not fp8.is_dir():
+            build_fp8_checkpoint(files, fp8)
+        return handle_cls.load(f"tiny-{model}-fp8", fp8, torch.float32, "cpu")
+    gguf = None
+    if weights.startswith("gguf_"):
+        gguf = tmp / f"tiny-{model}-{weights}.gguf"
+        if not gguf.is_file():
+            write_gguf(files, gguf, weights[len("gguf_"):].upper())
+    return handle_cls.load(f"tiny-{model}", files, torch.float32, "cpu", gguf_file=gguf)
+
+
+def card_sizes_main(args) -> None:
+    """Every card size of ``--cases`` (default: all of ``CARD_CASES``), one weights build per (model, weights)."""
+    from comfy.cli_args import args as comfy_args
+
+    comfy_args.cpu = args.tiny
+    import comfy.model_management as mm
+
+    handle_cls = import_pack()
+    runtime = _pack("cosmos3_core.runtime")
+    from cosmos3_pack.cosmos3_core.testing.tiny import build_tiny_checkpoint
+
+    cuda = not args.tiny
+    names = args.cases.split(",") if args.cases != ",".join(CASES) else list(CARD_CASES)
+    unknown = [n for n in names if n not in CARD_CASES]
+    if unknown:
+        raise SystemExit(f"--cases: unknown {unknown}; choose from {list(CARD_CASES)}")
+    options = runtime.RuntimeOptions(compile="off" if args.tiny else "auto")
+    results = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu",
+                   host_link=None, runs=[])
+    if cuda:
+        results["host_link"] = host_to_device_gib_s()
+    by_weights: dict[tuple[str, str], list[str]] = {}
+    for name in names:
+        model, _, weights, _ = CARD_CASES[name]
+        by_weights.setdefault((model, weights), []).append(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for (model, weights), cases in by_weights.items():
+            t0 = time.perf_counter()
+            if args.tiny:
+                handle = tiny_card_handle(handle_cls, tmp, model, weights)
+            else:
+                files = build_tiny_checkpoint(tmp / "files", variant="nano", seed=0) if not (tmp / "files").is_dir() \
+                    else tmp / "files"
+                pipe = random_fullsize_pipeline(files, model, weights)
+                handle = handle_cls.from_pipeline(f"{model}-random-{weights}", files, torch.bfloat16, pipe)
+            init_s = round(time.perf_counter() - t0, 1)
+            for name in cases:
+                _, resolution, _, vram = CARD_CASES[name]
+                shape = TINY_SHAPE if args.tiny else RESOLUTIONS[resolution]
+                row = dict(case=name, model=model, weights=weights, resolution=resolution, init_s=init_s,
+                           **card_case(handle, mm, shape, vram, args.steps, cuda, options))
+                results["runs"].append(row)
+                print(json.dumps(row), flush=True)
+                Path(args.out).write_text(json.dumps(results, indent=1))
+            del handle
+            gc.collect()
+
+
+def host_to_device_gib_s() -> float:
+    """GiB/s of a pinned 1 GiB host→GPU copy on this machine (the card-size runs stream weights over it)."""
+    src = torch.empty(2**30, dtype=torch.uint8).pin_memory()
+    dst = torch.empty_like(src, device="cuda")
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    return round(3 / (time.perf_counter() - t0), 1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--comfyui", required=True, help="a ComfyUI tree (main.py, comfy/)")
@@ -358,21 +644,27 @@ def main() -> None:
     p.add_argument("--resolution", default="480p", choices=sorted(RESOLUTIONS))
     p.add_argument("--weight-storage", action="store_true",
                    help="bf16 vs fp8_e4m3fn linear-weight storage over --cases instead of the simulated cards")
+    p.add_argument("--card-sizes", action="store_true",
+                   help=f"every card size users have (issue 37), --cases of {list(CARD_CASES)} (default all)")
     p.add_argument("--cases", default=",".join(CASES), help=f"--weight-storage: comma separated, of {list(CASES)}")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps run (default 4; --weight-storage: 3)")
-    p.add_argument("--tiny", action="store_true", help="--weight-storage: CPU check of the script, tiny checkpoint")
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising steps run (default 4; --weight-storage: 3; --card-sizes: 8, so that NVIDIA's FP8 "
+                        "policy has W8A8 steps)")
+    p.add_argument("--tiny", action="store_true",
+                   help="--weight-storage / --card-sizes: CPU check of the script, tiny checkpoints")
     p.add_argument("--out", required=True, help="results JSON")
     args = p.parse_args()
-    if args.tiny and not args.weight_storage:
-        p.error("--tiny checks the --weight-storage mode; add --weight-storage")
+    if args.tiny and not (args.weight_storage or args.card_sizes):
+        p.error("--tiny checks the --weight-storage and --card-sizes modes; add one")
     if not args.tiny and not torch.cuda.is_available():
-        p.error("the simulated cards and --weight-storage need a CUDA GPU; add --weight-storage --tiny for a CPU "
-                "check of the script")
-    args.steps = args.steps or (3 if args.weight_storage else 4)
+        p.error("the simulated cards, --weight-storage and --card-sizes need a CUDA GPU; add --tiny for a CPU check "
+                "of the script")
+    args.steps = args.steps or (8 if args.card_sizes else 3 if args.weight_storage else 4)
 
     sys.path.insert(0, str(Path(args.comfyui).resolve()))
     sys.argv = sys.argv[:1]  # ComfyUI's argument parser reads sys.argv at import
-    (weight_storage_main if args.weight_storage else cards_main)(args)
+    main_of = card_sizes_main if args.card_sizes else weight_storage_main if args.weight_storage else cards_main
+    main_of(args)
 
 
 if __name__ == "__main__":

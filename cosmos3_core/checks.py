@@ -11,7 +11,8 @@ Transfer setup step's chunk arguments), with the limits of ``defaults.py``:
 * ``check_prompt`` — a prompt is a non-empty string of valid Unicode;
 * ``check_action_request`` — an action request, alone and against the checkpoint's action head;
 * ``window_geometry`` — the windows' arguments, and their geometry;
-* ``check_options`` — the runtime options can run on this machine (a forced kernel that is missing).
+* ``check_options`` — the runtime options can run on this machine (a forced kernel that is missing);
+* ``check_card_memory`` — the GPU can hold what a run needs at the least (a card too small: the fix, not an OOM).
 """
 
 from __future__ import annotations
@@ -268,3 +269,23 @@ def check_options(options: RuntimeOptions) -> None:
         reason = triton_unavailable_reason()
         if reason:
             raise ValueError(f"gemv='triton': the Triton GEMV cannot run here ({reason}); use 'auto' or 'torch'.")
+
+
+# ---------------------------------------------------------------------------------------------- the card
+GIB = 2**30
+CARD_FIX = ("lower width, height or num_frames (Cosmos3 Text Encode; CLI: --height/--width/--num-frames): the "
+            "step's working memory grows with the latent tokens, ≈3 GiB at 480p/93f and ≈13 GiB at 720p/189f for "
+            "Nano; if the weights that stay on the GPU are the large part, load them smaller (weight_dtype "
+            "fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 Checkpoint's gguf input)")
+
+
+def check_card_memory(needed: dict[str, int], card_bytes: int, card: str = "the GPU") -> None:
+    """Refuse a run whose least GPU memory — ``needed``, by part, with every streamable weight left on the CPU —
+    exceeds the card's ``card_bytes``: one message naming the card size, the parts and the fix."""
+    total = sum(needed.values())
+    if total <= card_bytes:
+        return
+    parts = ", ".join(f"{what} {size / GIB:.1f} GiB" for what, size in needed.items() if size)
+    raise ValueError(f"{card} has {card_bytes / GIB:.1f} GiB, but this run needs at least {total / GIB:.1f} GiB on it "
+                     f"even with the weights streamed from the CPU ({parts}). To fit, {CARD_FIX}.")
+

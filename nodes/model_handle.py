@@ -22,6 +22,7 @@ import comfy.model_patcher
 import comfy.ops
 import torch
 
+from ..cosmos3_core.checks import check_card_memory
 from ..cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
 from ..cosmos3_core.model.gguf_quants import GgufLinear, dequant_workspace_bytes
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
@@ -190,6 +191,15 @@ class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
             return None
 
 
+def card_memory(device: torch.device) -> tuple[int, str] | None:
+    """(total bytes, name) of the GPU ``device`` as ComfyUI counts it (its ``--reserve-vram`` aside); None for the
+    CPU, whose memory is not a card's."""
+    if device.type == "cpu":
+        return None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return mm.get_total_memory(device), f"{device} ({name})"
+
+
 def _load(patcher: comfy.model_patcher.ModelPatcher, memory_required: int = 0) -> None:
     """``load_models_gpu`` with room for the work ahead, then whatever of the model cannot stream joins it (the VAE
     and sound decoder are diffusers modules: if ComfyUI ever loads them partially, all of their layers move)."""
@@ -288,9 +298,27 @@ class Cosmos3ModelHandle:
     def load_generation_tower(self, memory_required: int) -> None:
         # a GGUF layer's call dequantizes its weight: room for the largest one beside the step's own
         workspace = dequant_workspace_bytes(self.pipeline.transformer)
+        card = card_memory(self.generation_patcher.load_device)
+        if card is not None:  # a card too small: one message with the fix, before any CUDA out-of-memory error
+            check_card_memory(self.least_memory(self.generation_patcher, memory_required + workspace), *card)
         _load(self.generation_patcher, memory_required + workspace)
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
+
+    @staticmethod
+    def least_memory(patcher, working: int) -> dict[str, int]:
+        """What a tower's run needs on its GPU at the least, by part: its working memory, the tensors that cannot
+        stream (norms, embeddings, the loose parameters) and the largest layer ComfyUI streams in at a time."""
+        fixed = streamed = 0
+        for module in patcher.model.modules():
+            size = sum(t.numel() * t.element_size() for t in (*module.parameters(recurse=False),
+                                                               *module.buffers(recurse=False)))
+            if hasattr(module, "comfy_cast_weights"):
+                streamed = max(streamed, size)
+            else:
+                fixed += size
+        return {"working memory": working, "weights that cannot stream": fixed,
+                "the largest streamed layer": streamed * (mm.NUM_STREAMS + 1)}
 
     def load_vae(self, latent_shape, extra_memory: int = 0) -> None:
         """Load the VAE with room for a decode of ``latent_shape`` plus ``extra_memory`` bytes (an encode's clip)."""

@@ -142,3 +142,36 @@ def test_lora_on_fp8_weights_recomputes_the_scale(host, setup):
         m = model.get_submodule(name)
         assert torch.equal(m.weight, w) and torch.equal(m.scale_weight, scale) and torch.equal(m.w8a8_weight_scale,
                                                                                                scale_b)
+
+
+# ---------------------------------------------------------------------------------------------- the card
+def test_a_card_too_small_is_one_message_naming_the_fix(host, setup, monkeypatch):
+    """A card whose memory cannot hold the step's working memory, the weights that cannot stream and one streamed
+    layer is refused before it loads (720p/189f on a simulated 1 GiB card: the tiny model's step needs ≈1.4 GiB); an out-of-memory error inside the steps is the
+    same fix, once; the next run works."""
+    from test_workflows import load_api, shrink_api
+
+    _, pack = setup
+    handle_module = sys.modules[f"{pack}.nodes.model_handle"]
+    graph = shrink_api(load_api("t2v"), prefix="cosmos3_card/t2v", width=1280, height=720, frames=189)
+    monkeypatch.setattr(handle_module, "card_memory", lambda device: (2**30, "a simulated 1 GiB card"))
+    ok, _, messages = host.run(graph, prompt_id="card-small")
+    err = next(d for e, d in messages if e == "execution_error")
+    assert not ok and err["node_type"] == "Cosmos3KSamplerUniPCDualTower", err
+    msg = err["exception_message"]
+    assert msg.startswith("Cosmos3KSamplerUniPCDualTower: a simulated 1 GiB card has 1.0 GiB, but this run needs at "
+                          "least ") and "weights that cannot stream" in msg and "lower width, height or num_frames" in msg
+    monkeypatch.undo()
+
+    pipeline = sys.modules[f"{pack}.cosmos3_core.pipeline"].Cosmos3Pipeline
+
+    def out_of_memory(self, plan, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(pipeline, "run", out_of_memory)
+    ok, _, messages = host.run(shrink_api(load_api("t2v"), prefix="cosmos3_card/oom", seed=9), prompt_id="card-oom")
+    msg = next(d for e, d in messages if e == "execution_error")["exception_message"]
+    assert not ok and msg.startswith("Cosmos3KSamplerUniPCDualTower: the GPU ran out of memory in the denoising steps "
+                                     "(CUDA out of memory. Tried to allocate 2.00 GiB). To fit, lower width"), msg
+    monkeypatch.undo()
+    assert host.run_ok(shrink_api(load_api("t2v"), prefix="cosmos3_card/after", seed=10))
