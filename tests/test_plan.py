@@ -1,4 +1,4 @@
-"""The plan is the one place that checks a request and decides a run; the loop knows no modes.
+"""The plan assembles a resolved run (the resolver checks the request and decides it); the loop knows no modes.
 
 Request checks are asserted on their messages (argument, value, fix); the decisions on what the plan holds
 (branches per step, streams, anchors) for a tiny checkpoint. Numerical parity of the decided runs with diffusers is
