@@ -36,6 +36,7 @@ import torch
 
 from . import defaults
 from .checks import (
+    check_action_against,
     check_action_request,
     check_clip,
     check_fps,
@@ -78,7 +79,7 @@ def resolve(request: Request, checkpoint, *, fp8_compute: bool = False) -> Resol
     if recipe is not None:
         shape = _MODE_SHAPES[mode](r, recipe)
     if mode == "action":
-        check_action_request(r.action, info.config)
+        check_action_against(r.action, info.config)  # the rest was checked with the mode's shape
     sampling = _sampling_defaults(info, mode, shape, asked, recipe)
     _check_fp8_device(info, sampling, r.options)
     negative = r.negative_prompt

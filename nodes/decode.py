@@ -58,8 +58,9 @@ class Cosmos3VAEDecode(io.ComfyNode):
             mm.throw_exception_if_processing_interrupted()
             bar.update_absolute(done, total)
 
-        frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames, tile=tiled,
-                                   on_chunk=on_chunk, out_device=mm.intermediate_device(), options=options)
+        frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames,
+                                   tile=tiled or None, on_chunk=on_chunk, out_device=mm.intermediate_device(),
+                                   options=options)
         return io.NodeOutput(frames)
 
 
