@@ -117,19 +117,35 @@ def check_negative_prompt(negative_prompt) -> None:
 
 # ---------------------------------------------------------------------------------------------- action
 def check_action_request(request: ActionRequest, config=None) -> None:
-    """Every check of an action request (and, with ``config``, against the checkpoint); raises one ``ValueError``."""
+    """Every check of an action request that needs no checkpoint, then, given the checkpoint's ``config``, those
+    against it (``check_action_against``); raises one ``ValueError``."""
     if not isinstance(request, ActionRequest):
         raise ValueError(f"action={request!r} must be an ActionRequest (cosmos3_core.request).")
     if config is not None and not getattr(config, "action_gen", False):
-        raise ValueError("this checkpoint has no action head (transformer config action_gen is false); action modes "
-                         "need a Cosmos3 checkpoint trained with action_gen=True (Nano, Super or Edge releases).")
+        raise ValueError(NO_ACTION_HEAD)
     _check_action_fields(request)
     _check_action_frames(request)
-    if config is not None and request.raw_action_dim > config.action_dim:
+    _check_raw_actions(request)
+    if config is not None:
+        check_action_against(request, config)
+
+
+NO_ACTION_HEAD = ("this checkpoint has no action head (transformer config action_gen is false); action modes need a "
+                  "Cosmos3 checkpoint trained with action_gen=True (Nano, Super or Edge releases).")
+
+
+def check_action_against(request: ActionRequest, config) -> None:
+    """The checks of a checked action request against the checkpoint's action head."""
+    if not getattr(config, "action_gen", False):
+        raise ValueError(NO_ACTION_HEAD)
+    if request.raw_action_dim > config.action_dim:
         raise ValueError(f"domain_name={request.domain_name!r} has {request.raw_action_dim}-dim actions, above this "
                          f"checkpoint's action_dim={config.action_dim}; it cannot represent them — pick another "
                          "embodiment.")
-    _check_raw_actions(request, config)
+    width = np.shape(request.raw_actions)[1] if request.raw_actions is not None else 0
+    if width > config.action_dim:
+        raise ValueError(f"actions are {width}-dim, above this checkpoint's action_dim={config.action_dim}; "
+                         f"domain_name={request.domain_name!r} expects {request.raw_action_dim}-dim rows.")
 
 
 def _check_action_fields(r: ActionRequest) -> None:
@@ -182,7 +198,7 @@ def _check_action_frames(r: ActionRequest) -> None:
                          f"{n}; {fix} the video to {r.chunk_size + 1} frames.")
 
 
-def _check_raw_actions(r: ActionRequest, config) -> None:
+def _check_raw_actions(r: ActionRequest) -> None:
     if r.mode != "forward_dynamics":
         if r.raw_actions is not None:
             raise ValueError(f"actions were given but action_mode={r.mode!r} generates them (only forward_dynamics "
@@ -195,9 +211,6 @@ def _check_raw_actions(r: ActionRequest, config) -> None:
     if len(shape) != 2:
         raise ValueError(f"actions have shape {shape}; expected [chunk_size, raw_action_dim] = "
                          f"[{r.chunk_size}, {r.raw_action_dim}] (one row per transition).")
-    if config is not None and shape[1] > config.action_dim:
-        raise ValueError(f"actions are {shape[1]}-dim, above this checkpoint's action_dim={config.action_dim}; "
-                         f"domain_name={r.domain_name!r} expects {r.raw_action_dim}-dim rows.")
     if shape[1] != r.raw_action_dim:
         raise ValueError(f"actions are {shape[1]}-dim but domain_name={r.domain_name!r} expects "
                          f"{r.raw_action_dim}-dim rows; pass actions of that embodiment or change domain_name.")

@@ -36,6 +36,7 @@ import torch
 
 from . import defaults
 from .checks import (
+    check_action_against,
     check_action_request,
     check_clip,
     check_fps,
@@ -78,7 +79,7 @@ def resolve(request: Request, checkpoint, *, fp8_compute: bool = False) -> Resol
     if recipe is not None:
         shape = _MODE_SHAPES[mode](r, recipe)
     if mode == "action":
-        check_action_request(r.action, info.config)
+        check_action_against(r.action, info.config)  # the rest was checked with the mode's shape
     sampling = _sampling_defaults(info, mode, shape, asked, recipe)
     _check_fp8_device(info, sampling, r.options)
     negative = r.negative_prompt
@@ -207,9 +208,14 @@ def _check_condition_matches(text: TextConditioning, condition: ConditionLatents
         raise ValueError(f"condition was made for num_frames={condition.num_frames} (its last keyframe is latent "
                          f"frame {max(condition.clean_frames)}) but the text describes num_frames={text.num_frames}; "
                          "set the same num_frames on Cosmos3 First/Last Frame and Cosmos3 Text Encode.")
-    if text.num_frames == 1:
-        raise ValueError("a condition was given but num_frames is 1 (text-to-image), where it would be ignored; "
-                         "use 5 or more frames (4k+1) for image/video-to-video.")
+    _check_conditioned_clip(text.num_frames, "condition")
+
+
+def _check_conditioned_clip(num_frames: int, what: str) -> None:
+    """A condition needs a video to condition: one frame (text-to-image) would ignore it."""
+    if num_frames == 1:
+        raise ValueError(f"a {what} was given with num_frames=1 (text-to-image), where it would be ignored; use "
+                         f"num_frames 5 or more (4k+1) to condition a video on it, or drop the {what}.")
 
 
 def _check_action_text(text: TextConditioning, action: ActionCondition) -> None:
@@ -293,12 +299,8 @@ def _clip_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict:
     height = _given(r.height, recipe.height if recipe else defaults.HEIGHT)
     width = _given(r.width, recipe.width if recipe else defaults.WIDTH)
     check_clip(num_frames, height, width, fps)
-    if (r.image is not None or r.video is not None) and num_frames == 1:
-        what = "image" if r.image is not None else "video"
-        raise ValueError(
-            f"a conditioning {what} was given with num_frames=1 (text-to-image), where it would be ignored; "
-            f"use num_frames 5 or more (4k+1) to condition a video on it, or drop the {what}."
-        )
+    if r.image is not None or r.video is not None:
+        _check_conditioned_clip(num_frames, "conditioning image" if r.image is not None else "conditioning video")
     if r.keep not in ("first", "last"):
         raise ValueError(f"keep={r.keep!r} must be 'first' or 'last'.")
     if r.conditional_frames is not None:

@@ -58,8 +58,9 @@ class Cosmos3VAEDecode(io.ComfyNode):
             mm.throw_exception_if_processing_interrupted()
             bar.update_absolute(done, total)
 
-        frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames, tile=tiled,
-                                   on_chunk=on_chunk, out_device=mm.intermediate_device(), options=options)
+        frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames,
+                                   tile=tiled or None, on_chunk=on_chunk, out_device=mm.intermediate_device(),
+                                   options=options)
         return io.NodeOutput(frames)
 
 
@@ -85,13 +86,14 @@ class Cosmos3AudioDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, sound) -> io.NodeOutput:
-        if sound is None:
-            raise ValueError("Cosmos3AudioDecode: the sampler produced no sound; set sound=true on "
-                             "Cosmos3 KSampler UniPC (Dual Tower).")
-        _check_create_video_fps(cls.hidden.prompt, cls.hidden.unique_id, sound.fps)
         pipe = model.pipeline
-        if pipe.sound_decoder is None:
-            raise ValueError(f"Cosmos3AudioDecode: checkpoint {model.name!r} has no sound_tokenizer/.")
+        with node_errors("Cosmos3AudioDecode"):
+            if sound is None:
+                raise ValueError("the sampler produced no sound; set sound=true on Cosmos3 KSampler UniPC (Dual "
+                                 "Tower).")
+            _check_create_video_fps(cls.hidden.prompt, cls.hidden.unique_id, sound.fps)
+            if pipe.sound_decoder is None:
+                raise ValueError(f"checkpoint {model.name!r} has no sound_tokenizer/.")
         model.load_sound_decoder()
         waveform = pipe.decode_sound(sound.latent, sound.num_frames, sound.fps)
         return io.NodeOutput({"waveform": waveform.to(mm.intermediate_device()),  # [batch, 2, samples]

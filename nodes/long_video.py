@@ -28,7 +28,17 @@ from ..cosmos3_core.resolve import resolve
 from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Model, compile_input, fast_mode_inputs, fast_mode_sampling
+from .types import (
+    CATEGORY,
+    Cosmos3Model,
+    compile_input,
+    fast_mode_inputs,
+    fast_mode_sampling,
+    fps_input,
+    frames_input,
+    sampling_inputs,
+    size_inputs,
+)
 
 NODE = "Cosmos3LongVideo"
 PROMPT_SEPARATOR = "---"
@@ -55,32 +65,21 @@ class Cosmos3LongVideo(io.ComfyNode):
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="Empty: the checkpoint's negative prompt (text/image-to-video) or none "
                                         "(Transfer, as the reference)."),
-                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Video width in pixels (a multiple of 16)."),
-                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Video height in pixels (a multiple of 16)."),
-                io.Int.Input("num_frames", default=defaults.LONG_NUM_FRAMES, min=5, max=defaults.MAX_LONG_FRAMES,
-                             step=4, tooltip="Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: at most "
-                                             "this many of their frames (all of them when they are shorter)."),
+                *size_inputs("Video width in pixels (a multiple of 16)."),
+                frames_input("Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: at most this many of "
+                             "their frames (all of them when they are shorter).", default=defaults.LONG_NUM_FRAMES,
+                             minimum=5, maximum=defaults.MAX_LONG_FRAMES),
                 io.Int.Input("frames_per_chunk", default=defaults.NUM_FRAMES, min=5, max=defaults.MAX_FRAMES, step=4,
                              tooltip="Frames generated per window, 4k+1 (one Cosmos3 clip: up to 189)."),
                 io.Int.Input("conditional_frames", default=-1, min=-1, max=defaults.MAX_FRAMES,
                              tooltip=f"Frames each window takes from the previous window's end (-1: "
                                      f"{defaults.LONG_CONDITIONAL_FRAMES} for text/image-to-video, "
                                      f"{defaults.TRANSFER_CONDITIONAL_FRAMES} for Transfer)."),
-                io.Float.Input("fps", default=defaults.FPS, min=1.0, max=120.0, step=0.5,
-                               tooltip="Frame rate the prompt describes and the mp4 is written at."),
-                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
-                             tooltip="Noise seed of the whole video (one generator feeds every window in order)."),
-                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
-                             tooltip="Denoising steps per window."),
-                io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
-                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only."),
-                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE,
-                               tooltip="flow_shift: linear flow sigmas with the shift below; karras: the checkpoint's "
-                                       "released scheduler config."),
-                io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
-                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
+                fps_input("Frame rate the prompt describes and the mp4 is written at."),
+                *sampling_inputs(seed="Noise seed of the whole video (one generator feeds every window in order).",
+                                 steps="Denoising steps per window.",
+                                 cfg="Guidance scale; 1 runs the conditional branch only.",
+                                 shift="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
                 io.Boolean.Input("sound", default=False,
                                  tooltip="Each window also generates its own sound track (Nano/Super; not with "
                                          "control videos). Tracks are cut at the window seams."),

@@ -34,6 +34,7 @@ from .types import (
     compile_input,
     fast_mode_inputs,
     fast_mode_sampling,
+    sampling_inputs,
 )
 
 
@@ -57,19 +58,12 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             inputs=[
                 Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its generation tower runs)."),
                 Cosmos3Text.Input("text", tooltip="From Cosmos3 Text Encode: the prompts' K/V and the clip shape."),
-                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
-                             tooltip="Noise seed; the same seed and settings give the same result."),
-                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
-                             tooltip=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images. A "
-                                     "distilled (*-4Step) checkpoint fixes it: its schedule's length (4)."),
-                io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
-                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only. A distilled "
-                                                     "(*-4Step) checkpoint fixes it at 1 (guidance is baked in)."),
-                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE,
-                               tooltip="flow_shift: linear flow sigmas with the shift below; karras: the "
-                                       "checkpoint's released scheduler config."),
-                io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
-                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3). Keep 0 (and "
+                *sampling_inputs(seed="Noise seed; the same seed and settings give the same result.",
+                                 steps=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images. A "
+                                       "distilled (*-4Step) checkpoint fixes it: its schedule's length (4).",
+                                 cfg="Guidance scale; 1 runs the conditional branch only. A distilled (*-4Step) "
+                                     "checkpoint fixes it at 1 (guidance is baked in).",
+                                 shift="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3). Keep 0 (and "
                                        "flow_shift) for a distilled checkpoint: its schedule is fixed."),
                 io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
                 Cosmos3Condition.Input("condition", optional=True,

@@ -172,19 +172,19 @@ def test_non_utf8_prompt_on_the_command_line(nano, tmp_path):
     r = subprocess.run(argv, capture_output=True, env=env, timeout=120)
     err = r.stderr.decode()
     assert r.returncode == 2 and "Traceback" not in err, err
-    assert "error: --prompt contains the byte 0xff, which is not UTF-8, at character 2" in err, err
+    assert "error: prompt contains the byte 0xff, which is not UTF-8, at character 2" in err, err
 
 
 def test_lone_surrogate_prompt_in_the_core(nano):
-    from cosmos3_core.sampling.prompt import encode_prompts, load_tokenizer
+    """The resolver refuses text the tokenizer cannot take (JSON's ``"\\ud800"`` decodes to a lone surrogate)."""
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
 
-    tok = load_tokenizer(nano)
-    shape = dict(num_frames=5, height=32, width=32, fps=24, use_system_prompt=True)
     with pytest.raises(ValueError, match=r"prompt contains a lone surrogate U\+D800, which is not a character, at "
                                          r"character 4"):
-        encode_prompts(tok, "car \ud800", **shape)
+        resolve(Request(prompt="car \ud800", num_frames=5, height=32, width=32), nano)
     with pytest.raises(ValueError, match=r"negative_prompt contains a lone surrogate U\+DFFF"):
-        encode_prompts(tok, "car", "\udfff", **shape)
+        resolve(Request(prompt="car", negative_prompt="\udfff", num_frames=5, height=32, width=32), nano)
 
 
 # -- 10: control tokens typed into a prompt ------------------------------------------------------------------------

@@ -230,7 +230,7 @@ def test_condition_with_one_frame_is_refused(host):
     g = shrink_api(load_api("i2v"))
     (te,) = nodes_of(g, "Cosmos3TextEncode")
     g[te]["inputs"]["num_frames"] = 1
-    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "num_frames is 1", "would be ignored", "5 or more frames")
+    _expect_error(host, g, "Cosmos3KSamplerUniPCDualTower", "num_frames=1", "would be ignored", "num_frames 5 or more")
 
 
 def test_largest_clip_is_refused_before_sampling(host):

@@ -1,4 +1,4 @@
-"""The plan is the one place that checks a request and decides a run; the loop knows no modes.
+"""The plan assembles a resolved run (the resolver checks the request and decides it); the loop knows no modes.
 
 Request checks are asserted on their messages (argument, value, fix); the decisions on what the plan holds
 (branches per step, streams, anchors) for a tiny checkpoint. Numerical parity of the decided runs with diffusers is
@@ -103,7 +103,7 @@ def test_plan_refuses_conditions_that_would_be_ignored(pipe, text):
     with pytest.raises(ValueError, match="3 clean latent frames.*nothing would be generated"):
         api.plan(pipe, text, seed=1, steps=2, x0=x0, clean_frames=[0, 1, 2])
     image_text = pipe.encode_text("a car", None, num_frames=1, height=64, width=96, fps=24.0)
-    with pytest.raises(ValueError, match="num_frames is 1"):
+    with pytest.raises(ValueError, match="num_frames=1"):
         api.plan(pipe, image_text, seed=1, steps=2, x0=x0[:, :, :1], clean_frames=[0])
 
 

@@ -76,8 +76,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_matches_diffusers_tokenize_prompt(case, tok, nano_pipe):
     prompt, neg, geo, sys_prompt, dur, res = CASES[case]
-    ours = encode_prompts(tok, prompt, neg, use_system_prompt=sys_prompt, add_duration_template=dur,
-                          add_resolution_template=res, **geo)
+    templates = tuple(name for name, on in (("duration", dur), ("resolution", res)) if on)
+    ours = encode_prompts(tok, prompt, neg, use_system_prompt=sys_prompt, templates=templates, **geo)
     ref_cond, ref_uncond = nano_pipe.tokenize_prompt(
         prompt, neg, use_system_prompt=sys_prompt, add_duration_template=dur, add_resolution_template=res, **geo)
     assert isinstance(ours, PromptIds)
@@ -118,8 +118,7 @@ def test_rendered_texts_spelled_out(tok):
     i = encode_prompts(tok, "A cat", "blurry", use_system_prompt=False, **IMAGE)
     assert i.cond_text == "A cat. This image is of 64x96 resolution."
     assert i.uncond_text == "blurry. This image is not of 64x96 resolution."
-    off = encode_prompts(tok, "A cat.", None, use_system_prompt=False, add_duration_template=False,
-                         add_resolution_template=False, **VIDEO)
+    off = encode_prompts(tok, "A cat.", None, use_system_prompt=False, templates=(), **VIDEO)
     assert (off.cond_text, off.uncond_text) == ("A cat.", "")  # no template: text untouched, period kept
 
 

@@ -179,7 +179,7 @@ def test_untiled_decode_out_of_memory_retries_tiled(vae, monkeypatch, caplog):
     assert torch.equal(got, want)
     assert "retrying with spatial tiles" in caplog.text
     with pytest.raises(torch.OutOfMemoryError):
-        vae.decode(lat, tile_on_oom=False)
+        vae.decode(lat, tile=False)
     monkeypatch.setattr(Cosmos3VAE, "_decode_chunks",
                         lambda *a, **kw: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")))
     with pytest.raises(torch.OutOfMemoryError):

@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from ..model.layout import build_layout
+from ..model.layout import Prefix, build_layout
 from ..model.towers import step_memory_required
 from ..request import WindowGeometry
 from ..sampling.conditioning import preprocess_video
@@ -144,8 +144,8 @@ def make_transfer_plan(config, inputs: PlanInputs, *, prefix: torch.Tensor, gene
             names = ("cond",) + ("cond_no_control",) * key[0] + ("uncond",) * key[1]
             hidden = (False,) + (True,) * key[0] + (False,) * key[1]
             layout = build_layout(config, [kv.length for kv in text], i.latent_shape[2:], i.fps,
-                                  clean_frames=i.clean_frames, prefix=prefix,
-                                  prefix_hidden=hidden if key[0] else (), device=device, dtype=i.dtype)
+                                  clean_frames=i.clean_frames, prefix=Prefix(prefix, hidden if key[0] else ()),
+                                  device=device, dtype=i.dtype)
             layouts[key] = Guidance(tuple(text), layout, transfer_combine(
                 float(i.guidance), float(control_guidance), with_control=key[0], with_text=key[1]), precision, names)
         steps.append(layouts[key])

@@ -49,7 +49,7 @@ def decode_parallel(
     if grid is None or world == 1:
         return vae.decode(latents, chunk_latent_frames=chunk_latent_frames, tile=True, on_chunk=on_chunk,
                           tile_sample_size=tile_sample_size, tile_sample_stride=tile_sample_stride,
-                          out_device=out_device, tile_on_oom=False)
+                          out_device=out_device)
     if chunk_latent_frames < 1:
         raise ValueError(f"decode_parallel: chunk_latent_frames must be >= 1, got {chunk_latent_frames}.")
     mean, inv_std = vae.stats()

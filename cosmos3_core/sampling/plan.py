@@ -42,7 +42,7 @@ import torch
 
 from .. import defaults
 from ..config import Cosmos3Config
-from ..model.layout import GenLayout, build_layout, patch_grid, select_branch
+from ..model.layout import ActionTokens, GenLayout, build_layout, patch_grid, select_branch
 from ..model.precision import StepPrecision
 from ..model.text_kv import TextKV
 from ..model.towers import step_memory_required
@@ -219,12 +219,11 @@ def make_plan(config: Cosmos3Config, inputs: PlanInputs, *, seed: int, batch_siz
             "shorter clip) or raise num_frames."
         )
     branches = [kv.to(i.device) for kv in ([i.cond, i.uncond] if use_cfg else [i.cond])]
-    layout = build_layout(
-        config, [kv.length for kv in branches], i.latent_shape[2:], i.fps, clean_frames=clean_frames,
-        sound_len=sound_len, action_len=0 if action is None else int(action.values.shape[0]),
-        clean_actions=() if action is None else action.clean,
-        domain_id=None if action is None else action.domain_id, device=i.device, dtype=i.dtype,
-    )
+    tokens = None if action is None else ActionTokens(int(action.values.shape[0]), tuple(action.clean),
+                                                      action.domain_id)
+    layout = build_layout(config, [kv.length for kv in branches], i.latent_shape[2:], i.fps,
+                          clean_frames=clean_frames, sound_len=sound_len, action=tokens, device=i.device,
+                          dtype=i.dtype)
     streams = _initial_streams(config, i, clean_frames, seed=seed, batch_size=batch_size, sound_len=sound_len,
                                action=action, reanchor_vision=reanchor_vision, generators=generators)
     timesteps = i.stepper.timesteps.cpu()

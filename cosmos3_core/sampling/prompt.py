@@ -240,13 +240,17 @@ def _check_args(prompt, negative_prompt, num_frames, height, width, fps, max_tok
     assert isinstance(fps, Real) and math.isfinite(float(fps)) and fps > 0, fps
 
 
+TEMPLATES = ("duration", "resolution")  # tokenize_prompt's add_duration_template / add_resolution_template
+
+
 def encode_prompts(tokenizer, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int,
-                   width: int, fps: float, use_system_prompt: bool, add_duration_template: bool = True,
-                   add_resolution_template: bool = True, max_tokens: int = DEFAULT_MAX_TOKENS) -> PromptIds:
+                   width: int, fps: float, use_system_prompt: bool, templates: tuple[str, ...] = TEMPLATES,
+                   max_tokens: int = DEFAULT_MAX_TOKENS) -> PromptIds:
     """Token ids of ``prompt`` (cond) and ``negative_prompt`` (uncond; ``None`` means ``""``), as
     ``Cosmos3OmniPipeline.tokenize_prompt`` builds them. ``num_frames == 1`` selects the image templates and
-    system prompt. ``fps`` may be an int, float or ``Fraction``. Either sequence longer than ``max_tokens``
-    (special tokens included) is an error."""
+    system prompt. ``fps`` may be an int, float or ``Fraction``. ``templates``: which of the reference's metadata
+    sentences to add (``TEMPLATES``: both, its default). Either sequence longer than ``max_tokens`` (special tokens
+    included) is an error."""
     _check_args(prompt, negative_prompt, num_frames, height, width, fps, max_tokens)
     fps = float(fps)  # Fraction.__format__ has no "f" before Python 3.12; float formats identically
     if negative_prompt is None:
@@ -256,7 +260,7 @@ def encode_prompts(tokenizer, prompt: str, negative_prompt: str | None = None, *
         system_prompt = SYSTEM_PROMPT_IMAGE if num_frames == 1 else SYSTEM_PROMPT_VIDEO
 
     common = dict(num_frames=num_frames, height=height, width=width, fps=fps,
-                  add_duration_template=add_duration_template, add_resolution_template=add_resolution_template)
+                  add_duration_template="duration" in templates, add_resolution_template="resolution" in templates)
     cond_text = apply_templates(prompt, **common)
     uncond_text = apply_templates(negative_prompt, negative=True, **common)
     return branch_ids(tokenizer, cond_text, uncond_text, system_prompt, max_tokens,

@@ -167,12 +167,11 @@ class Cosmos3VAE(torch.nn.Module):
         latents: torch.Tensor,
         *,
         chunk_latent_frames: int = 1,
-        tile: bool = False,
+        tile: bool | None = None,
         tile_sample_size: int | None = None,
         tile_sample_stride: int | None = None,
         on_chunk: OnChunk | None = None,
         out_device="cpu",
-        tile_on_oom: bool = True,
         compile: bool | str = False,
         compile_backend: str = "inductor",
         out: torch.Tensor | None = None,
@@ -184,8 +183,9 @@ class Cosmos3VAE(torch.nn.Module):
         ``on_chunk(done_latent_frames, total_latent_frames)``; an exception raised there aborts the decode (the
         VAE is left clean). ``tile=True`` uses diffusers' spatial tiling (``tile_sample_size``/``_stride`` in
         pixels, default: the module's ``enable_tiling`` values, 256/192); it only kicks in when the latent is
-        larger than one tile, exactly as ``AutoencoderKLWan._decode``. An untiled decode that runs out of GPU memory
-        is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
+        larger than one tile, exactly as ``AutoencoderKLWan._decode``. ``tile=None`` (the default): an untiled decode
+        that runs out of GPU memory is retried tiled (as ComfyUI's own VAE decode does), with a logged warning (a
+        ``tile=False`` decode is never tiled): on a small
         card what else is resident decides, and tiling needs about half the activations (docs/benchmark-log.md).
         ``compile=True`` runs every latent frame after the first through ``torch.compile`` (``compile_backend``; the
         run's ``RuntimeOptions.vae_compile``): the first decode at a new size, or tile size, compiles for a while; later
@@ -216,6 +216,7 @@ class Cosmos3VAE(torch.nn.Module):
             raise ValueError(f"Cosmos3VAE.decode: out must be a float32 tensor of shape {shape} for these latents, "
                              f"got {out.dtype} {tuple(out.shape)}.")
         decoder = self.frame_decoder(compile, compile_backend)
+        tile_on_oom = tile is None
         for tiled in (True,) if tile else (False, True) if tile_on_oom else (False,):
             grid = self.tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tiled else None
             try:
