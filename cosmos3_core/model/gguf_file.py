@@ -150,11 +150,3 @@ def check_model(gguf_file: GgufFile, config: Cosmos3Config, folder: Path) -> Non
         raise CheckpointError(f"GGUF file {path} was converted from another Cosmos3 model ({gguf_file.name or '?'}) "
                               f"than the checkpoint folder {folder} ({shown}); pick the checkpoint folder the GGUF "
                               "was made from (same size: Nano, Super or Edge) for its VAE, tokenizer and configs.")
-
-
-def gguf_model_name(path: str | Path) -> str | None:
-    """``general.name`` of a GGUF file (the source folder the converter recorded), or None if unreadable."""
-    try:
-        return read_gguf(path).name
-    except CheckpointError:
-        return None
