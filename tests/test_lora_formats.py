@@ -440,14 +440,17 @@ def test_fp8_model_with_lora_at_strength_zero_is_the_fp8_model(host, setup, stor
             assert torch.equal(v, plain[0]) and torch.equal(s, plain[1]), kind
         one = node.execute(model=base, lora_name=setup["files"]["lokr"].name, strength=1.0).result[0]
         assert rel(ours_with(host, one)[0], plain[0]) > 1e-3
-        # the cause of the old 4.5/255: a zero patch still goes through ComfyUI's re-rounding to FP8
+        # the cause of the old 4.5/255: a zero patch still goes through ComfyUI's re-rounding to FP8 (stochastic, for
+        # FP8 storage); the pack's ModelOpt layers re-quantize a patched weight with its own amax / 448, which for a
+        # zero patch gives back the weights and scales as loaded here (so the node's skip of strength 0 is what
+        # keeps FP8 storage exact)
         patched = one.generation_patcher.clone()
         patched.patches = {}
         patched.add_patches({k: p[0][1] for k, p in one.generation_patcher.patches.items()}, 0.0)
         mm.load_models_gpu([base.text_patcher, patched])
         ids, latents, sound = inputs()
         rounded = ours_step(base.pipeline.transformer, [ids], latents, 600, 24.0, (), sound).vision[0]
-        assert not torch.equal(rounded, plain[0])
+        assert torch.equal(rounded, plain[0]) == (storage == "modelopt")
         assert torch.equal(ours_with(host, base)[0], plain[0])  # ComfyUI restores the FP8 weights
     finally:
         if storage == "modelopt":
