@@ -260,17 +260,14 @@ class Cosmos3Loader(io.ComfyNode):
         return folder if st is None else f"{folder} gguf {path.resolve()} {st.st_size} {st.st_mtime_ns} {st.st_ino}"
 
     @classmethod
-    def validate_inputs(cls, checkpoint: str | None = None, gguf: str | None = None) -> bool | str:
-        """Refuses a checkpoint name that stands for no folder (or a gguf name that is no listed file) before the
-        prompt is queued (ComfyUI 0.3.75 does not check a V3 combo's value against its options); a linked value
-        (None here) is checked when it runs."""
-        if checkpoint is not None and resolve_checkpoint(checkpoint) is None:
-            return missing_checkpoint_message(checkpoint)
-        try:
-            gguf_path(gguf)
-        except ValueError as exc:
-            return str(exc)
-        return True
+    def validate_inputs(cls, checkpoint: str | None = None) -> bool | str:
+        """Refuses a checkpoint name that stands for no folder before the prompt is queued (ComfyUI 0.3.75 does not
+        check a V3 combo's value against its options); a linked value (None here) is checked when it runs. (A
+        ``gguf`` name that is no file is refused when the node runs: ComfyUI would repeat a shared validation
+        message under every input named here.)"""
+        if checkpoint is None or resolve_checkpoint(checkpoint) is not None:
+            return True
+        return missing_checkpoint_message(checkpoint)
 
     @classmethod
     def execute(cls, checkpoint: str, dtype: str = "auto", device: str = "default",
