@@ -190,13 +190,13 @@ def job(k: dict, name: str) -> Job:
 
 PLAN = {
     "warmup": (["t2i", "batch2", "lora", "reasoner"], ["t2v", "t2av", "i2v", "long"]),
-    "main1": (["t2i", "int_sampling", "t2i", "lora", "t2i", "reasoner", "batch2", "t2i", "int_decode", "t2i", "lora",
-               "t2i", "reasoner", "t2i"],
+    "main1": (["t2i", "int_sampling", "t2i", "lora", "t2i", "reasoner", "batch2", "t2i", "int_decode", "t2i",
+               "reasoner", "t2i", "batch2", "t2i"],
               ["t2v", "t2av", "int_sampling", "i2v", "long", "int_window", "t2v", "t2av", "i2v", "int_decode", "t2v",
                "long", "t2av", "t2v"]),
     "switch": (["edge_t2v", "edge_i2v", "edge_t2i", "t2i", "t2v"],),
-    "main2": (["t2i", "lora", "t2i", "int_sampling", "reasoner", "t2i", "batch2", "t2i", "int_decode", "t2i", "lora",
-               "t2i", "reasoner", "t2i", "batch2", "t2i", "lora", "t2i", "reasoner", "t2i"],
+    "main2": (["t2i", "lora", "t2i", "int_sampling", "reasoner", "t2i", "batch2", "t2i", "int_decode", "t2i", "t2av",
+               "t2i", "reasoner", "t2i", "batch2", "t2i", "i2v", "t2i", "reasoner", "t2i"],
               ["t2v", "t2av", "i2v", "int_window", "long", "t2v", "int_sampling", "t2av", "i2v", "t2v", "long",
                "int_decode", "t2v", "t2av", "i2v", "long", "t2v", "t2av", "i2v", "t2v"]),
 }
