@@ -1,0 +1,152 @@
+"""Bad input, round four (issue 39; ``shared/reference/bad-input-2026-12-05.md``): each class that was silently wrong
+or poorly worded, through the core and, where the node is what a user meets, through the real ComfyUI host.
+
+LoRA: a change that overflows the compute dtype (PEFT ``lora_alpha`` 1e300), or dwarfs the weight it patches (kohya
+alpha 1e30, weights ×1e15: the model saturates and two LoRAs give the same output), is refused naming the file; rank
+0 and a negative alpha are refused; a LoRA on ``lm_head`` is told it patches the checkpoint's own output layer; a
+folder named ``*.safetensors`` is called a folder.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from cosmos3_core.model.lora import LoraError, check_patch, read_lora
+from test_lora import TARGETS, linear_shapes, write_lora
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    from cosmos3_core.model.loader import load_transformer
+
+    return load_transformer(tiny_checkpoint("nano", seed=0), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def shapes(model):
+    return linear_shapes(model)
+
+
+def _kohya(path, shapes, module, rank=4, alpha=None, scale=1.0, seed=0):
+    out_f, in_f = shapes[module]
+    g = torch.Generator().manual_seed(seed)
+    flat = "lora_unet_" + module.replace(".", "_")
+    sd = {f"{flat}.lora_down.weight": torch.randn(rank, in_f, generator=g) * 0.05 * scale,
+          f"{flat}.lora_up.weight": torch.randn(out_f, rank, generator=g) * 0.05 * scale}
+    if alpha is not None:
+        sd[f"{flat}.alpha"] = torch.tensor(float(alpha))
+    save_file(sd, str(path))
+    return path
+
+
+def _check_all(lora, model, name, strength=1.0, dtype=torch.float32):
+    for module, patch in lora.items():
+        check_patch(patch, model.get_submodule(module).weight, module, name, strength, dtype)
+
+
+def test_huge_metadata_alpha_overflow_is_refused(shapes, model, tmp_path):
+    path = write_lora(tmp_path / "meta_alpha_huge.safetensors", shapes, alpha=1e300)
+    lora = read_lora(path, shapes)  # a finite Python float: only its product with the weights overflows
+    with pytest.raises(LoraError, match=r"LoRA meta_alpha_huge.safetensors: its change to .* does not fit float32 "
+                                        r"\(it overflows to inf/NaN\)"):
+        _check_all(lora, model, path.name)
+
+
+@pytest.mark.parametrize("case", ["alpha_huge", "weights_1e15"])
+def test_saturating_lora_is_refused(case, shapes, model, tmp_path):
+    m = TARGETS[0]
+    path = _kohya(tmp_path / f"{case}.safetensors", shapes, m, alpha=1e30 if case == "alpha_huge" else 4.0,
+                  scale=1.0 if case == "alpha_huge" else 1e15)
+    lora = read_lora(path, shapes)
+    with pytest.raises(LoraError, match=rf"LoRA {case}.safetensors: at strength 1 it changes {m} .* times that "
+                                        r"weight's own size \(more than 1000×\)"):
+        _check_all(lora, model, path.name)
+
+
+def test_a_sane_lora_passes_at_any_allowed_strength(shapes, model, tmp_path):
+    lora = read_lora(write_lora(tmp_path / "sane.safetensors", shapes, rank=4, alpha=8.0), shapes)
+    for strength in (-10.0, 1.0, 10.0):
+        _check_all(lora, model, "sane.safetensors", strength, torch.bfloat16)
+
+
+def test_fp16_overflow_is_judged_in_the_compute_dtype(shapes, model, tmp_path):
+    """A change of 1e5 fits float32 but not float16 (max 65504)."""
+    m = TARGETS[0]
+    out_f, in_f = shapes[m]
+    path = tmp_path / "big.safetensors"
+    down = torch.zeros(1, in_f)
+    down[0, 0] = 1.0
+    up = torch.zeros(out_f, 1)
+    up[0, 0] = 1e5
+    save_file({f"transformer.{m}.lora_A.weight": down, f"transformer.{m}.lora_B.weight": up}, str(path))
+    lora = read_lora(path, shapes)
+    with pytest.raises(LoraError, match="does not fit float16"):
+        _check_all(lora, model, path.name, dtype=torch.float16)
+
+
+def test_rank_zero_is_refused(shapes, tmp_path):
+    m = TARGETS[0]
+    out_f, in_f = shapes[m]
+    path = tmp_path / "rank0.safetensors"
+    save_file({f"transformer.{m}.lora_A.weight": torch.zeros(0, in_f),
+               f"transformer.{m}.lora_B.weight": torch.zeros(out_f, 0)}, str(path))
+    with pytest.raises(LoraError, match=rf"LoRA rank0.safetensors: {m} has rank 0 .* the file is damaged"):
+        read_lora(path, shapes)
+
+
+def test_negative_alpha_is_refused(shapes, tmp_path):
+    path = _kohya(tmp_path / "alpha_neg.safetensors", shapes, TARGETS[0], alpha=-4.0)
+    with pytest.raises(LoraError, match=r"alpha is -4; it must be a positive number .* use a negative strength"):
+        read_lora(path, shapes)
+    meta = write_lora(tmp_path / "meta_neg.safetensors", shapes, alpha=-8.0)
+    with pytest.raises(LoraError, match=r"lora_alpha in its lora_adapter_metadata is -8.0 .* positive finite number"):
+        read_lora(meta, shapes)
+    zero = _kohya(tmp_path / "alpha_zero.safetensors", shapes, TARGETS[0], alpha=0.0)
+    assert read_lora(zero, shapes)[TARGETS[0]].scale == 1.0  # kohya: alpha 0 means alpha = rank
+
+
+def test_lm_head_lora_names_the_checkpoints_own_layer(shapes, tmp_path):
+    path = tmp_path / "lm_head_only.safetensors"
+    save_file({"transformer.lm_head.lora_A.weight": torch.randn(4, 256),
+               "transformer.lm_head.lora_B.weight": torch.randn(1024, 4)}, str(path))
+    towers = {m: s for m, s in shapes.items() if m != "lm_head"}  # the node's targets: the towers' linear layers
+    with pytest.raises(LoraError) as info:
+        read_lora(path, towers)
+    msg = str(info.value)
+    assert "the checkpoint's own output layer (lm_head" in msg and "another model" not in msg, msg
+
+
+def test_folder_named_safetensors_is_called_a_folder(shapes, tmp_path):
+    (tmp_path / "dir.safetensors").mkdir()
+    with pytest.raises(LoraError, match=r"LoRA dir.safetensors is a folder, not a LoRA file"):
+        read_lora(tmp_path / "dir.safetensors", shapes)
+
+
+# -------------------------------------------------------------------------------------------- through the node
+@pytest.mark.comfy
+def test_lora_node_refuses_wrecking_loras_and_folders(host, tmp_path):
+    from test_bad_input_nodes import _expect_error
+    from test_workflows import load_api, nodes_of, shrink_api
+    from cosmos3_core.model.loader import load_transformer
+
+    loras = host.base_dir / "models" / "loras"
+    loras.mkdir(parents=True, exist_ok=True)
+    g = shrink_api(load_api("t2i"))
+    (loader,) = nodes_of(g, "Cosmos3Loader")
+    tiny = load_transformer(host.base_dir / "models" / "diffusers" / g[loader]["inputs"]["checkpoint"],
+                            dtype=torch.float32)
+    write_lora(loras / "cosmos3_r4_huge.safetensors", linear_shapes(tiny), alpha=1e300)
+    (loras / "cosmos3_r4_dir.safetensors").mkdir(exist_ok=True)
+    for name, needle in (("cosmos3_r4_huge.safetensors", "does not fit float32"),
+                         ("cosmos3_r4_dir.safetensors", "is a folder")):
+        graph = json.loads(json.dumps(g))
+        graph["20"] = {"class_type": "Cosmos3LoraLoader",
+                       "inputs": {"model": [loader, 0], "lora_name": name, "strength": 1.0}}
+        for nid, node in graph.items():
+            if nid != "20" and node["inputs"].get("model") == [loader, 0]:
+                node["inputs"]["model"] = ["20", 0]
+        _expect_error(host, graph, "Cosmos3LoraLoader", needle, name)
