@@ -150,3 +150,36 @@ def test_lora_node_refuses_wrecking_loras_and_folders(host, tmp_path):
             if nid != "20" and node["inputs"].get("model") == [loader, 0]:
                 node["inputs"]["model"] = ["20", 0]
         _expect_error(host, graph, "Cosmos3LoraLoader", needle, name)
+
+
+# -------------------------------------------------------------------------------------------- Long Video prompts
+@pytest.mark.parametrize("text, want", [
+    ("a cat\r\n---\r\na dog", ["a cat", "a dog"]),  # Windows line endings
+    ("a cat\n--- \na dog", ["a cat", "a dog"]),  # a trailing space on the separator line
+    ("a cat\n\t---\na dog", ["a cat", "a dog"]),
+    ("a cat\r---\ra dog", ["a cat", "a dog"]),  # old Mac line endings
+    ("---\na cat\n---\na dog", ["", "a cat", "a dog"]),  # leading: an empty window, refused by the resolver
+    ("---\n---", ["", "", ""]),
+    ("a cat\n---\n---\na dog", ["a cat", "", "a dog"]),  # doubled: an empty middle window
+    ("a cat\n---\n", ["a cat", ""]),
+    ("a cat --- a dog", ["a cat --- a dog"]),  # not on a line of its own: part of the prompt
+    ("a cat\n----\na dog", ["a cat\n----\na dog"]),
+    ("  one prompt  ", ["one prompt"]),
+])
+def test_window_prompt_separators(text, want):
+    from cosmos3_core.sampling.prompt import split_window_prompts
+
+    assert split_window_prompts(text) == want
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("prompt, needle", [("---\r\na cat\r\n---\r\na dog", "prompt 1 of 3 (window 1) is empty"),
+                                            ("a cat\n---\n---\na dog", "prompt 2 of 3 (window 2) is empty")])
+def test_long_video_separator_never_leaks_into_a_prompt(host, prompt, needle):
+    from test_bad_input_nodes import _expect_error
+    from test_workflows import load_api, nodes_of, shrink_api
+
+    g = shrink_api(load_api("long_t2v"))
+    (lv,) = nodes_of(g, "Cosmos3LongVideo")
+    g[lv]["inputs"]["prompt"] = prompt
+    _expect_error(host, g, "Cosmos3LongVideo", needle)
