@@ -183,3 +183,29 @@ def test_long_video_separator_never_leaks_into_a_prompt(host, prompt, needle):
     (lv,) = nodes_of(g, "Cosmos3LongVideo")
     g[lv]["inputs"]["prompt"] = prompt
     _expect_error(host, g, "Cosmos3LongVideo", needle)
+
+
+# -------------------------------------------------------------------------------------------- CLI flags and files
+def _cli_error(tiny_checkpoint, tmp_path, capsys, *extra) -> str:
+    from test_bad_input import FAST, one_error
+    from cosmos3_core.cli import main as generate
+
+    argv = ["--checkpoint", str(tiny_checkpoint("nano", seed=3)), *FAST, "--out", str(tmp_path / "out.mp4"), *extra]
+    return one_error(generate.main, argv, capsys)
+
+
+def test_one_pass_with_frames_per_chunk_is_a_conflict(tiny_checkpoint, tmp_path, capsys):
+    msg = _cli_error(tiny_checkpoint, tmp_path, capsys, "--one-pass", "--frames-per-chunk", "9")
+    assert msg == ("error: --one-pass asks for one clip but --frames-per-chunk 9 asks for windows of 9 frames; drop "
+                   "one of them."), msg
+
+
+def test_empty_control_video_names_the_argument(tiny_checkpoint, tmp_path, capsys):
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    msg = _cli_error(tiny_checkpoint, tmp_path, capsys, "--control", f"edge={empty}")
+    assert msg.startswith(f"error: --control edge={empty}: not a readable video: it is empty (0 bytes)."), msg
+    garbage = tmp_path / "garbage.mp4"
+    garbage.write_bytes(b"not a video at all" * 10)
+    msg = _cli_error(tiny_checkpoint, tmp_path, capsys, "--control", f"edge={garbage}")
+    assert msg.startswith(f"error: --control edge={garbage}: not a readable video:") and "Errno" not in msg, msg

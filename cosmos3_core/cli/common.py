@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -97,7 +98,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
     video = media.read_video(args.video)[0] if args.video else None
     controls = None
     if args.control:
-        controls = {key: media.read_video(path)[0] for key, path in parse_controls(args.control).items()}
+        controls = {key: read_control(key, path) for key, path in parse_controls(args.control).items()}
     action = action_request(args, image, video) if args.action_mode is not None else None
     if action is not None:
         image = video = None  # the action request carries its frames
@@ -162,10 +163,36 @@ def parse_controls(items: list[str]) -> dict[str, Path]:
 
 
 # ---------------------------------------------------------------------------------------------- files
+def read_control(key: str, path):
+    """A ``--control KEY=FILE`` video's frames; a file that is not a video is refused naming the argument, without
+    libav's errno text."""
+    from .. import media
+
+    try:
+        return media.read_video(path)[0]
+    except ValueError as exc:
+        p = Path(path)
+        why = ("it is empty (0 bytes)" if p.is_file() and p.stat().st_size == 0
+               else str(exc).removeprefix("read_video: "))
+        why = re.sub(r"\[Errno -?\d+\] ", "", why)
+        raise ValueError(f"--control {key}={path}: not a readable video: {why}. Give an mp4 (or another video) of "
+                         "the control frames.") from None
+
+
+def check_one_pass(args: argparse.Namespace) -> None:
+    """``--one-pass`` (one clip) and ``--frames-per-chunk`` (windows of that length) ask for opposite things.
+    (A mode rule: the resolver's home once it is split out of request.py.)"""
+    chunk = getattr(args, "frames_per_chunk", None)
+    if getattr(args, "one_pass", False) and chunk is not None:
+        raise ValueError(f"--one-pass asks for one clip but --frames-per-chunk {chunk} asks for windows of {chunk} "
+                         "frames; drop one of them.")
+
+
 def check_input_paths(args: argparse.Namespace) -> Path:
     """``--checkpoint`` is a folder, ``--device`` exists, every input file exists; returns the checkpoint path."""
     from ..sampling.prompt import check_text
 
+    check_one_pass(args)
     ckpt = Path(args.checkpoint)
     for text in [args.prompt] if isinstance(args.prompt, str) else args.prompt:  # windows: once per window
         check_text(text, "--prompt")
