@@ -102,13 +102,14 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             options = RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type)
             check_options(options)
             if condition is not None:
+                made_for = getattr(condition, "num_frames", None)  # keyframes: made for one clip length
+                source = "Cosmos3 First/Last Frame" if made_for is not None else "Cosmos3 VAE Encode (Condition)"
                 if (condition.height, condition.width) != (text.height, text.width):
                     raise ValueError(
                         f"condition was encoded at {condition.width}x{condition.height} but the text describes "
-                        f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode "
-                        "(Condition) and Cosmos3 Text Encode."
+                        f"{text.width}x{text.height}; set the same width and height on {source} and Cosmos3 Text "
+                        "Encode."
                     )
-                made_for = getattr(condition, "num_frames", None)  # keyframes: made for one clip length
                 if made_for is not None and made_for != text.num_frames:
                     raise ValueError(
                         f"condition was made for num_frames={made_for} (its last keyframe is latent frame "
