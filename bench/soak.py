@@ -180,11 +180,13 @@ def kinds(sz: Sizes) -> dict:
     }
 
 
-def job(k: dict, name: str) -> Job:
+def job(k: dict, name: str, tiny: bool = True) -> Job:
     opts = {"int_sampling": dict(expect="interrupted", interrupt="sampling"),
             "int_decode": dict(expect="interrupted", interrupt="decode"),
             "int_window": dict(expect="interrupted", interrupt="window"),
             "oom": dict(expect="error", needle=OOM_NEEDLE)}.get(name, {})
+    if name == "reasoner" and not tiny:  # random full-size weights pick ids the stand-in tokenizer cannot spell
+        opts = dict(expect="error", needle="the model produced no text")
     return Job(name, k[name], checkpoint=EDGE if name.startswith("edge_") else NANO, **opts)
 
 
@@ -317,7 +319,7 @@ class Soak:
         ok = status == jb.expect
         if ok and jb.expect == "error":
             first = rec["error"].strip().splitlines()[0] if rec["error"].strip() else ""
-            ok = jb.needle in first and first.startswith("Cosmos3")
+            ok = jb.needle in first and first.startswith("Cosmos3") and len(first) < 400
             rec["error_first_line"] = first
         rec["ok"] = ok
         probe = self.http.probe(pid)
@@ -401,7 +403,7 @@ class Soak:
 
     def concurrent(self, phase: str, lists: tuple, extra: list[tuple[str, list[Job]]] = ()) -> None:
         errors: list[str] = []
-        threads = [threading.Thread(target=self.client, args=(chr(ord("A") + i), [job(self.kinds, n) for n in names],
+        threads = [threading.Thread(target=self.client, args=(chr(ord("A") + i), [job(self.kinds, n, self.args.tiny) for n in names],
                                                                phase, errors))
                    for i, names in enumerate(lists)]
         threads += [threading.Thread(target=self.client, args=(name, jobs, phase, errors)) for name, jobs in extra]
@@ -418,9 +420,11 @@ class Soak:
             self.res.note("oom: skipped on the CPU (no GPU to run out of); tests/test_soak_oom.py covers the message")
             return
         self.http.call("POST", "/free", {"unload_models": True, "free_memory": True})
-        time.sleep(3)
-        used = gpu_used_by_server(self.http)
-        target_free = int(self.args.card_gib * GIB) - used
+        card = int(self.args.card_gib * GIB)
+        deadline = time.monotonic() + 90  # ComfyUI moves every model to the CPU, then empties its cache
+        while (used := gpu_used_by_server(self.http)) > card - 4 * GIB and time.monotonic() < deadline:
+            time.sleep(1)
+        target_free = max(card - used, GIB)
         holder = hold_gpu(target_free, self.args.python)
         self.res.note(f"oom: server held {used / GIB:.2f} GiB after /free; a helper now holds all but "
                       f"{target_free / GIB:.2f} GiB: a {self.args.card_gib:g} GiB card")
@@ -431,7 +435,7 @@ class Soak:
             stream = server_probe.EventStream("127.0.0.1", self.srv.port, cid)
             try:
                 for name in ("oom", "t2i"):
-                    self.run_job(job(self.kinds, name), "O", cid, stream, "oom")
+                    self.run_job(job(self.kinds, name, self.args.tiny), "O", cid, stream, "oom")
             finally:
                 stream.close()
         finally:
