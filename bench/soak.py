@@ -566,45 +566,84 @@ def count_frames(path: Path) -> int:
         return 0
 
 
-def summarize(jobs: list[dict]) -> dict:
-    done = sorted((j for j in jobs if j.get("probe")), key=lambda j: j["probe"]["ended"])
-    after = [j["probe"]["after"] for j in done]
-    bad = [f"{j['n']} {j['name']}: {j['status']} (expected {j['expect']})" for j in jobs if not j.get("ok")]
-    # GPU memory level: Nano jobs after the warm-up, outside the switch and out-of-memory phases
-    steady = [j for j in done if j["phase"] in ("main1", "main2") and j["checkpoint"] == NANO
-              and j["probe"]["after"].get("gpu_allocated") is not None]
-    levels = [j["probe"]["after"]["gpu_allocated"] for j in steady]
-    gpu = None
-    if levels:
-        med = sorted(levels)[len(levels) // 2]
-        off = [dict(n=j["n"], name=j["name"], rel=round(j["probe"]["after"]["gpu_allocated"] / med - 1, 4))
-               for j in steady if abs(j["probe"]["after"]["gpu_allocated"] / med - 1) > 0.01]
-        gpu = dict(jobs=len(levels), median_gib=round(med / GIB, 3), min_gib=round(min(levels) / GIB, 3),
-                   max_gib=round(max(levels) / GIB, 3), outside_1pct=off, ok=not off)
-    last = after[-40:]
-    rss = fds = graphs = None
-    if len(last) >= 2:
-        r0, r1 = last[0]["rss"], last[-1]["rss"]
-        rss = dict(jobs=len(last), first_mib=round(r0 / 2**20), last_mib=round(r1 / 2**20),
-                   max_mib=round(max(a["rss"] for a in last) / 2**20), growth=round(r1 / r0 - 1, 4),
-                   ok=r1 / r0 - 1 < 0.02)
+WORK_OF = {"int_sampling": "t2v", "int_decode": "t2v", "int_window": "long", "ws_drop": "t2v"}  # same model work
 
-        def files(a):
-            f = a.get("fds") or {}
-            return f.get("total", 0) - f.get("socket", 0)
-        fds = dict(first=files(last[0]), last=files(last[-1]), max=max(files(a) for a in last),
-                   sockets_last=(last[-1].get("fds") or {}).get("socket"), ok=files(last[-1]) <= files(last[0]))
-    main2 = [j["probe"]["after"].get("compiled") or {} for j in done if j["phase"] == "main2"]
-    if main2:
-        counts = [(c.get("pack_graphs"), c.get("dynamo_unique_graphs")) for c in main2]
-        graphs = dict(first=counts[0], last=counts[-1], ok=counts[0] == counts[-1])
-    pinned = [((a.get("pinned") or {}).get("comfy_pinned") or 0) for a in last]
+
+def steady_jobs(jobs: list[dict]) -> list[dict]:
+    """Nano jobs with a probe record, in the order they ended, after the warm-up: in each stretch of the soak
+    between model reloads (the server's start, the ``switch`` and ``oom`` phases), the jobs after the last one that
+    was the first of its kind of work in that stretch (it loaded what it uses and compiled what it had not)."""
+    done = sorted((j for j in jobs if j.get("probe")), key=lambda j: j["probe"]["ended"])
+    out, stretch, seen, warm_until = [], [], set(), 0
+
+    def close():
+        out.extend(j for j in stretch[warm_until:] if j["checkpoint"] == NANO)
+
+    for j in done:
+        if j["phase"] in ("switch", "oom"):
+            close()
+            stretch, seen, warm_until = [], set(), 0
+            continue
+        stretch.append(j)
+        work = WORK_OF.get(j["name"], j["name"])
+        if work not in seen:
+            seen.add(work)
+            warm_until = len(stretch)
+    close()
+    return out
+
+
+def _gpu_check(steady: list[dict]) -> dict | None:
+    levels = [j["probe"]["after"]["gpu_allocated"] for j in steady if j["probe"]["after"].get("gpu_allocated")]
+    if not levels:
+        return None
+    med = sorted(levels)[len(levels) // 2]
+    off = [dict(n=j["n"], name=j["name"], rel=round(j["probe"]["after"]["gpu_allocated"] / med - 1, 4))
+           for j in steady if abs(j["probe"]["after"]["gpu_allocated"] / med - 1) > 0.01]
+    return dict(jobs=len(levels), median_gib=round(med / GIB, 3), min_gib=round(min(levels) / GIB, 3),
+                max_gib=round(max(levels) / GIB, 3), outside_1pct=off, ok=not off)
+
+
+def _host_checks(last: list[dict]) -> tuple[dict, dict]:
+    """RSS growth per job kind (first → last of that kind: kinds differ by what they hold, e.g. decoded frames)
+    and non-socket descriptors (sockets are the clients' HTTP connections) over ``last``."""
+    by_kind: dict[str, list[int]] = {}
+    for j in last:
+        by_kind.setdefault(j["name"], []).append(j["probe"]["after"]["rss"])
+    growth = {k: round(v[-1] / v[0] - 1, 4) for k, v in by_kind.items() if len(v) >= 2}
+    worst = max(growth.values(), default=0.0)
+    rss_all = [j["probe"]["after"]["rss"] for j in last]
+    rss = dict(jobs=len(last), first_mib=round(rss_all[0] / 2**20), last_mib=round(rss_all[-1] / 2**20),
+               min_mib=round(min(rss_all) / 2**20), max_mib=round(max(rss_all) / 2**20), growth_by_kind=growth,
+               ok=worst < 0.02)
+
+    def files(j):
+        f = j["probe"]["after"].get("fds") or {}
+        return f.get("total", 0) - f.get("socket", 0)
+    fds = dict(first=files(last[0]), last=files(last[-1]), max=max(files(j) for j in last),
+               sockets_last=(last[-1]["probe"]["after"].get("fds") or {}).get("socket"),
+               ok=files(last[-1]) <= files(last[0]))
+    return rss, fds
+
+
+def summarize(jobs: list[dict]) -> dict:
+    """The pass criteria (module docstring) over the steady jobs (``steady_jobs``)."""
+    bad = [f"{j['n']} {j['name']}: {j['status']} (expected {j['expect']})" for j in jobs if not j.get("ok")]
+    steady = steady_jobs(jobs)
+    last = steady[-40:]
+    rss, fds = _host_checks(last) if len(last) >= 2 else (None, None)
+    counts = [((j["probe"]["after"].get("compiled") or {}).get("pack_graphs"),
+               (j["probe"]["after"].get("compiled") or {}).get("dynamo_unique_graphs")) for j in last]
+    graphs = dict(first=counts[0], last=counts[-1], ok=counts[0] == counts[-1]) if counts else None
+    pinned = [((j["probe"]["after"].get("pinned") or {}).get("comfy_pinned") or 0) for j in last]
     interrupts = [dict(n=j["n"], target=j["interrupt"], landed=j.get("node_type"), status=j["status"])
                   for j in jobs if j.get("interrupt")]
+    gpu = _gpu_check(steady)
     checks = dict(all_expected=not bad, gpu=gpu, rss=rss, fds=fds, graphs=graphs)
     ok = not bad and all(c is None or c.get("ok") for c in (gpu, rss, fds, graphs))
-    return dict(jobs=len(jobs), by_status=_count(j["status"] for j in jobs), unexpected=bad, interrupts=interrupts,
-                pinned_last40_mib=[round(min(pinned) / 2**20), round(max(pinned) / 2**20)] if pinned else None,
+    return dict(jobs=len(jobs), steady_jobs=len(steady), by_status=_count(j["status"] for j in jobs),
+                unexpected=bad, interrupts=interrupts,
+                pinned_steady_mib=[round(min(pinned) / 2**20), round(max(pinned) / 2**20)] if pinned else None,
                 checks=checks, ok=ok)
 
 
