@@ -44,7 +44,7 @@ from .model.fp8 import asked_fp8, check_fp8_compute, run_policy
 from .model.loader import read_fp8_checkpoint
 from .model.weights import Fp8Checkpoint
 from .modes.action import ActionRequest, check_action_request
-from .modes.transfer import prepare_controls
+from .modes.transfer import check_control_frames, notice_short_controls, prepare_controls, transfer_window
 from .modes.windows import WindowGeometry, window_geometry
 from .runtime import DEFAULT, RuntimeOptions, compile_unavailable_reason
 from .sampling.distilled import DistilledSchedule, read_distilled
@@ -489,11 +489,14 @@ def _windows_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dic
             _pair(r.control_guidance_interval, "control_guidance_interval")
         controls = prepare_controls(r.controls, height, width)
         total = next(iter(controls.values())).shape[2]
+        check_control_frames(total)
         if r.num_frames is not None:
             if isinstance(r.num_frames, bool) or not isinstance(r.num_frames, int) or r.num_frames < 1:
                 raise ValueError(f"num_frames={r.num_frames!r} must be a positive integer (a cap on the control "
                                  "videos' length), or unset.")
+            notice_short_controls(total, r.num_frames)
             total = min(total, r.num_frames)
+        chunk = transfer_window(chunk, total)
     else:
         if r.control_guidance != defaults.CONTROL_GUIDANCE:
             raise ValueError("control_guidance applies to Transfer only; give control videos, or drop it.")

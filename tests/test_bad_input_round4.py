@@ -209,3 +209,70 @@ def test_empty_control_video_names_the_argument(tiny_checkpoint, tmp_path, capsy
     garbage.write_bytes(b"not a video at all" * 10)
     msg = _cli_error(tiny_checkpoint, tmp_path, capsys, "--control", f"edge={garbage}")
     assert msg.startswith(f"error: --control edge={garbage}: not a readable video:") and "Errno" not in msg, msg
+
+
+# -------------------------------------------------------------------------------------------- Transfer controls
+def _clip(path, frames: int, w: int = 96, h: int = 64):
+    import numpy as np
+
+    from cosmos3_core.media import write_video
+
+    rng = np.random.default_rng(frames)
+    write_video(path, (rng.random((frames, h, w, 3)) * 255).astype(np.uint8), 24)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["png", "one_frame"])
+def test_still_image_or_one_frame_control_is_refused(kind, tiny_checkpoint, tmp_path, capsys):
+    if kind == "png":
+        import numpy as np
+        from PIL import Image
+
+        control = tmp_path / "img96x64.png"
+        Image.fromarray((np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8)).save(control)
+    else:
+        control = _clip(tmp_path / "one.mp4", 1)
+    msg = _cli_error(tiny_checkpoint, tmp_path, capsys, "--control", f"edge={control}", "--num-frames", "9")
+    assert "the control videos have 1 frame (a still image?)" in msg and "at least 5 frames" in msg, msg
+
+
+def test_short_control_gives_a_notice_and_a_window_its_own_length(tiny_checkpoint, tmp_path, capsys):
+    """A 9-frame control with num_frames 13 and no --frames-per-chunk: a notice that the video has 9 frames, one
+    9-frame window (not a 189-frame one), and --latents-out agrees with the mp4 (3 latent frames)."""
+    from safetensors.torch import load_file
+
+    from cosmos3_core.cli import main as generate
+    from cosmos3_core.media import probe_media
+
+    out, lat = tmp_path / "t.mp4", tmp_path / "t.safetensors"
+    argv = ["--checkpoint", str(tiny_checkpoint("nano", seed=3)), "--prompt", "a road", "--height", "64", "--width",
+            "96", "--num-frames", "13", "--steps", "1", "--device", "cpu", "--dtype", "fp32", "--control",
+            f"edge={_clip(tmp_path / 'nine.mp4', 9)}", "--out", str(out), "--latents-out", str(lat)]
+    assert generate.main(argv) == 0
+    err = capsys.readouterr().err  # the CLI prints the core's notes on stderr
+    assert "the control videos have 9 frames, fewer than num_frames=13; the video will have 9 frames" in err, err
+    assert probe_media(out)["video_frames"] == 9
+    latents = load_file(str(lat))
+    assert [t.shape[2] for t in latents.values()] == [3], {k: t.shape for k, t in latents.items()}
+
+
+def test_transfer_window_is_capped_at_the_video():
+    from cosmos3_core.modes.transfer import transfer_window
+
+    assert [transfer_window(189, n) for n in (5, 9, 10, 13, 189, 400)] == [5, 9, 13, 13, 189, 189]
+    assert transfer_window(9, 100) == 9
+
+
+@pytest.mark.comfy
+def test_long_video_refuses_a_still_image_as_control(host):
+    from test_bad_input_nodes import _expect_error
+    from test_workflows import TEST_IMAGE, load_api, nodes_of, shrink_api
+
+    g = shrink_api(load_api("transfer"), prefix="cosmos3_tests/tr_still")
+    (lv,) = nodes_of(g, "Cosmos3LongVideo")
+    g["40"] = {"class_type": "LoadImage", "inputs": {"image": TEST_IMAGE}}
+    g[lv]["inputs"]["edge"] = ["40", 0]
+    for nid in [n for n, v in g.items() if v["class_type"] in ("LoadVideo", "GetVideoComponents", "Canny")]:
+        del g[nid]
+    _expect_error(host, g, "Cosmos3LongVideo", "the control videos have 1 frame (a still image?)")
+    assert not list((host.base_dir / "output" / "cosmos3_tests").glob("tr_still*")), "a refused run wrote a file"
