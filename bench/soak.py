@@ -32,6 +32,12 @@ the last 40 jobs; no growth of non-socket descriptors over them; the compiled-gr
     python bench/soak.py --stage soak --work /tmp/soak --comfyui DIR --copy-to "$OUT"   # ~8-10 min on an H100
     python bench/soak.py --tiny --comfyui ~/.cache/cosmos3/venv/ComfyUI   # the same mix on the CPU (tests/test_soak.py
                                                                           # keeps the CPU suite's own soak)
+
+The out-of-memory job (720p/189f T2AV, batch 4: about 53 GiB of working memory) fits the pack's estimate on an 80 GB
+card but not the simulated 24 GiB one; it must end in one line naming the fix, whether the plan's estimate refuses it
+or the step runs out of memory (``Cosmos3OutOfMemoryError``). On the lent GPU machine (no network, no ComfyUI
+dependencies): carry ComfyUI's tree, a git archive of the pack and wheels of diffusers, av, aiohttp (+ its deps),
+torchsde, einops, requests; ``comfyui-frontend-package`` is not needed (a stand-in ``--front-end-root`` is made).
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ NANO, EDGE = "Cosmos3-Nano", "Cosmos3-Edge"
 LORA = "cosmos3_soak_lora.safetensors"
 IMAGE = "cosmos3_soak.png"
 GIB = 2**30
-OOM_NEEDLE = "out of GPU memory"
+OOM_NEEDLES = ("out of GPU memory", "needs about")  # at run time (Cosmos3OutOfMemoryError) or the plan's estimate
 LORA_TARGETS = ("layers.0.self_attn.to_q", "layers.1.self_attn.to_v", "layers.0.mlp.up_proj", "proj_in")
 
 
@@ -84,7 +90,7 @@ class Sizes:
 
 
 FULL = Sizes(image=(720, 1280), video=(480, 832, 33), steps=6, long_chunk=33, reasoner_tokens=32,
-             interrupt_video=(480, 832, 33), interrupt_steps=12, oom=(720, 1280, 189, 8), dtype="auto")
+             interrupt_video=(480, 832, 33), interrupt_steps=12, oom=(720, 1280, 189, 4), dtype="auto")
 TINY = Sizes(image=(32, 64), video=(32, 64, 5), steps=2, long_chunk=9, reasoner_tokens=8,
              interrupt_video=(192, 320, 33), interrupt_steps=200, oom=(720, 1280, 189, 8), dtype="fp32")
 
@@ -152,7 +158,7 @@ class Job:
     make: object  # (seed, prefix) -> graph
     expect: str = "success"  # success | interrupted | error
     interrupt: str | None = None  # sampling | decode | window
-    needle: str | None = None  # for expect=error: in the exception message
+    needle: str | tuple[str, ...] | None = None  # for expect=error: (one of them) in the message's first line
     checkpoint: str = NANO
     drop_ws: bool = False
     record: dict = field(default_factory=dict)
@@ -184,7 +190,7 @@ def job(k: dict, name: str, tiny: bool = True) -> Job:
     opts = {"int_sampling": dict(expect="interrupted", interrupt="sampling"),
             "int_decode": dict(expect="interrupted", interrupt="decode"),
             "int_window": dict(expect="interrupted", interrupt="window"),
-            "oom": dict(expect="error", needle=OOM_NEEDLE)}.get(name, {})
+            "oom": dict(expect="error", needle=OOM_NEEDLES)}.get(name, {})
     if name == "reasoner" and not tiny:  # random full-size weights pick ids the stand-in tokenizer cannot spell
         opts = dict(expect="error", needle="the model produced no text")
     return Job(name, k[name], checkpoint=EDGE if name.startswith("edge_") else NANO, **opts)
@@ -319,7 +325,8 @@ class Soak:
         ok = status == jb.expect
         if ok and jb.expect == "error":
             first = rec["error"].strip().splitlines()[0] if rec["error"].strip() else ""
-            ok = jb.needle in first and first.startswith("Cosmos3") and len(first) < 400
+            needles = (jb.needle,) if isinstance(jb.needle, str) else jb.needle
+            ok = any(n in first for n in needles) and first.startswith("Cosmos3") and len(first) < 400
             rec["error_first_line"] = first
         rec["ok"] = ok
         probe = self.http.probe(pid)

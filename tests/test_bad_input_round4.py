@@ -14,9 +14,9 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_lora import TARGETS, linear_shapes, write_lora
 
 from cosmos3_core.model.lora import LoraError, check_patch, read_lora
-from test_lora import TARGETS, linear_shapes, write_lora
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,7 @@ def test_folder_named_safetensors_is_called_a_folder(shapes, tmp_path):
 def test_lora_node_refuses_wrecking_loras_and_folders(host, tmp_path):
     from test_bad_input_nodes import _expect_error
     from test_workflows import load_api, nodes_of, shrink_api
+
     from cosmos3_core.model.loader import load_transformer
 
     loras = host.base_dir / "models" / "loras"
@@ -188,6 +189,7 @@ def test_long_video_separator_never_leaks_into_a_prompt(host, prompt, needle):
 # -------------------------------------------------------------------------------------------- CLI flags and files
 def _cli_error(tiny_checkpoint, tmp_path, capsys, *extra) -> str:
     from test_bad_input import FAST, one_error
+
     from cosmos3_core.cli import main as generate
 
     argv = ["--checkpoint", str(tiny_checkpoint("nano", seed=3)), *FAST, "--out", str(tmp_path / "out.mp4"), *extra]

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import comfy_host
 
 pytestmark = pytest.mark.comfy

@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-
 from test_nodes import assert_next_run_succeeds, error_of, host, run, t2i_graph  # noqa: F401
 
 TORCH_OOM = ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 23.99 GiB of which "
