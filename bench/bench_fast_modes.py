@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, build_ours, make_components, sync  # noqa: E402
+from cosmos3_core import api
 
 MODES = ("exact", "fp8", "sea", "fp8+sea")
 STEPS, GUIDANCE, THRESHOLD = 35, 6.0, 0.25
@@ -62,7 +63,7 @@ def calibrate(pipe, text, options, sound: bool) -> dict[str, float]:
             hooks.append(module.register_forward_pre_hook(hook))
     try:
         model.prefill_many([kv.token_ids for kv in (text.cond, text.uncond) if kv is not None])
-        pipe.sample(text, seed=0, steps=1, guidance=GUIDANCE, sound=sound, options=options)
+        pipe.run(api.plan(pipe, text, seed=0, steps=1, guidance=GUIDANCE, sound=sound, options=options))
     finally:
         for h in hooks:
             h.remove()
@@ -110,11 +111,11 @@ def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, wa
                     sea_cache=SeaCacheConfig(threshold=THRESHOLD) if "sea" in mode else None)
     if warmup_steps:  # SeaCache needs 8 steps or more
         steps = max(warmup_steps, 8) if sampling["sea_cache"] is not None else warmup_steps
-        pipe.run(pipe.plan(text, steps=steps, options=options, **sampling))
+        pipe.run(api.plan(pipe, text, steps=steps, options=options, **sampling))
     sync()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    plan = pipe.plan(text, steps=STEPS, options=options, **sampling)
+    plan = api.plan(pipe, text, steps=STEPS, options=options, **sampling)
     t0 = time.perf_counter()
     result = pipe.run(plan)
     sync()

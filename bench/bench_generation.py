@@ -53,9 +53,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (COND_TOKENS, LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, UNCOND_TOKENS, build_models,  # noqa: E402
-                    build_tiny_ours, compile_stats, fresh_processes, gib, make_components, reference_inputs,
-                    step_flops, sync, timed)
+from common import (  # noqa: E402
+    COND_TOKENS,
+    LONG_PROMPT,
+    RESOLUTIONS,
+    TINY_RESOLUTIONS,
+    UNCOND_TOKENS,
+    build_models,
+    build_tiny_ours,
+    compile_stats,
+    fresh_processes,
+    gib,
+    make_components,
+    reference_inputs,
+    step_flops,
+    sync,
+    timed,
+)
+from cosmos3_core import api  # noqa: E402
 
 COMPILE = False  # --compile: also time the torch.compile'd generation layer
 SKIP_REFERENCE = False  # --skip-reference: time ours only (diffusers' numbers taken from an earlier run)
@@ -250,8 +265,8 @@ def best_route(results: dict, name: str):
 
 def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict, device: str) -> None:
     """One warm run per stage with one ``RuntimeOptions`` (see the module docstring); both towers stay resident."""
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
@@ -272,7 +287,7 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
     torch.cuda.reset_peak_memory_stats()
     t1 = time.perf_counter()
     if options.compiles:  # warm the compiled layer and VAE decoder up; one-offs per shape, reported apart from the total
-        warm = pipe.sample(text, options=options, steps=1, **sampling)
+        warm = pipe.run(api.plan(pipe, text, options=options, steps=1, **sampling))
         sync()
     stages["compile_warmup_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -282,7 +297,7 @@ def bench_e2e_ours(ours, files, vae, audio, tokenizer, name: str, results: dict,
         del warm
     stages["vae_compile_warmup_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    out = pipe.sample(text, options=options, steps=35, **sampling)
+    out = pipe.run(api.plan(pipe, text, options=options, steps=35, **sampling))
     sync()
     stages["denoise_35_steps_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -310,9 +325,9 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
     step timed alone on the plan's own layout, and the GPU's busy time per step in the loop (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.runtime import RuntimeOptions
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     h, w, frames = RESOLUTIONS[name]
@@ -320,10 +335,10 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
     options = RuntimeOptions(compile=True)
     pipe = Cosmos3Pipeline(files, ours, Cosmos3VAE(vae), tokenizer, Cosmos3SoundDecoder(audio))
     text = pipe.encode_text(LONG_PROMPT, None, num_frames=frames, height=h, width=w, fps=24.0, options=options)
-    run = lambda: pipe.sample(text, options=options, seed=0, steps=35, guidance=6.0, sound=sound)  # noqa: E731
+    run = lambda: pipe.run(api.plan(pipe, text, options=options, seed=0, steps=35, guidance=6.0, sound=sound))  # noqa: E731
     run()  # compile + warm-up
     row = dict(loop_step_ms=round(timed(run, warmup=0, iters=2) * 1e3 / 35, 2))
-    plan = pipe.plan(text, seed=0, steps=35, guidance=6.0, sound=sound, options=options)
+    plan = api.plan(pipe, text, seed=0, steps=35, guidance=6.0, sound=sound, options=options)
     g = plan.guidance[0]
     x = {s.name: s.init for s in plan.streams}
     step = lambda: ours.denoise_step(x["vision"], plan.timesteps[0].to("cuda"), g.text, g.layout,  # noqa: E731

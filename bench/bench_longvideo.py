@@ -51,9 +51,8 @@ def load_pipeline(tiny: bool, device: str, tmp: Path):
         path = build_tiny_checkpoint(tmp / "tiny", variant="nano", sound=True, seed=0)
         return Cosmos3Pipeline.load(path, dtype=torch.float32, device=device)
     from common import build_models, make_components
-
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     _, ours = build_models(device)
@@ -64,7 +63,8 @@ def load_pipeline(tiny: bool, device: str, tmp: Path):
 def bench_shape(pipe, name: str, shape, *, steps: int, sound: bool, device: str, out_dir: Path) -> dict:
     from cosmos3_core.media import VideoWriter, probe_media
     from cosmos3_core.modes.long_video import generate_long
-    from cosmos3_core.request import Request, resolve
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
     from cosmos3_core.runtime import RuntimeOptions
 
     h, w, total, chunk = shape

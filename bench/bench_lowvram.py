@@ -57,6 +57,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3fn": torch.float8_e4m3fn}
 TINY_SHAPE = (64, 96, 9)
 
 
+def pack_api():
+    """``cosmos3_core.api`` of the pack as ComfyUI imports it (one copy of its classes)."""
+    from cosmos3_pack.cosmos3_core import api
+
+    return api
+
+
 def import_pack():
     """The pack as ComfyUI imports it (a package, relative imports intact), without its node registration."""
     for name, path in (("cosmos3_pack", REPO), ("cosmos3_pack.nodes", REPO / "nodes")):
@@ -71,14 +78,14 @@ def import_pack():
 def random_nano_pipeline(files: Path, linear):
     """Full-size Nano with seeded random bf16 weights on the CPU (ComfyUI's offload device), built with ComfyUI's
     Linear like the loader node does, plus a random Wan2.2 VAE and the AVAE sound decoder."""
-    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
-
-    from cosmos3_pack.cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_pack.cosmos3_core.config import Cosmos3Config
+    from cosmos3_pack.cosmos3_core.model.layers import KEEP_FP32
+    from cosmos3_pack.cosmos3_core.model.transformer import Cosmos3Transformer
     from cosmos3_pack.cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_pack.cosmos3_core.sampling.prompt import load_tokenizer
-    from cosmos3_pack.cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_pack.cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_pack.cosmos3_core.vae.video import Cosmos3VAE
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):
@@ -91,7 +98,9 @@ def random_nano_pipeline(files: Path, linear):
                 p.copy_((1.0 + 0.05 * torch.randn(p.shape, generator=g, device="cuda")).cpu())
             else:
                 p.copy_((0.02 * torch.randn(p.shape, generator=g, device="cuda", dtype=torch.bfloat16)).cpu())
-    model.keep_fp32().eval().requires_grad_(False)
+    for name in KEEP_FP32:  # the fp32 modules stay fp32 (a bf16 time embedder degrades video)
+        getattr(model, name).float()
+    model.eval().requires_grad_(False)
     vae = AutoencoderKLWan(**WAN22_VAE).to(dtype=torch.bfloat16).eval().requires_grad_(False)
     audio = Cosmos3AVAEAudioTokenizer().eval().requires_grad_(False)
     audio.register_to_config(encoder_enabled=False)
@@ -139,7 +148,7 @@ def run(handle, mm, name: str, vram_gib: float, steps: int) -> dict:
         stamps = []
 
         def sample():
-            plan = pipe.plan(text, seed=0, steps=steps, guidance=6.0, sound=True, device=handle.generation_device)
+            plan = pack_api().plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=True, device=handle.generation_device)
             handle.load_generation_tower(plan.memory_required)
             return pipe.run(plan, callback=lambda *_: (torch.cuda.synchronize(), stamps.append(time.perf_counter())))
 
@@ -241,7 +250,7 @@ def run_case(handle, mm, shape, vram_gib, steps: int, cuda: bool) -> dict:
         text = phase("text_encode", encode)
 
         def sample():
-            plan = pipe.plan(text, seed=0, steps=steps, guidance=6.0, sound=pipe.supports_sound,
+            plan = pack_api().plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=pipe.info.has_sound,
                              device=handle.generation_device)
             handle.load_generation_tower(plan.memory_required)
             return pipe.run(plan)

@@ -24,9 +24,9 @@ text-to-image at 1024x1024. **Stand-in weights**: no Super weights exist here, s
 *Nano-size* transformer with random bf16 weights (hidden 4096, 36 layers — Super is 5120 / 64 layers, so a Super
 step costs ~2.7x this) and a full-size random Wan2.2 VAE; the distilled files (``modular_model_index.json`` with
 ``distilled_sigmas``, the stochastic FlowMatchEuler scheduler, a tokenizer) come from the tiny builder
-(``cosmos3_core.testing.tiny``, ``distilled=True``). The run goes through ``modes.dispatch.generate`` of a
+(``cosmos3_core.testing.tiny``, ``distilled=True``). The run goes through ``api.generate`` of a
 ``Request`` (eager) exactly as the CLI does, so the schedule, step count (4) and guidance (1, one branch) are read
-from those files by ``request.resolve``.
+from those files by ``resolve.resolve``.
 
 ``batch``: N seeds in one run (one forward per step over N items × both branches) vs one at a time. Full-size
 random-weight Nano in bf16, the same weights for diffusers 0.42.1 (its pipeline makes one sample per call: one
@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import LONG_PROMPT, NANO, WAN22_VAE, gib, random_bf16_weights  # noqa: E402
+from cosmos3_core import api  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------- action modes
@@ -64,13 +65,13 @@ def device_sync(device: str) -> None:
 
 def action_full_pipeline(device: str, tmp: Path):
     """Nano-size random-weight pipeline on ``device`` (bf16), reusing common.py's builders."""
-    from common import make_components
     from diffusers import Cosmos3OmniTransformer
 
-    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
+    from common import make_components
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_core.pipeline import Cosmos3Pipeline
+    from cosmos3_core.vae.audio import Cosmos3SoundDecoder
     from cosmos3_core.vae.video import Cosmos3VAE
 
     with torch.device("meta"):
@@ -99,7 +100,9 @@ def action_tiny_pipeline(tmp: Path):
 def action_run(pipe, args, device: str) -> dict:
     from cosmos3_core import defaults
     from cosmos3_core.modes import action as act
-    from cosmos3_core.modes.action import ActionRequest, EMBODIMENT_TO_RAW_ACTION_DIM
+    from cosmos3_core.modes.action import EMBODIMENT_TO_RAW_ACTION_DIM
+    from cosmos3_core.request import ActionRequest
+    from cosmos3_core.runtime import RuntimeOptions
 
     h, w = (int(v) for v in args.input.split("x"))
     rng = np.random.default_rng(0)
@@ -117,16 +120,16 @@ def action_run(pipe, args, device: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
     device_sync(device)
     t0 = time.perf_counter()
-    condition = act.encode(pipe, request)
+    condition = act.encode_action_condition(pipe.vae, request, pipe.config)
     device_sync(device)
     stages["vae_encode_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    ids = act.tokenize(pipe, condition, "The robot arm picks up the red cup and places it in the bowl.", "",
-                       fps=defaults.ACTION_FPS, use_system_prompt=False)
-    text = act.prefill(pipe, ids, condition, fps=defaults.ACTION_FPS)
+    ids = act.action_prompt_ids(pipe.tokenizer, condition, "The robot arm picks up the red cup and places it in the "
+                                "bowl.", "", fps=defaults.ACTION_FPS, use_system_prompt=False)
+    text = act.prefill(pipe, ids, condition, fps=defaults.ACTION_FPS, options=RuntimeOptions())
     device_sync(device)
     stages["prefill_s"] = time.perf_counter() - t1
-    plan = act.plan(pipe, text, condition, seed=0, steps=args.steps, guidance=defaults.ACTION_GUIDANCE)
+    plan = api.plan(pipe, text, action=condition, seed=0, steps=args.steps, guidance=defaults.ACTION_GUIDANCE)
     t1 = time.perf_counter()
     result = pipe.run(plan)
     device_sync(device)
@@ -151,8 +154,8 @@ def action_run(pipe, args, device: str) -> dict:
 
 
 def action_main(argv: list[str]) -> None:
-    from cosmos3_core.modes import action as act
     from cosmos3_core import defaults
+    from cosmos3_core.modes import action as act
 
     p = argparse.ArgumentParser(prog="bench_modes.py action", description="One action-mode generation end to end, per stage.")
     p.add_argument("--out", required=True, help="results JSON")
@@ -198,10 +201,10 @@ def distilled_pipeline(tmp: Path, device: str, tiny: bool):
     from diffusers import AutoencoderKLWan
 
     from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.model.transformer import Cosmos3Transformer
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.sampling.prompt import load_tokenizer
     from cosmos3_core.testing.tiny import build_tiny_checkpoint
-    from cosmos3_core.model.transformer import Cosmos3Transformer
     from cosmos3_core.vae.video import Cosmos3VAE
 
     files = build_tiny_checkpoint(tmp / "files", variant="super", seed=0, distilled=True)
@@ -217,7 +220,7 @@ def distilled_pipeline(tmp: Path, device: str, tiny: bool):
 
 
 def distilled_run_shape(pipe, name: str, shape, results: dict, device: str, prompt: str) -> None:
-    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.api import generate
     from cosmos3_core.request import Request
     from cosmos3_core.runtime import RuntimeOptions
 
@@ -321,7 +324,6 @@ def batch_main(argv: list[str]) -> None:
         shapes = {"tiny": (64, 96, 9)}
     else:
         from common import COND_TOKENS, LONG_PROMPT, build_models, make_components  # noqa: F401
-
         from cosmos3_core.vae.audio import Cosmos3SoundDecoder
         from cosmos3_core.vae.video import Cosmos3VAE
 
@@ -340,14 +342,14 @@ def batch_main(argv: list[str]) -> None:
             if compiled:
                 prepared()  # the compile settings, as Cosmos3Pipeline.run puts them in place for a compiled run
             for n in (1, args.batch):
-                plan = pipe.plan(text, seed=0, steps=1, guidance=6.0, batch_size=n, options=options)
+                plan = api.plan(pipe, text, seed=0, steps=1, guidance=6.0, batch_size=n, options=options)
                 step = plan.guidance[0]
                 x = plan.stream("vision").init
                 t = plan.timesteps.to(plan.device)[0]
                 s = batch_timed(lambda x=x, t=t, step=step, options=options: pipe.transformer.denoise_step(
                     x, t, step.text, step.layout, options=options), device)
                 row[f"{'compiled' if compiled else 'eager'}_step_s_batch{n}"] = round(s, 4)
-        plan = pipe.plan(text, seed=0, steps=1, guidance=6.0)
+        plan = api.plan(pipe, text, seed=0, steps=1, guidance=6.0)
         latent = plan.stream("vision").init
         decode_s = batch_timed(lambda latent=latent: pipe.decode_video(latent), device, iters=1)
         row["vae_decode_s"] = round(decode_s, 3)

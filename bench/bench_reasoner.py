@@ -120,8 +120,8 @@ def teacher_forced_logits(reasoner, prepared, tokens: list[int] | None, steps: i
                           options) -> tuple[list, list]:
     """Logits of ``steps`` decode steps fed ``tokens`` (None: this run's own greedy tokens) with ``options``;
     ``mode`` is ``eager``, ``side_stream`` or ``graph``. Returns (logits per step on the CPU, tokens fed)."""
-    from cosmos3_core.reasoner.reasoner import decode_weights
     from cosmos3_core.kernels.cuda_graph import GraphedCall
+    from cosmos3_core.reasoner.reasoner import decode_weights
 
     device = reasoner.device
     first = reasoner.prefill(prepared, cache_len=prepared.length + steps + 1, options=options)
@@ -187,8 +187,8 @@ def bench_family(family: str, args, device: torch.device) -> dict:
     from torch._dynamo.utils import counters
 
     from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams
-    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
     from cosmos3_core.reasoner.vision import load_processor
+    from cosmos3_core.testing.tiny_reasoner import build_tiny_reasoner_checkpoint
 
     t_build = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

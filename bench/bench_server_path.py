@@ -334,7 +334,7 @@ def stage_diffusers(args, res: Results) -> None:
     prompt = long_prompt(args.prompt_words)
     gpu = None if args.tiny else server_probe.gpu_index()
     for name in args.shapes:
-        mode, height, width, frames = shape = args.shape_table[name]
+        mode, height, width, frames = args.shape_table[name]
         entry = res.shape(name)
         for call in ("first", "second"):
             steps = args.diffusers_first_steps if call == "first" and args.diffusers_first_steps else args.steps

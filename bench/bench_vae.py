@@ -70,6 +70,7 @@ def build_vae(tiny: bool, device, dtype):
         vae = _build_vae(0, torch.Generator().manual_seed(0))
     else:
         from diffusers import AutoencoderKLWan
+
         from common import WAN22_VAE
 
         vae = AutoencoderKLWan(**WAN22_VAE)
@@ -192,7 +193,6 @@ def bench_e2e(vae, name, args, device, cache) -> dict:
 def encode_overlap(args) -> None:
     """``--encode-overlap``: decode, encode, decode-then-encode and the CLI's overlapped decode + encode."""
     from common import RESOLUTIONS, TINY_RESOLUTIONS, WAN22_VAE
-
     from cosmos3_core import media
     from cosmos3_core.cli.common import decode_while_encoding
     from cosmos3_core.runtime import RuntimeOptions

@@ -91,6 +91,36 @@ def meta_ours() -> torch.nn.Module:
         return Cosmos3Transformer(Cosmos3Config.from_dict(NANO), skip_modules=OURS_SKIP)
 
 
+def build_sharded(geometry: dict, device: str, sharding=None) -> torch.nn.Module:
+    """``random_bf16_weights``'s model and values (the same seeded draws, in the same order) for the transformer of
+    ``geometry`` (``NANO``, ``SUPER``), its decoder layers split by ``sharding`` (``parallel.tensor.TensorParallel``,
+    None: whole): each full tensor is drawn on ``device`` and only this rank's slice of it is kept, so no rank ever
+    holds the whole model and a sharded Nano equals the one-GPU ``build_ours``."""
+    from cosmos3_core.config import Cosmos3Config
+    from cosmos3_core.model.transformer import Cosmos3Transformer
+
+    with torch.device("meta"):
+        model = Cosmos3Transformer(Cosmos3Config.from_dict(geometry), skip_modules=OURS_SKIP)
+    if sharding is not None:
+        sharding.shard(model)
+    g = torch.Generator(device).manual_seed(0)
+    state = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            shape, index = sharding.source(name, p) if sharding is not None else (tuple(p.shape), None)
+            full = torch.empty(shape, dtype=torch.bfloat16, device=device)
+            if p.ndim == 1 and "norm" in name:
+                full.copy_(1.0 + 0.05 * torch.randn(shape, generator=g, device=device))
+            else:
+                full.normal_(0.0, 0.02, generator=g)
+            local = full if index is None else full[index].clone()
+            del full
+            local = local.float() if name.startswith("time_embedder.") else local
+            state[name] = local if sharding is None else sharding.place(local, p)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
 def build_ours(device: str) -> torch.nn.Module:
     """Our full-size Nano alone, seeded random bf16 weights (no diffusers model beside it)."""
     return random_bf16_weights(meta_ours(), device)
@@ -109,8 +139,9 @@ def build_models(device: str):
 
 
 def reference_inputs(ref, ids: list[int], latents: torch.Tensor, fps: float, timestep: int):
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline as P
     import types
+
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline as P
 
     pipe = types.SimpleNamespace(transformer=ref, vae_scale_factor_temporal=4)
     dev = latents.device
@@ -147,8 +178,8 @@ LONG_PROMPT = " ".join(["a red robot walks down a busy city street at night whil
 def build_tiny_ours() -> torch.nn.Module:
     """A tiny random fp32 model on the CPU (cosmos3_core/testing/tiny.py's geometry and init) for ``--tiny``."""
     from cosmos3_core.config import Cosmos3Config
-    from cosmos3_core.testing.tiny import randomize_transformer_, transformer_config
     from cosmos3_core.model.transformer import Cosmos3Transformer
+    from cosmos3_core.testing.tiny import randomize_transformer_, transformer_config
 
     config = Cosmos3Config.from_dict(transformer_config("nano", sound=False, vocab_size=1000, action=False))
     model = Cosmos3Transformer(config, skip_modules=("lm_head",))

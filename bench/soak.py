@@ -522,9 +522,13 @@ class Results:
         print(f"[note] {text}", flush=True)
 
 
+def _mib(v) -> str:
+    return "-" if v is None else f"{v / 2**20:.0f}"
+
+
 def job_line(r: dict) -> str:
     a = ((r.get("probe") or {}).get("after")) or {}
-    mb = (lambda v: "-" if v is None else f"{v / 2**20:.0f}")
+    mb = _mib
     comp = a.get("compiled") or {}
     fds = a.get("fds") or {}
     where = f" @{r.get('node_type')}" if r.get("status") in ("interrupted", "error") else ""
@@ -701,6 +705,7 @@ def write_lora(path: Path, checkpoint: Path, rank: int = 8, alpha: float = 8.0) 
 
 def prepare_home(args) -> Path:
     from PIL import Image
+
     from support import comfy_host
 
     home = comfy_host.comfy_home(args.work / "home")

@@ -6,11 +6,22 @@ The public face, imported lazily (``import cosmos3_core`` itself loads nothing h
     pipe = Cosmos3Pipeline.load("models/cosmos3/Cosmos3-Nano", device="cuda")
     out = generate(pipe, Request(prompt="...", num_frames=93, height=480, width=832))
 
-Layers, bottom to top: ``kernels/`` (attention, GEMV, compile caches) → ``model/`` (the Mixture-of-Transformers,
-weights) → ``vae/`` (Wan2.2 video VAE, sound decoder) and ``sampling/`` (prompts, conditioning, the plan, the loop,
-schedulers) → ``request.py`` (one Request, resolved once) → ``pipeline.py`` (the stages on a loaded checkpoint) →
-``modes/`` (clip, windows, Transfer, action) and ``reasoner/`` → ``parallel/`` and ``cli/``. ``testing/`` holds the
-tiny random checkpoints the tests build. The ComfyUI nodes in ``nodes/`` are thin glue over this package.
+Layers, bottom to top (each imports only the ones below it; ``tests/test_import_graph.py`` holds the code to it):
+
+1. ``runtime.py``, ``defaults.py``, ``config.py``, ``media.py`` — per-run options, every default and constant, the
+   checkpoint config, media files;
+2. ``kernels/`` — attention, GEMV, compile caches;
+3. ``model/`` — the Mixture-of-Transformers and its weights;
+4. ``vae/`` (Wan2.2 video VAE, sound decoder) and ``sampling/`` (prompts, conditioning, the plan, the loop,
+   schedulers, SeaCache);
+5. ``request.py`` — the vocabulary of a run (``Request``, ``Resolved``, ``CheckpointInfo``), and ``reasoner/``;
+6. ``pipeline.py`` — the stages on a loaded checkpoint;
+7. ``modes/`` (clip, windows, Transfer, action) and ``parallel/``;
+8. ``checks.py`` and ``resolve.py`` — the resolver: every default and user-facing check of a run, once;
+9. ``api.py`` — the front door (``generate``), then ``cli/`` and the ``python -m`` shims.
+
+``testing/`` holds the tiny random checkpoints the tests build. The ComfyUI nodes in ``nodes/`` are thin glue over
+this package, above all of it.
 """
 
 from __future__ import annotations
@@ -23,12 +34,15 @@ _PUBLIC = {
     "Request": "request",
     "Resolved": "request",
     "CheckpointInfo": "request",
-    "resolve": "request",
+    "ActionRequest": "request",
+    "SamplingRequest": "request",
+    "resolve": "resolve",
     "RuntimeOptions": "runtime",
     "Cosmos3Config": "config",
     "CheckpointError": "config",
-    "generate": "modes.dispatch",
-    "MODES": "modes.dispatch",
+    "generate": "api",
+    "plan": "api",
+    "MODES": "request",
     "Cosmos3Reasoner": "reasoner.reasoner",
 }
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-
 # Weight dtypes by the names the CLIs and nodes offer.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -155,7 +154,8 @@ class Cosmos3Config:
                 f"{path} is not readable JSON ({exc}); fix its permissions or download it again."
             ) from exc
         if not isinstance(values, dict):
-            raise CheckpointError(f"{path} holds a JSON {type(values).__name__}, not a config object; download it again.")
+            raise CheckpointError(f"{path} holds a JSON {type(values).__name__}, not a config object; download it "
+                                  "again.")
         unsupported = unsupported_checkpoint(values)
         if unsupported:
             raise CheckpointError(f"{path.parent.parent}: {unsupported}")

@@ -1,6 +1,6 @@
 """Every default of a Cosmos3 run and every model constant the pack relies on, in one place.
 
-Node schemas, ``request.resolve``, the plan and the CLIs read these names; nothing else spells the numbers.
+Node schemas, ``resolve.resolve``, the plan and the CLIs read these names; nothing else spells the numbers.
 Values follow diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` defaults and the per-mode table of
 docs/architecture.md, "Defaults per mode" (the released checkpoints' training tiers), and the recipes checkpoints
 publish for a mode (``ClipRecipe``: Cosmos3-Edge's image-to-video).
@@ -47,7 +47,7 @@ ACTION_VIEW_POINT = "ego_view"
 ACTION_CHUNK_SIZE = 16
 ACTION_DOMAIN = "bridge_orig_lerobot"
 
-# Checkpoint recipes: the defaults a checkpoint's publisher gives for one mode. ``request.resolve`` takes each value a
+# Checkpoint recipes: the defaults a checkpoint's publisher gives for one mode. ``resolve.resolve`` takes each value a
 # request leaves unset from the recipe (a value the user gives always wins); every other mode and checkpoint keeps
 # the general defaults above. The nodes cannot follow them (a widget's default is one value for every checkpoint).
 class ClipRecipe(NamedTuple):
@@ -96,6 +96,17 @@ def pixel_frames(num_latent_frames: int) -> int:
     return 1 + VAE_TEMPORAL_STRIDE * (num_latent_frames - 1) if num_latent_frames > 0 else 0
 
 
+def latent_frames(num_pixel_frames: int) -> int:
+    """Latent frames the Wan2.2 VAE makes of ``num_pixel_frames`` (the first frame alone, then one per 4)."""
+    return (num_pixel_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+
+
+def valid_frames(num_frames: int, minimum: int = 1) -> int:
+    """The nearest valid clip length (4k+1) at or below ``num_frames``, and at least ``minimum``: what a message
+    suggests for a frame count the VAE cannot take whole."""
+    return max(minimum, (int(num_frames) - 1) // VAE_TEMPORAL_STRIDE * VAE_TEMPORAL_STRIDE + 1)
+
+
 # ---------------------------------------------------------------------------------------------- long video
 # Windowed generation (long_video.py) and Transfer (transfer.py): the modular Transfer pipeline's defaults.
 LONG_NUM_FRAMES = 721  # 30 s at 24 fps (the long-video node's default length)
@@ -103,3 +114,46 @@ MAX_LONG_FRAMES = 24 * 60 * 10 + 1  # 10 minutes at 24 fps
 TRANSFER_CONDITIONAL_FRAMES = 1  # num_conditional_frames of the modular Transfer pipeline
 LONG_CONDITIONAL_FRAMES = 5  # windowed T2V/I2V: 2 clean latent frames, as the reference's V2V default (0, 1)
 CONTROL_GUIDANCE = 1.0  # control_guidance of the modular Transfer pipeline (1: no no-control branch)
+
+
+# ---------------------------------------------------------------------------------------------- action modes
+# The reference tables of the action (world-model) modes: diffusers 0.42.1
+# ``pipelines/cosmos/pipeline_cosmos3_omni.py``.
+ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
+# diffusers 0.42.1 pipeline_cosmos3_omni.py ``_ACTION_RESOLUTION_BINS``: per tier, aspect ratio (h/w) → canvas (h, w).
+RESOLUTION_BINS: dict[int, dict[str, tuple[int, int]]] = {
+    256: {"1.0": (256, 256), "0.8": (256, 320), "1.25": (320, 256), "0.6": (192, 320),
+          "1.6666666666666667": (320, 192)},
+    480: {"1.0": (640, 640), "0.7391304347826086": (544, 736), "1.3529411764705883": (736, 544),
+          "0.5769230769230769": (480, 832), "1.7333333333333334": (832, 480)},
+    704: {"1.0": (960, 960), "0.7647058823529411": (832, 1088), "1.3076923076923077": (1088, 832),
+          "0.55": (704, 1280), "1.8181818181818181": (1280, 704)},
+    720: {"1.0": (960, 960), "0.7536231884057971": (832, 1104), "1.3269230769230769": (1104, 832),
+          "0.5625": (720, 1280), "1.7777777777777777": (1280, 720)},
+}
+# ``_ACTION_VIEWPOINT_TEMPLATES``: the trained framing sentences of the caption's ``cinematography.framing``.
+VIEWPOINT_FRAMING = {
+    "ego_view": "This video is captured from a first-person perspective looking at the scene.",
+    "third_person_view": ("This video is captured from a third-person perspective looking towards the agent from the "
+                          "front."),
+    "wrist_view": "This video is captured from a wrist-mounted camera.",
+    "concat_view": "This video contains concatenated views from multiple camera perspectives.",
+}
+# ``_EMBODIMENT_TO_DOMAIN_ID``: the embodiment's row of the domain-aware action projections.
+EMBODIMENT_TO_DOMAIN_ID = {
+    "no_action": 0, "av": 1, "camera_pose": 2, "hand_pose": 3, "pusht": 4, "libero": 5, "umi": 6,
+    "bridge_orig_lerobot": 7, "droid_lerobot": 8, "robomind-franka": 8, "galbot": 9, "robomind-franka-dual": 12,
+    "robomind-ur": 13, "agibotworld": 15, "agibot_gear_gripper": 15, "agibot_gear_gripper_ext": 15, "fractal": 20,
+}
+# ``_EMBODIMENT_TO_RAW_ACTION_DIM``: the unpadded action width; domains absent here (no_action, libero) have none
+# and the reference refuses them for action inference.
+EMBODIMENT_TO_RAW_ACTION_DIM = {
+    "av": 9, "camera_pose": 9, "pusht": 2, "umi": 10, "bridge_orig_lerobot": 10, "droid_lerobot": 10,
+    "robomind-franka": 10, "robomind-franka-dual": 20, "robomind-ur": 10, "galbot": 30, "agibotworld": 29,
+    "agibot_gear_gripper": 29, "agibot_gear_gripper_ext": 29, "fractal": 10, "hand_pose": 57,
+}
+DOMAINS = tuple(sorted(EMBODIMENT_TO_RAW_ACTION_DIM))  # the embodiments action inference supports
+RESOLUTION_TIERS = tuple(RESOLUTION_BINS)
+VIEW_POINTS = tuple(VIEWPOINT_FRAMING)
+# the caption's aspect_ratio labels, in the reference's order
+ACTION_ASPECT_RATIOS = ("1,1", "4,3", "3,4", "16,9", "9,16")

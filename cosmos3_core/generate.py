@@ -7,3 +7,5 @@ if __name__ == "__main__":
     raise SystemExit(run_cli("main"))
 
 from .cli.main import main  # noqa: E402 — imported as a module: the CLI's entry point
+
+__all__ = ["main"]

@@ -8,9 +8,9 @@ Plays the role of diffusers' ``export_to_video`` / ``encode_video`` (diffusers/u
 PhyAI ``Cosmos3GenerationPostProcessor.save_mp4`` (frames to uint8 RGB, waveform muxed into the same mp4), with
 these choices of our own:
 
-* video: libx264, yuv420p (so H and W must be even) tagged BT.709 limited range, CRF 18, one frame per ``1/fps`` tick, so the file holds
-  exactly ``F`` frames and ``average_rate == fps``. Fractional rates are exact ``Fraction``s; floats within
-  1e-3 of an NTSC rate ``k·1000/1001`` (23.976, 29.97, 59.94) snap to it.
+* video: libx264, yuv420p (so H and W must be even) tagged BT.709 limited range, CRF 18, one frame per ``1/fps`` tick,
+  so the file holds exactly ``F`` frames and ``average_rate == fps``. Fractional rates are exact ``Fraction``s; floats
+  within 1e-3 of an NTSC rate ``k·1000/1001`` (23.976, 29.97, 59.94) snap to it.
 * float -> uint8 rounds to nearest (``round(clip(x, 0, 1) * 255)``), not diffusers' truncation.
 * audio: AAC-LC, 48 kHz, stereo (mono is duplicated; other input rates are resampled to 48 kHz). The mp4
   muxer records the encoder delay, so a decoder returns N samples (up to one 1024-sample AAC frame of padding).

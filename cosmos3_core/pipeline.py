@@ -7,13 +7,13 @@ ComfyUI nodes run them as separate nodes (so ComfyUI's cache can skip the text t
 1. ``encode_text``      — prompt templates + chat template (sampling/prompt.py), then ``prefill`` once per distinct
    prompt;
 2. ``encode_condition`` — I2V / V2V pixels → clean latent frames (sampling/conditioning.py);
-3. ``plan``             — the run's ``SamplePlan`` from resolved sampling values (request.py decides them;
+3. ``plan``             — the run's ``SamplePlan`` from resolved sampling values (resolve.py decides them;
    sampling/plan.py assembles); ``run`` — the mode-free loop over the plan (sampling/loop.py);
 4. ``decode_video`` / ``decode_sound`` — chunked Wan2.2 VAE decode, AVAE decode trimmed to the clip (vae/).
 
-The stages decide nothing: ``request.resolve`` does, once, before any model work (the nodes call its stage-sized
-pieces). The modes (modes/) chain the stages; ``modes.dispatch.generate`` runs a whole ``Request``. Nothing here
-imports ComfyUI.
+The stages decide nothing: ``resolve.resolve`` does, once, before any model work (the nodes call its stage-sized
+pieces), and the stages take only its resolved values (their own asserts guard invariants, not user input). The
+modes (modes/) chain the stages; ``api.generate`` runs a whole ``Request``. Nothing here imports ComfyUI.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from .model.precision import W8A16, StepPrecision
 from .model.text_kv import TextConditioning, TextKV
 from .model.towers import step_memory_required
 from .model.transformer import Cosmos3Transformer
-from .request import CheckpointInfo, Sampling, resolve_sampling
+from .request import CheckpointInfo, Sampling
 from .runtime import DEFAULT, RuntimeOptions
 from .sampling.conditioning import encode_condition
 from .sampling.loop import SampleResult, StepCallback, run
-from .sampling.plan import ActionInput, SamplePlan, generation_tokens, make_plan
+from .sampling.plan import ActionInput, FastModes, PlanInputs, SamplePlan, generation_tokens, make_plan
 from .sampling.prompt import PromptIds, encode_prompts, load_tokenizer
-from .sampling.schedulers import load_scheduler_config, make_scheduler, make_stepper
+from .sampling.schedulers import Stepper, load_scheduler_config, make_scheduler, make_stepper
 from .vae.audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
 from .vae.video import Cosmos3VAE, load_vae
 
@@ -100,10 +100,12 @@ class Cosmos3Pipeline:
         storage_dtype: torch.dtype | None = None,
         scaled_linear: type[torch.nn.Linear] | None = None,
         fp8_compute: bool = False,
+        sharding=None,
     ) -> "Cosmos3Pipeline":
         """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``);
         ``fp8_compute``: approximate FP8 compute for a bf16 checkpoint (the CLI's ``--weight-dtype fp8_e4m3fn_fast``,
-        ``model/fp8.py``).
+        ``model/fp8.py``); ``sharding``: this rank's part of a tensor-parallel load (``model.loader.WeightSharding``,
+        ``parallel.tensor.TensorParallel``).
 
         Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
         holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
@@ -122,7 +124,7 @@ class Cosmos3Pipeline:
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
         transformer = load_transformer(
             root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear,
-            storage_dtype=storage_dtype, fp8_compute=fp8_compute,
+            storage_dtype=storage_dtype, fp8_compute=fp8_compute, sharding=sharding,
             **({"scaled_linear": scaled_linear} if scaled_linear else {}),
         )
         return cls(root, transformer, vae, tokenizer, sound)
@@ -130,15 +132,6 @@ class Cosmos3Pipeline:
     @property
     def config(self) -> Cosmos3Config:
         return self.transformer.config
-
-    @staticmethod
-    def timed(timings: dict[str, float], name: str):
-        """``timed`` (below) for the modes: adds a block's wall time to ``timings[name]``."""
-        return timed(timings, name)
-
-    @property
-    def supports_sound(self) -> bool:
-        return self.info.has_sound
 
     @property
     def distilled(self):
@@ -150,7 +143,7 @@ class Cosmos3Pipeline:
                     width: int, fps: float, use_system_prompt: bool | None = None,
                     options: RuntimeOptions = DEFAULT) -> TextConditioning:
         """Render both prompts as trained and run the text tower once per distinct prompt (inputs checked by
-        ``request.resolve_clip``)."""
+        ``resolve.resolve_clip``)."""
         ids = self.tokenize(prompt, negative_prompt, num_frames=num_frames, height=height, width=width, fps=fps,
                             use_system_prompt=use_system_prompt)
         return self.prefill_prompts(ids, num_frames=num_frames, height=height, width=width, fps=fps, options=options)
@@ -174,7 +167,7 @@ class Cosmos3Pipeline:
         )
 
     def prefill_prompts(self, ids: PromptIds, *, num_frames: int, height: int, width: int, fps: float,
-                        options: RuntimeOptions = DEFAULT) -> TextConditioning:
+                        options: RuntimeOptions) -> TextConditioning:
         """Both branches' text K/V from one text-tower pass over the distinct prompts (a distilled checkpoint has
         one branch: its uncond K/V would never be used)."""
         one_branch = self.distilled is not None or ids.uncond == ids.cond
@@ -182,11 +175,11 @@ class Cosmos3Pipeline:
         uncond = None if self.distilled is not None else kvs[-1]
         return TextConditioning(kvs[0], uncond, num_frames, height, width, float(fps), ids.cond_text, ids.uncond_text)
 
-    def prefill(self, ids: list[int], options: RuntimeOptions = DEFAULT) -> TextKV:
+    def prefill(self, ids: list[int], options: RuntimeOptions) -> TextKV:
         """One prompt's text K/V (the text tower once)."""
         return self.prefill_many([ids], options)[0]
 
-    def prefill_many(self, prompts: list[list[int]], options: RuntimeOptions = DEFAULT) -> list[TextKV]:
+    def prefill_many(self, prompts: list[list[int]], options: RuntimeOptions) -> list[TextKV]:
         """Several prompts' text K/V in one text-tower pass."""
         self.prefill_count += len(prompts)
         return self.transformer.prefill_many(prompts, options.attention)
@@ -234,48 +227,19 @@ class Cosmos3Pipeline:
         return self.vae.latent_shape(defaults.pixel_frames(max(indexes) + 1), height, width)
 
     # ------------------------------------------------------------------ 3. sampling
-    def resolve_sampling(self, text: TextConditioning, mode: str = "clip", **sampling_args) -> Sampling:
-        """``request.resolve_sampling`` for the clip ``text`` describes, on this checkpoint."""
-        return resolve_sampling(self.info, num_frames=text.num_frames, height=text.height, width=text.width,
-                                mode=mode, **sampling_args)
+    def plan(self, text: TextConditioning, sampling: Sampling, *, options: RuntimeOptions,
+             x0: torch.Tensor | None = None, clean_frames: Sequence[int] = (), action: ActionInput | None = None,
+             generator: torch.Generator | None = None, device: torch.device | str | None = None) -> SamplePlan:
+        """The ``SamplePlan`` of a run with resolved ``sampling`` (``resolve.resolve_sampler``); nothing is computed
+        on the model yet.
 
-    def plan(
-        self,
-        text: TextConditioning,
-        sampling: Sampling | None = None,
-        *,
-        x0: torch.Tensor | None = None,
-        clean_frames: Sequence[int] = (),
-        action: ActionInput | None = None,
-        generator: torch.Generator | None = None,
-        device: torch.device | str | None = None,
-        options: RuntimeOptions = DEFAULT,
-        **sampling_args,
-    ) -> SamplePlan:
-        """The ``SamplePlan`` of a run (sampling/plan.py); nothing is computed on the model yet.
-
-        ``sampling``: the resolved values (``request.resolve_sampling``); or pass the sampling arguments (``seed``,
-        ``steps``, ``guidance``, ``schedule``, ``shift``, ``sound``, ``guidance_interval``, ``batch_size``) and they
-        are resolved here. ``device``: where the run's latents live (default: where the generation tower runs now);
-        a caller that moves the tower afterwards (ComfyUI's model management) passes the device it will run on.
-        ``generator``: draw the noise from it instead of a fresh generator seeded with ``seed`` (a long video's
-        windows share one, as the reference's chunk loop). ``options``: the run's kernels, carried by the plan.
-        """
-        if sampling is None:
-            sampling = self.resolve_sampling(text, "action" if action is not None else "clip", **sampling_args)
-        elif sampling_args:
-            raise TypeError(f"plan: give resolved sampling or sampling arguments, not both ({sorted(sampling_args)}).")
-        if action is not None and not self.transformer.has_action:
-            raise ValueError(
-                f"an action mode needs a checkpoint trained with action_gen=True (and its action head); checkpoint "
-                f"{self.checkpoint_dir.name} has none. Use a Cosmos3 checkpoint with action_gen."
-            )
-        if x0 is not None and text.num_frames == 1:
-            raise ValueError("a condition was given but num_frames is 1 (text-to-image), where it would be ignored; "
-                             "use 5 or more frames (4k+1) for image/video-to-video.")
-        if sampling.use_cfg and text.uncond is None:
-            raise ValueError(f"guidance {sampling.guidance:g} needs the negative prompt's text K/V, but the text was "
-                             "encoded with one branch (a distilled checkpoint); set guidance to 1.")
+        ``device``: where the run's latents live (default: where the generation tower runs now); a caller that moves
+        the tower afterwards (ComfyUI's model management) passes the device it will run on. ``generator``: draw the
+        noise from it instead of a fresh generator seeded with ``seed`` (a long video's windows share one, as the
+        reference's chunk loop). ``options``: the run's kernels, carried by the plan."""
+        assert not sampling.use_cfg or text.uncond is not None, "resolve_sampler refuses guidance without uncond"
+        assert action is None or self.transformer.has_action, "resolve_sampler refuses a checkpoint without actions"
+        assert generator is None or not (sampling.distilled or sampling.batch_size != 1)
         latent_shape = self.vae.latent_shape(text.num_frames, text.height, text.width)
         clean_frames = [i for i in clean_frames if i < latent_shape[2]] if x0 is not None else []
         sound_len = sound_latent_length(text.num_frames, text.fps) if sampling.sound else 0
@@ -286,56 +250,56 @@ class Cosmos3Pipeline:
         options = options.on(device)  # compile="auto" depends on the run's device
         self.check_memory(step_memory_required(self.config, num_tokens, lengths * sampling.batch_size,
                                                self.transformer.dtype), num_tokens, device)
-        generators = None if generator is None else [generator]
-        if generator is not None and (sampling.distilled or sampling.batch_size != 1):
-            raise ValueError("a shared noise generator (long video windows) needs batch_size 1 and a non-distilled "
-                             "checkpoint.")
         if sampling.distilled:  # the checkpoint's sigmas; SDE steps from the noise's generators; re-anchor
             stepper, generators = self.distilled.make_stepper(sampling.seed, sampling.batch_size)
         else:
-            scheduler = make_scheduler(self.scheduler_config, sampling.steps, schedule=sampling.schedule,
-                                       shift=sampling.shift, native_flow_schedule=self.info.native_flow_schedule)
-            stepper = make_stepper(scheduler)
-        return make_plan(
-            self.config, cond=text.cond, uncond=text.uncond, latent_shape=latent_shape, fps=text.fps,
-            seed=sampling.seed, guidance=sampling.guidance, vision_stepper=stepper, x0=x0, clean_frames=clean_frames,
-            sound_len=sound_len, action=action, guidance_interval=sampling.guidance_interval,
-            batch_size=sampling.batch_size, reanchor_vision=sampling.distilled, generators=generators, device=device,
-            dtype=self.transformer.dtype, options=options,
-            **self.fast_modes(text, sampling, len(stepper.timesteps), device, options),
+            stepper = self.stepper(sampling, native_flow_schedule=self.info.native_flow_schedule)
+            generators = None if generator is None else [generator]
+        inputs = PlanInputs(
+            text.cond, text.uncond, tuple(latent_shape), text.fps, stepper, sampling.guidance, options,
+            guidance_interval=sampling.guidance_interval, x0=x0, clean_frames=tuple(clean_frames), device=device,
+            dtype=self.transformer.dtype, fast=self.fast_modes(text, sampling, len(stepper.timesteps), device, options),
         )
+        return make_plan(self.config, inputs, seed=sampling.seed, batch_size=sampling.batch_size,
+                         sound_len=sound_len, action=action, reanchor_vision=sampling.distilled,
+                         generators=generators)
+
+    def stepper(self, sampling: Sampling, *, native_flow_schedule: bool) -> Stepper:
+        """A fresh UniPC stepper of ``sampling``'s schedule on this checkpoint's scheduler config;
+        ``native_flow_schedule``: the checkpoint's ``use_native_flow_schedule`` sigmas (``Cosmos3SetTimestepsStep``;
+        Transfer's ``Cosmos3TransferSetTimestepsStep`` never uses them)."""
+        scheduler = make_scheduler(self.scheduler_config, sampling.steps, schedule=sampling.schedule,
+                                   shift=sampling.shift, native_flow_schedule=native_flow_schedule)
+        return make_stepper(scheduler)
 
     def fast_modes(self, text: TextConditioning, sampling: Sampling, steps: int, device: torch.device,
-                   options: RuntimeOptions) -> dict:
-        """The plan's fast-mode arguments (``make_plan``'s, ``make_transfer_plan``'s) for a run of ``steps`` on
-        ``device``: each step's FP8 modes on the loaded layers (``fp8.fp8_steps``; a notice is logged where the
-        checkpoint's W8A8 steps cannot run) with the text K/V in those modes, and the run's SeaCache."""
+                   options: RuntimeOptions) -> FastModes:
+        """The plan's fast modes for a run of ``steps`` on ``device``: each step's FP8 modes on the loaded layers
+        (``fp8.fp8_steps``; a notice is logged where the checkpoint's W8A8 steps cannot run) with the text K/V in
+        those modes, and the run's SeaCache."""
         fp8 = fp8_steps(self.transformer, sampling.mixed_precision, steps, device, options.fp8_gemm)
-        out = {"sea_cache": sampling.sea_cache}
         if fp8 is None:
-            return out
+            return FastModes(sea_cache=sampling.sea_cache)
         (_log.warning if fp8.fallback else _log.info)("FP8: %s", fp8.note)
-        out["fp8"] = fp8.note
-        if fp8.keys is not None:
-            out.update(step_precision=fp8.keys, text_for=self.text_in_precision(text, options))
-        return out
+        if fp8.modes is None:
+            return FastModes(sea_cache=sampling.sea_cache, fp8=fp8.note)
+        return FastModes(fp8.modes, self.text_in_precision(text, options), sampling.sea_cache, fp8.note)
 
-    def text_in_precision(self, text: TextConditioning, options: RuntimeOptions = DEFAULT):
-        """``key → (cond, uncond)`` text K/V computed in the FP8 modes ``key`` (the reference re-runs the text tower
-        in each step's modes): the text tower's linears are the reference's "generation" (``to_q/k/v/out``) and
-        "reasoner" (``mlp``) paths; their W8A16 modes are the conditioning as encoded, other modes re-run the
+    def text_in_precision(self, text: TextConditioning, options: RuntimeOptions):
+        """``modes → (cond, uncond)`` text K/V computed in the FP8 modes ``modes`` (the reference re-runs the text
+        tower in each step's modes): the text tower's linears are the reference's "generation" (``to_q/k/v/out``)
+        and "reasoner" (``mlp``) paths; their W8A16 modes are the conditioning as encoded, other modes re-run the
         tower from the prompts' token ids, once per mode and run."""
         done: dict[tuple[str, str], tuple[TextKV, TextKV | None]] = {}
 
-        def text_for(key: str):
-            modes = StepPrecision.from_key(key)
+        def text_for(modes: StepPrecision):
             tower = (modes.generation, modes.reasoner)
             if tower == (W8A16, W8A16):
                 return text.cond, text.uncond
             if tower not in done:
                 ids = [text.cond.token_ids] + ([] if text.uncond is None else [text.uncond.token_ids])
                 self.prefill_count += len(ids)
-                kvs = self.transformer.prefill_many(ids, options.attention, key)
+                kvs = self.transformer.prefill_many(ids, options.attention, modes)
                 done[tower] = (kvs[0], kvs[1] if len(kvs) > 1 else None)
             return done[tower]
 
@@ -369,12 +333,8 @@ class Cosmos3Pipeline:
         x = run(plan, denoiser or self.transformer, callback)
         return SampleResult(latents=x["vision"], sound=x.get("sound"), action=x.get("action"))
 
-    def sample(self, text: TextConditioning, *, callback: StepCallback | None = None, **plan_args) -> SampleResult:
-        """``plan`` then ``run``."""
-        return self.run(self.plan(text, **plan_args), callback=callback)
-
     # ------------------------------------------------------------------ 4. decode
-    def decode_video(self, latents: torch.Tensor, on_chunk=None, options: RuntimeOptions = DEFAULT,
+    def decode_video(self, latents: torch.Tensor, *, options: RuntimeOptions = DEFAULT, on_chunk=None,
                      **kwargs) -> torch.Tensor:
         """``[N, 48, T, h, w]`` → frames ``[N·F, H, W, 3]`` (items one after another; ComfyUI's IMAGE batch);
         ``on_chunk(done, total)`` counts latent frames over the whole batch; ``options.vae_compile``: the compiled

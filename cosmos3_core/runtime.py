@@ -1,6 +1,6 @@
 """How a run executes, as one value: the kernel routes and compilation, never the numbers a run computes.
 
-``RuntimeOptions`` is built once per run (from node inputs or CLI flags), checked by ``sampling/request.resolve``
+``RuntimeOptions`` is built once per run (from node inputs or CLI flags), checked by ``resolve.resolve``
 before any model work, and handed down explicitly: ``SamplePlan.options`` carries it into the denoising loop and the
 model's step, the reasoner's ``generate`` takes it, the VAE decode reads ``compile`` from it. Nothing in the package
 keeps a run switch in a module global or on a model object, so two runs (two ComfyUI prompts, two threads) never see
@@ -14,7 +14,7 @@ each other's settings.
   compiler (``compile_pays``) — and there compiles the generation layer and the reasoner's decode layer, while the
   VAE decoder runs compiled only from graphs already on disk (its compile costs a first run far more than it saves:
   0.1–1.7 s a decode), else eagerly; elsewhere ``auto`` is off. ``on`` where torch.compile cannot run is refused by
-  ``request.check_options`` before anything loads. ``compiles`` / ``vae_compile`` are what a run does.
+  ``checks.check_options`` before anything loads. ``compiles`` / ``vae_compile`` are what a run does.
 * ``gemv``: the reasoner's batch-1 projections: ``auto`` (the Triton GEMV on CUDA sm80+), ``triton`` (required) or
   ``torch`` (``F.linear``) — kernels/gemv.py.
 * ``cuda_graphs``: replay the reasoner's decode step as one captured CUDA graph on CUDA (kernels/cuda_graph.py).

@@ -13,14 +13,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
 import comfy.model_management as mm
 import folder_paths
+import torch
 from comfy_api.latest import io
 
-from ..cosmos3_core.modes import action as core
 from ..cosmos3_core import defaults
+from ..cosmos3_core.modes import action as core
+from ..cosmos3_core.request import ActionRequest
+from ..cosmos3_core.resolve import resolve_action
+from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .types import CATEGORY, Cosmos3Action, Cosmos3Actions, Cosmos3Model, Cosmos3Text
 
@@ -85,14 +87,15 @@ class Cosmos3ActionCondition(io.ComfyNode):
                 resolution_tier: str, view_point: str, prompt: str, negative_prompt: str, fps: float,
                 use_system_prompt: bool, actions: ActionVectors | None = None) -> io.NodeOutput:
         who = "Cosmos3ActionCondition"
-        if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (3, 4):
-            shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-            raise ValueError(f"{who}: image has shape {shape}; expected a ComfyUI IMAGE [frames, H, W, 3].")
-        if actions is not None and actions.domain_name not in (None, domain_name):
-            raise ValueError(f"{who}: the actions are for domain_name={actions.domain_name!r} but domain_name is "
-                             f"{domain_name!r}; pick the embodiment the actions were recorded with.")
+        with node_errors(who):
+            if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (3, 4):
+                shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+                raise ValueError(f"image has shape {shape}; expected a ComfyUI IMAGE [frames, H, W, 3].")
+            if actions is not None and actions.domain_name not in (None, domain_name):
+                raise ValueError(f"the actions are for domain_name={actions.domain_name!r} but domain_name is "
+                                 f"{domain_name!r}; pick the embodiment the actions were recorded with.")
         frames = image[..., :3]
-        request = core.ActionRequest(
+        request = ActionRequest(
             mode=mode, chunk_size=chunk_size, domain_name=domain_name,
             resolution_tier=int(resolution_tier) if str(resolution_tier).isdigit() else resolution_tier,
             raw_actions=None if actions is None else actions.values,
@@ -101,12 +104,13 @@ class Cosmos3ActionCondition(io.ComfyNode):
         )
         pipe = model.pipeline
         with node_errors(who):
-            model.load_vae(core.encode_shape(pipe, request))
-            condition = core.encode(pipe, request)
-            ids = core.tokenize(pipe, condition, prompt, negative_prompt, fps=fps,
-                                use_system_prompt=use_system_prompt)
+            resolve_action(pipe.info, request, prompt, negative_prompt, fps)
+            model.load_vae(core.encode_latent_shape(request, pipe.vae))
+            condition = core.encode_action_condition(pipe.vae, request, pipe.config)
+            ids = core.action_prompt_ids(pipe.tokenizer, condition, prompt, negative_prompt, fps=fps,
+                                         use_system_prompt=use_system_prompt)
         model.load_text_tower(text_length=ids.prefill_tokens)
-        text = core.prefill(pipe, ids, condition, fps=fps)
+        text = core.prefill(pipe, ids, condition, fps=fps, options=RuntimeOptions())
         out = mm.intermediate_device()
         return io.NodeOutput(text.to(out), condition.to(out))
 
@@ -133,15 +137,15 @@ class Cosmos3SaveActions(io.ComfyNode):
 
     @classmethod
     def execute(cls, actions: ActionVectors | None, filename_prefix: str, format: str) -> io.NodeOutput:
-        if actions is None:
-            raise ValueError("Cosmos3SaveActions: the sampler predicted no actions — only policy and inverse "
-                             "dynamics do (forward dynamics takes actions; other modes have none).")
-        if format not in ("json", "npy"):
-            raise ValueError(f"Cosmos3SaveActions: format={format!r} is not one of ['json', 'npy'].")
-        output_dir = folder_paths.get_output_directory()
-        folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, output_dir)
-        filename = f"{name}_{counter:05}_.{format}"
-        with node_errors("Cosmos3SaveActions"):  # a full disk: one message, no file left
+        with node_errors("Cosmos3SaveActions"):  # a full disk too: one message, no file left
+            if actions is None:
+                raise ValueError("the sampler predicted no actions — only policy and inverse dynamics do (forward "
+                                 "dynamics takes actions; other modes have none).")
+            if format not in ("json", "npy"):
+                raise ValueError(f"format={format!r} is not one of ['json', 'npy'].")
+            output_dir = folder_paths.get_output_directory()
+            folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, output_dir)
+            filename = f"{name}_{counter:05}_.{format}"
             core.save_actions(os.path.join(folder, filename), actions.values, domain_name=actions.domain_name,
                               mode=actions.mode)
         return io.NodeOutput(ui={"actions": [{"filename": filename, "subfolder": subfolder, "type": "output"}]})

@@ -12,27 +12,16 @@ checks it; wire both from the same primitive to keep one source of truth).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
-import torch
 
 import comfy.model_management as mm
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.request import ConditionLatents
 from ..cosmos3_core.sampling.conditioning import encode_keyframes, keyframe_indexes
 from .errors import node_errors
-from .types import CATEGORY, Cosmos3Condition, Cosmos3Model
-
-
-@dataclass(frozen=True)
-class ConditionLatents:
-    x0: torch.Tensor  # [1, 48, k, h, w] normalized clean latent frames, on the intermediate device
-    clean_frames: tuple[int, ...]
-    height: int
-    width: int
-    mode: str  # "image-to-video" | "video-to-video" | "keyframes"
-    num_frames: int | None = None  # the clip length the condition was made for (keyframes), None: any length
+from .types import CATEGORY, Cosmos3Condition, Cosmos3Model, frames_input, size_inputs
 
 
 class Cosmos3VAEEncodeCond(io.ComfyNode):
@@ -47,10 +36,7 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
             inputs=[
                 Cosmos3Model.Input("model", tooltip="The checkpoint from Load Cosmos3 Checkpoint (its VAE encodes)."),
                 io.Image.Input("image", tooltip="One frame (image-to-video) or a batch of frames (video-to-video)."),
-                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Must equal Cosmos3TextEncode's width."),
-                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Must equal Cosmos3TextEncode's height."),
+                *size_inputs("Must equal Cosmos3TextEncode's width."),
                 io.Combo.Input("keep", options=["first", "last"], default="first",
                                tooltip="Video-to-video: condition on the start or the end of the input clip."),
                 io.Int.Input("clean_latent_frames", default=2, min=1, max=64,
@@ -101,14 +87,10 @@ class Cosmos3FirstLastFrame(io.ComfyNode):
             inputs=[
                 Cosmos3Model.Input("model", tooltip="The checkpoint from Load Cosmos3 Checkpoint (its VAE encodes)."),
                 io.Image.Input("start_image", tooltip="The first frame of the video (one image)."),
-                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Must equal Cosmos3TextEncode's width (images are resized and center-cropped "
-                                     "to it, as for image-to-video)."),
-                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Must equal Cosmos3TextEncode's height."),
-                io.Int.Input("num_frames", default=defaults.NUM_FRAMES, min=5, max=defaults.MAX_FRAMES, step=4,
-                             tooltip="Must equal Cosmos3TextEncode's num_frames (4k+1, at least 5): the end image "
-                                     "is the clip's last frame."),
+                *size_inputs("Must equal Cosmos3TextEncode's width (images are resized and center-cropped to it, as "
+                             "for image-to-video).", "Must equal Cosmos3TextEncode's height."),
+                frames_input("Must equal Cosmos3TextEncode's num_frames (4k+1, at least 5): the end image is the "
+                             "clip's last frame.", minimum=5),
                 io.Image.Input("end_image", optional=True, tooltip="The last frame of the video (one image)."),
                 io.Image.Input("keyframes", optional=True,
                                tooltip="Images to keep between the start and the end, in time order (a batch: one "

@@ -15,9 +15,8 @@ for as long as ComfyUI keeps the loader's output.
 
 from __future__ import annotations
 
-import torch
-
 import comfy.sd
+import torch
 
 from ..cosmos3_core.vae.wan_layout import geometry_problem, to_wan_layout
 

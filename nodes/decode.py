@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-
 import comfy.model_management as mm
 import comfy.utils
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.request import check_options
+from ..cosmos3_core.checks import check_options
 from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model, Cosmos3Sound, compile_input
@@ -59,8 +58,9 @@ class Cosmos3VAEDecode(io.ComfyNode):
             mm.throw_exception_if_processing_interrupted()
             bar.update_absolute(done, total)
 
-        frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames, tile=tiled,
-                                   on_chunk=on_chunk, out_device=mm.intermediate_device(), options=options)
+        frames = pipe.decode_video(pipe.vae.normalize(latents), chunk_latent_frames=chunk_latent_frames,
+                                   tile=tiled or None, on_chunk=on_chunk, out_device=mm.intermediate_device(),
+                                   options=options)
         return io.NodeOutput(frames)
 
 
@@ -86,13 +86,14 @@ class Cosmos3AudioDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, sound) -> io.NodeOutput:
-        if sound is None:
-            raise ValueError("Cosmos3AudioDecode: the sampler produced no sound; set sound=true on "
-                             "Cosmos3 KSampler UniPC (Dual Tower).")
-        _check_create_video_fps(cls.hidden.prompt, cls.hidden.unique_id, sound.fps)
         pipe = model.pipeline
-        if pipe.sound_decoder is None:
-            raise ValueError(f"Cosmos3AudioDecode: checkpoint {model.name!r} has no sound_tokenizer/.")
+        with node_errors("Cosmos3AudioDecode"):
+            if sound is None:
+                raise ValueError("the sampler produced no sound; set sound=true on Cosmos3 KSampler UniPC (Dual "
+                                 "Tower).")
+            _check_create_video_fps(cls.hidden.prompt, cls.hidden.unique_id, sound.fps)
+            if pipe.sound_decoder is None:
+                raise ValueError(f"checkpoint {model.name!r} has no sound_tokenizer/.")
         model.load_sound_decoder()
         waveform = pipe.decode_sound(sound.latent, sound.num_frames, sound.fps)
         return io.NodeOutput({"waveform": waveform.to(mm.intermediate_device()),  # [batch, 2, samples]
@@ -111,7 +112,8 @@ def _check_create_video_fps(prompt: dict | None, node_id: str | None, fps: float
         value = inputs.get("fps")
         if isinstance(value, list):  # linked: follow it into a Primitive node
             source = prompt.get(str(value[0]), {})
-            value = source.get("inputs", {}).get("value") if source.get("class_type", "").startswith("Primitive") else None
+            primitive = source.get("class_type", "").startswith("Primitive")
+            value = source.get("inputs", {}).get("value") if primitive else None
         if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(float(value) - fps) > 1e-3 * fps:
             raise ValueError(
                 f"Cosmos3AudioDecode: CreateVideo (node {other_id}) plays the frames at {float(value):g} fps, but the "

@@ -1,7 +1,7 @@
 """Cosmos3LongVideo: a video past one clip — windowed text/image-to-video, or Transfer from control videos —
 written to an mp4 in ComfyUI's output folder while it is generated.
 
-Glue only: ``cosmos3_core.request.resolve`` decides the run and ``cosmos3_core.modes.long_video.generate_long``
+Glue only: ``cosmos3_core.resolve.resolve`` decides the run and ``cosmos3_core.modes.long_video.generate_long``
 runs every window; this node places the model
 parts through the handle (ComfyUI model management), streams each finished window into the mp4, shows it as a
 preview, reports progress per window and step (the cancel point: a cancel leaves a playable mp4 of the finished
@@ -23,12 +23,23 @@ from ..cosmos3_core.media import OutputError, VideoWriter
 from ..cosmos3_core.modes.long_video import generate_long, stopped_writing
 from ..cosmos3_core.modes.stream_decode import preview_image
 from ..cosmos3_core.modes.transfer import CONTROL_KEYS
-from ..cosmos3_core.request import Request, resolve
+from ..cosmos3_core.request import Request
+from ..cosmos3_core.resolve import resolve
 from ..cosmos3_core.runtime import RuntimeOptions
 from ..cosmos3_core.sampling.prompt import WINDOW_PROMPT_SEPARATOR, split_window_prompts
 from .errors import node_errors
 from .preview import make_previewer
-from .types import CATEGORY, Cosmos3Model, compile_input, fast_mode_inputs, fast_mode_sampling
+from .types import (
+    CATEGORY,
+    Cosmos3Model,
+    compile_input,
+    fast_mode_inputs,
+    fast_mode_sampling,
+    fps_input,
+    frames_input,
+    sampling_inputs,
+    size_inputs,
+)
 
 NODE = "Cosmos3LongVideo"
 PROMPT_SEPARATOR = WINDOW_PROMPT_SEPARATOR
@@ -55,32 +66,21 @@ class Cosmos3LongVideo(io.ComfyNode):
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="Empty: the checkpoint's negative prompt (text/image-to-video) or none "
                                         "(Transfer, as the reference)."),
-                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Video width in pixels (a multiple of 16)."),
-                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Video height in pixels (a multiple of 16)."),
-                io.Int.Input("num_frames", default=defaults.LONG_NUM_FRAMES, min=5, max=defaults.MAX_LONG_FRAMES,
-                             step=4, tooltip="Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: at most "
-                                             "this many of their frames (all of them when they are shorter)."),
+                *size_inputs("Video width in pixels (a multiple of 16)."),
+                frames_input("Total frames, 4k+1 (721 = 30 s at 24 fps). With control videos: at most this many of "
+                             "their frames (all of them when they are shorter).", default=defaults.LONG_NUM_FRAMES,
+                             minimum=5, maximum=defaults.MAX_LONG_FRAMES),
                 io.Int.Input("frames_per_chunk", default=defaults.NUM_FRAMES, min=5, max=defaults.MAX_FRAMES, step=4,
                              tooltip="Frames generated per window, 4k+1 (one Cosmos3 clip: up to 189)."),
                 io.Int.Input("conditional_frames", default=-1, min=-1, max=defaults.MAX_FRAMES,
                              tooltip=f"Frames each window takes from the previous window's end (-1: "
                                      f"{defaults.LONG_CONDITIONAL_FRAMES} for text/image-to-video, "
                                      f"{defaults.TRANSFER_CONDITIONAL_FRAMES} for Transfer)."),
-                io.Float.Input("fps", default=defaults.FPS, min=1.0, max=120.0, step=0.5,
-                               tooltip="Frame rate the prompt describes and the mp4 is written at."),
-                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
-                             tooltip="Noise seed of the whole video (one generator feeds every window in order)."),
-                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
-                             tooltip="Denoising steps per window."),
-                io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
-                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only."),
-                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE,
-                               tooltip="flow_shift: linear flow sigmas with the shift below; karras: the checkpoint's "
-                                       "released scheduler config."),
-                io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
-                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
+                fps_input("Frame rate the prompt describes and the mp4 is written at."),
+                *sampling_inputs(seed="Noise seed of the whole video (one generator feeds every window in order).",
+                                 steps="Denoising steps per window.",
+                                 cfg="Guidance scale; 1 runs the conditional branch only.",
+                                 shift="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3)."),
                 io.Boolean.Input("sound", default=False,
                                  tooltip="Each window also generates its own sound track (Nano/Super; not with "
                                          "control videos). Tracks are cut at the window seams."),
@@ -130,13 +130,15 @@ class Cosmos3LongVideo(io.ComfyNode):
             conditional_frames=None if conditional_frames < 0 else conditional_frames, height=height, width=width,
             fps=fps, steps=steps, guidance=cfg, seed=seed, schedule=schedule, shift=shift or None, sound=sound,
             image=None if image is None else image[0], video=video, controls=controls,
-            control_guidance=control_guidance,
+            # the widget always sends a value: its default on a node without controls asks for nothing
+            control_guidance=None if controls is None and control_guidance == defaults.CONTROL_GUIDANCE
+            else control_guidance,
             options=RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type),
             **fast,
         )
         pipe = model.pipeline
         with node_errors(NODE):
-            run = resolve(request, pipe.info)
+            resolved = resolve(request, pipe.info)
 
         def prepare(part: str, need) -> None:
             if part == "text":
@@ -162,11 +164,11 @@ class Cosmos3LongVideo(io.ComfyNode):
         with node_errors(NODE):
             try:  # closed (playable) on a cancel too; a full disk keeps the windows written whole (fragmented)
                 with VideoWriter(path, fps, width, height, audio=sound, fragmented=True) as writer:
-                    generate_long(pipe, run, [writer.append, _window_preview(bar)], progress=progress,
+                    generate_long(pipe, resolved, [writer.append, _window_preview(bar)], progress=progress,
                                   device=model.generation_device, prepare=prepare)
             except OutputError as exc:
                 raise ValueError(f"could not write {exc.path} (filename_prefix={filename_prefix!r}): "
-                                 f"{stopped_writing(exc, run.windows)}") from None
+                                 f"{stopped_writing(exc, resolved.windows)}") from None
         return io.NodeOutput(InputImpl.VideoFromFile(path),
                              ui=ui.PreviewVideo([ui.SavedResult(file, subfolder, io.FolderType.output)]))
 

@@ -16,14 +16,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.ops
+import torch
 
-from ..cosmos3_core.pipeline import Cosmos3Pipeline
+from ..cosmos3_core.model.loader import read_fp8_checkpoint
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
+from ..cosmos3_core.pipeline import Cosmos3Pipeline
 
 
 def _unstreamable_tensors(patcher: comfy.model_patcher.ModelPatcher):
@@ -121,10 +121,12 @@ class Cosmos3ModelHandle:
         # stream their weights from the offload device at each call (weight streaming, "lowvram"). Weights stored
         # in another dtype than the compute dtype (fp8, or an NVIDIA FP8 checkpoint's weight + scale) go through
         # ComfyUI's cast-weight layers, which cast at each call and stream the same way.
+        # ComfyUI's scaled-FP8 layers only for an NVIDIA FP8 checkpoint (asking ComfyUI for them logs a line).
         cast = storage_dtype is not None and storage_dtype != dtype
         linear = CastStreamingLinear if cast else StreamingLinear
+        scaled = _scaled_fp8_linear() if read_fp8_checkpoint(path) is not None else None
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
-                                    storage_dtype=storage_dtype, scaled_linear=_scaled_fp8_linear())
+                                    storage_dtype=storage_dtype, scaled_linear=scaled)
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod
@@ -184,7 +186,7 @@ class Cosmos3ModelHandle:
 
     def branch_denoiser(self):
         """``BranchDevices`` over the transformer when a second GPU is set (its replica built on first use), else
-        ``None``: what the sampler hands to ``pipeline.sample`` as the denoiser of a guided run."""
+        ``None``: what the sampler hands to ``Cosmos3Pipeline.run`` as the denoiser of a guided run."""
         if self.branch_devices is None:
             return None
         if self._branch_split is None:
@@ -194,9 +196,9 @@ class Cosmos3ModelHandle:
         return self._branch_split
 
     def get_reasoner(self):
-        """The checkpoint's ``cosmos3_core.reasoner.reasoner.Cosmos3Reasoner`` over this handle's transformer (no second copy
-        of the text weights), built on first use and cached here; its processor and ``lm_head`` are read from
-        ``self.path`` then, the vision encoder on the first image/video."""
+        """The checkpoint's ``cosmos3_core.reasoner.reasoner.Cosmos3Reasoner`` over this handle's transformer (no
+        second copy of the text weights), built on first use and cached here; its processor and ``lm_head`` are read
+        from ``self.path`` then, the vision encoder on the first image/video."""
         if self._reasoner is None:
             from ..cosmos3_core.reasoner.reasoner import Cosmos3Reasoner
             from ..cosmos3_core.reasoner.vision import load_processor

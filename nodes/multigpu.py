@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from comfy_api.latest import io
 
+from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model
 
 
@@ -30,20 +31,21 @@ class Cosmos3GuidanceOnTwoGPUs(io.ComfyNode):
                 io.Int.Input("second_gpu", default=1, min=0, max=63,
                              tooltip="CUDA index of the GPU for the negative branch (not the model's own GPU)."),
             ],
-            outputs=[Cosmos3Model.Output(display_name="model", tooltip="The same model, guidance split over two GPUs.")],
+            outputs=[Cosmos3Model.Output(display_name="model",
+                                         tooltip="The same model, guidance split over two GPUs.")],
         )
 
     @classmethod
     def execute(cls, model, second_gpu: int) -> io.NodeOutput:
         first = model.generation_patcher.load_device
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if first.type != "cuda":
-            raise ValueError(f"Cosmos3GuidanceOnTwoGPUs: the model runs on {first}, not a GPU; this node needs "
-                             "two local GPUs (remove it, or load the model on a GPU).")
-        if second_gpu >= count:
-            raise ValueError(f"Cosmos3GuidanceOnTwoGPUs: second_gpu={second_gpu}, but this machine has {count} "
-                             f"GPU(s) (indexes 0–{count - 1}); choose another GPU.")
-        if second_gpu == (first.index or 0):
-            raise ValueError(f"Cosmos3GuidanceOnTwoGPUs: second_gpu={second_gpu} is the model's own GPU; "
-                             "choose a different one.")
+        with node_errors("Cosmos3GuidanceOnTwoGPUs"):
+            if first.type != "cuda":
+                raise ValueError(f"the model runs on {first}, not a GPU; this node needs two local GPUs (remove it, "
+                                 "or load the model on a GPU).")
+            if second_gpu >= count:
+                raise ValueError(f"second_gpu={second_gpu}, but this machine has {count} GPU(s) (indexes "
+                                 f"0–{count - 1}); choose another GPU.")
+            if second_gpu == (first.index or 0):
+                raise ValueError(f"second_gpu={second_gpu} is the model's own GPU; choose a different one.")
         return io.NodeOutput(model.with_branch_devices(torch.device("cuda", second_gpu)))

@@ -15,11 +15,14 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
+from ..cosmos3_core.checks import check_options
+from ..cosmos3_core.reasoner.reasoner import SamplingParams
+from ..cosmos3_core.reasoner.tasks import TASKS, postprocess
 from ..cosmos3_core.runtime import RuntimeOptions
-from ..cosmos3_core.request import check_options
-
-from ..cosmos3_core.reasoner.reasoner import TASKS, SamplingParams, postprocess
+from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model, compile_input
+
+NODE = "Cosmos3Reasoner"
 
 MAX_NEW_TOKENS = 8192
 CHECK_EVERY = 4  # tokens between progress updates / interrupt checks (the decode loop's only host syncs)
@@ -73,22 +76,20 @@ class Cosmos3Reasoner(io.ComfyNode):
                                 top_p=float(top_p), repetition_penalty=float(repetition_penalty),
                                 seed=int(seed))
         still = video = None
-        if image is not None:
-            frames = image.detach().cpu()
-            if frames.ndim == 3:
-                frames = frames[None]
-            if frames.ndim != 4 or frames.shape[0] < 1:
-                raise ValueError(f"Cosmos3Reasoner: image has shape {tuple(image.shape)}; expected [B, H, W, C].")
-            still, video = (frames[0], None) if frames.shape[0] == 1 else (None, frames)
         fps = float(fps) if fps is not None else 24.0
-        try:
+        with node_errors(NODE):
+            if image is not None:
+                frames = image.detach().cpu()
+                if frames.ndim == 3:
+                    frames = frames[None]
+                if frames.ndim != 4 or frames.shape[0] < 1:
+                    raise ValueError(f"image has shape {tuple(image.shape)}; expected [B, H, W, C].")
+                still, video = (frames[0], None) if frames.shape[0] == 1 else (None, frames)
             params.validate()
             options = RuntimeOptions(compile=compile)
             check_options(options)
             reasoner = model.get_reasoner()
             prepared = reasoner.prepare(prompt, task=task, image=still, video=video, fps=fps)
-        except ValueError as exc:
-            raise ValueError(f"Cosmos3Reasoner: {exc}") from exc
 
         total = min(params.max_new_tokens, max(reasoner.max_context - prepared.length, 1))
         model.load_text_tower(text_length=prepared.length + total)
@@ -99,10 +100,9 @@ class Cosmos3Reasoner(io.ComfyNode):
             bar.update_absolute(done, total)
 
         try:
-            ids, _reason = reasoner.generate_ids(prepared, params, callback=on_tokens, check_every=CHECK_EVERY,
-                                                 options=options)
-        except ValueError as exc:
-            raise ValueError(f"Cosmos3Reasoner: {exc}") from exc
+            with node_errors(NODE):
+                ids, _reason = reasoner.generate_ids(prepared, params, callback=on_tokens, check_every=CHECK_EVERY,
+                                                     options=options)
         finally:
             reasoner.offload(mm.unet_offload_device())
         bar.update_absolute(total, total)

@@ -8,22 +8,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 import comfy.model_management as mm
 import comfy.utils
+import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
+from ..cosmos3_core.checks import check_options
 from ..cosmos3_core.modes import action as action_mode
-from ..cosmos3_core.request import check_options
+from ..cosmos3_core.request import SamplingRequest
+from ..cosmos3_core.resolve import resolve_sampler
 from ..cosmos3_core.runtime import RuntimeOptions
 from ..cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from .action import ActionVectors
 from .errors import node_errors
 from .preview import make_previewer
-from .types import (CATEGORY, Cosmos3Action, compile_input, Cosmos3Actions, Cosmos3Condition, Cosmos3Model,
-                    Cosmos3Sound, Cosmos3Text, fast_mode_inputs, fast_mode_sampling)
+from .types import (
+    CATEGORY,
+    Cosmos3Action,
+    Cosmos3Actions,
+    Cosmos3Condition,
+    Cosmos3Model,
+    Cosmos3Sound,
+    Cosmos3Text,
+    compile_input,
+    fast_mode_inputs,
+    fast_mode_sampling,
+    sampling_inputs,
+)
 
 
 @dataclass(frozen=True)
@@ -46,24 +58,18 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             inputs=[
                 Cosmos3Model.Input("model", tooltip="The loaded checkpoint (its generation tower runs)."),
                 Cosmos3Text.Input("text", tooltip="From Cosmos3 Text Encode: the prompts' K/V and the clip shape."),
-                io.Int.Input("seed", default=defaults.SEED, min=0, max=defaults.MAX_SEED, control_after_generate=True,
-                             tooltip="Noise seed; the same seed and settings give the same result."),
-                io.Int.Input("steps", default=defaults.STEPS_VIDEO, min=1, max=defaults.MAX_STEPS,
-                             tooltip=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images. A distilled "
-                                     "(*-4Step) checkpoint fixes it: its schedule's length (4)."),
-                io.Float.Input("cfg", default=defaults.GUIDANCE, min=1.0, max=defaults.MAX_GUIDANCE, step=0.1,
-                               round=0.01, tooltip="Guidance scale; 1 runs the conditional branch only. A distilled "
-                                                     "(*-4Step) checkpoint fixes it at 1 (guidance is baked in)."),
-                io.Combo.Input("schedule", options=list(defaults.SCHEDULES), default=defaults.SCHEDULE,
-                               tooltip="flow_shift: linear flow sigmas with the shift below; karras: the "
-                                       "checkpoint's released scheduler config."),
-                io.Float.Input("shift", default=0.0, min=0.0, max=defaults.MAX_SHIFT, step=0.5,
-                               tooltip="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3). Keep 0 (and "
+                *sampling_inputs(seed="Noise seed; the same seed and settings give the same result.",
+                                 steps=f"{defaults.STEPS_VIDEO} for video, {defaults.STEPS_IMAGE} for images. A "
+                                       "distilled (*-4Step) checkpoint fixes it: its schedule's length (4).",
+                                 cfg="Guidance scale; 1 runs the conditional branch only. A distilled (*-4Step) "
+                                     "checkpoint fixes it at 1 (guidance is baked in).",
+                                 shift="Flow shift; 0 = by resolution (720p 10, 480p 5, 256p 3). Keep 0 (and "
                                        "flow_shift) for a distilled checkpoint: its schedule is fixed."),
                 io.Boolean.Input("sound", default=False, tooltip="Generate a sound track too (Nano/Super)."),
                 Cosmos3Condition.Input("condition", optional=True,
-                                       tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode (Condition), "
-                                               "or first/last frame and keyframes from Cosmos3 First/Last Frame."),
+                                       tooltip="Image-to-video / video-to-video latents from Cosmos3 VAE Encode "
+                                               "(Condition), or first/last frame and keyframes from Cosmos3 "
+                                               "First/Last Frame."),
                 compile_input("the generation layer, which auto compiles too (~1.3x faster per step after a "
                               "one-off compile per new size), and the VAE decoder, which auto runs compiled only "
                               "from graphs already on disk"),
@@ -97,38 +103,19 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                 mixed_precision_format: str = "auto") -> io.NodeOutput:
         pipe = model.pipeline
         who = "Cosmos3KSamplerUniPCDualTower"
-        x0, clean = None, []
         with node_errors(who):
             options = RuntimeOptions(attention=attention, compile=compile, device_type=model.generation_device.type)
             check_options(options)
-            if condition is not None:
-                made_for = getattr(condition, "num_frames", None)  # keyframes: made for one clip length
-                source = "Cosmos3 First/Last Frame" if made_for is not None else "Cosmos3 VAE Encode (Condition)"
-                if (condition.height, condition.width) != (text.height, text.width):
-                    raise ValueError(
-                        f"condition was encoded at {condition.width}x{condition.height} but the text describes "
-                        f"{text.width}x{text.height}; set the same width and height on {source} and Cosmos3 Text "
-                        "Encode."
-                    )
-                if made_for is not None and made_for != text.num_frames:
-                    raise ValueError(
-                        f"condition was made for num_frames={made_for} (its last keyframe is latent frame "
-                        f"{max(condition.clean_frames)}) but the text describes num_frames={text.num_frames}; set "
-                        "the same num_frames on Cosmos3 First/Last Frame and Cosmos3 Text Encode."
-                    )
-                x0, clean = condition.x0, condition.clean_frames
-            if action is not None and condition is not None:
-                raise ValueError("both a condition and an action are connected; an action mode brings its own "
-                                 "frames (Cosmos3 Action Condition) — disconnect the condition.")
-            sampling = dict(seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None, sound=sound,
-                            batch_size=batch_size,
-                            **fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format))
+            asked = SamplingRequest(seed=seed, steps=steps, guidance=cfg, schedule=schedule, shift=shift or None,
+                                    sound=sound, batch_size=batch_size,
+                                    **fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format))
+            sampling = resolve_sampler(pipe.info, text, asked, condition=condition, action=action)
             if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
-                plan = action_mode.plan(pipe, text, action, device=model.generation_device, options=options,
-                                        **sampling)
+                plan = action_mode.plan(pipe, text, action, sampling, device=model.generation_device, options=options)
             else:
-                plan = pipe.plan(text, x0=x0, clean_frames=clean, device=model.generation_device, options=options,
-                                 **sampling)
+                x0, clean = (None, ()) if condition is None else (condition.x0, condition.clean_frames)
+                plan = pipe.plan(text, sampling, x0=x0, clean_frames=clean, device=model.generation_device,
+                                 options=options)
         model.load_generation_tower(plan.memory_required)
 
         bar = comfy.utils.ProgressBar(plan.steps)
@@ -138,7 +125,7 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
             bar.update_absolute(step, total, preview(x0_pred) if preview else None)
 
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
-        denoiser = model.branch_denoiser() if cfg != 1.0 else None
+        denoiser = model.branch_denoiser() if sampling.use_cfg else None
         with node_errors(who):  # SeaCache with the two-GPU guidance split, a failed compile: one message
             result = pipe.run(plan, callback=on_step, denoiser=denoiser)
         out = mm.intermediate_device()

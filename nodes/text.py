@@ -11,9 +11,10 @@ import comfy.model_management as mm
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.request import resolve_clip
+from ..cosmos3_core.resolve import resolve_clip
+from ..cosmos3_core.runtime import RuntimeOptions
 from .errors import node_errors
-from .types import CATEGORY, Cosmos3Model, Cosmos3Text
+from .types import CATEGORY, Cosmos3Model, Cosmos3Text, fps_input, frames_input, size_inputs
 
 
 class Cosmos3TextEncode(io.ComfyNode):
@@ -33,14 +34,9 @@ class Cosmos3TextEncode(io.ComfyNode):
                                 tooltip="Leave empty to use the checkpoint's assets/negative_prompt.json "
                                         "(or no negative prompt when the checkpoint has none). Must stay empty "
                                         "for a distilled (*-4Step) checkpoint: it has no negative branch."),
-                io.Int.Input("width", default=defaults.WIDTH, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Clip width in pixels (a multiple of 16); every downstream node uses it."),
-                io.Int.Input("height", default=defaults.HEIGHT, min=16, max=defaults.MAX_SIZE, step=16,
-                             tooltip="Clip height in pixels (a multiple of 16); every downstream node uses it."),
-                io.Int.Input("num_frames", default=defaults.NUM_FRAMES, min=1, max=defaults.MAX_FRAMES, step=4,
-                             tooltip="1 for an image, else 4k+1 (93, 121, 189, …)."),
-                io.Float.Input("fps", default=defaults.FPS, min=defaults.MIN_FPS, max=defaults.MAX_FPS, step=0.5,
-                               tooltip="Frame rate the prompt describes and the video is made for."),
+                *size_inputs("Clip width in pixels (a multiple of 16); every downstream node uses it."),
+                frames_input("1 for an image, else 4k+1 (93, 121, 189, …)."),
+                fps_input("Frame rate the prompt describes and the video is made for."),
                 io.Boolean.Input("one_pass", default=False, optional=True,
                                  tooltip=f"Allow num_frames above one clip ({defaults.NUM_FRAMES}) as a single pass "
                                          "(the models were trained on clips up to that length). Longer videos are "
@@ -60,5 +56,5 @@ class Cosmos3TextEncode(io.ComfyNode):
             resolve_clip(prompt, negative, **shape, checkpoint=pipe.info, one_pass=one_pass)
             ids = pipe.tokenize(prompt, negative, **shape)
         model.load_text_tower(text_length=ids.prefill_tokens)
-        text = pipe.prefill_prompts(ids, **shape)
+        text = pipe.prefill_prompts(ids, **shape, options=RuntimeOptions())
         return io.NodeOutput(text.to(mm.intermediate_device()))

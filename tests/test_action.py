@@ -16,8 +16,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from diffusers import UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos.modular_blocks_cosmos3 import Cosmos3OmniBlocks
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
@@ -27,12 +25,15 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     _EMBODIMENT_TO_RAW_ACTION_DIM,
     CosmosActionCondition,
 )
+from PIL import Image
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
+from cosmos3_core.checks import check_action_request
 from cosmos3_core.modes import action as act
-from cosmos3_core.modes.action import ActionRequest, action_prompt_ids, encode_action_condition
-from cosmos3_core.modes.dispatch import generate
-from cosmos3_core.request import Request
+from cosmos3_core.modes.action import action_prompt_ids, encode_action_condition
 from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import ActionRequest, Request
 from support.compare import rel
 
 PROMPT = "robot arm picks up the red cup"
@@ -210,7 +211,7 @@ BAD = {
 def test_bad_action_input_names_argument(case, ours):
     over, needle = BAD[case]
     with pytest.raises(ValueError) as err:
-        act.check_action_request(_req(**over), ours.config)
+        check_action_request(_req(**over), ours.config)
     assert re.search(needle, str(err.value)) or needle in str(err.value), str(err.value)
 
 
@@ -218,10 +219,10 @@ def test_action_mode_on_checkpoint_without_action_head_or_too_narrow(ours):
     import dataclasses
 
     with pytest.raises(ValueError, match="this checkpoint has no action head .*action_gen is false"):
-        act.check_action_request(_req(), dataclasses.replace(ours.config, action_gen=False))
+        check_action_request(_req(), dataclasses.replace(ours.config, action_gen=False))
     narrow = dataclasses.replace(ours.config, action_dim=16)
     with pytest.raises(ValueError, match="domain_name='galbot' has 30-dim actions, above this checkpoint's action_dim=16"):
-        act.check_action_request(_req(domain_name="galbot"), narrow)
+        check_action_request(_req(domain_name="galbot"), narrow)
 
 
 def test_checkpoint_without_action_head_is_refused(tiny_checkpoint):
@@ -237,7 +238,7 @@ def test_plain_text_encode_is_refused_for_an_action_run(ours):
     h, w = cond.output_size
     plain = ours.encode_text(PROMPT, "", num_frames=CHUNK + 1, height=h, width=w, fps=5.0)
     with pytest.raises(ValueError, match="^the text was not encoded for this action condition"):
-        act.plan(ours, plain, cond)
+        api.plan(ours, plain, action=cond)
 
 
 def test_action_files_round_trip(tmp_path):

@@ -96,6 +96,6 @@ def test_bad_action_arguments_exit_2_with_one_line(cli, nano, inputs, tmp_path, 
         del base[i:i + 2]
     r = cli("--checkpoint", str(nano), *base, *extra, "--out", str(tmp_path / "x.mp4"))
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and needle in lines[-1], r.stderr[-2000:]
     assert "Traceback" not in r.stderr

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_nodes import assert_next_run_succeeds, error_of, run
 
 from support import comfy_host
 from support.compare import rel
-from test_nodes import assert_next_run_succeeds, error_of, run
 from test_workflows import ACTION_WORKFLOWS, TEST_IMAGE, TINY_NANO, check_mp4, load_api, nodes_of, shrink_api
 
 pytestmark = pytest.mark.comfy  # ``host``: the shared fixture (tests/support/fixtures.py)

@@ -120,7 +120,7 @@ def test_decode_route_selection():
 
 
 def test_backend_setting_is_validated_and_forcing_flash4_without_it_raises():
-    from cosmos3_core.request import check_options
+    from cosmos3_core.checks import check_options
     from cosmos3_core.runtime import RuntimeOptions
 
     with pytest.raises(ValueError, match="attention='flash3' is not one of"):

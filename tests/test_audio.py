@@ -9,7 +9,13 @@ import pytest
 import torch
 from diffusers import Cosmos3OmniPipeline
 
-from cosmos3_core.vae.audio import hop_from_config, load_sound_decoder, num_audio_samples, read_sound_config, sound_latent_length
+from cosmos3_core.vae.audio import (
+    hop_from_config,
+    load_sound_decoder,
+    num_audio_samples,
+    read_sound_config,
+    sound_latent_length,
+)
 
 TOL = 1e-5
 

@@ -21,7 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosmos3_core.cli import main as generate, reason
+from cosmos3_core.cli import main as generate
+from cosmos3_core.cli import reason
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--prompt", "a red car", "--height", "32", "--width", "32", "--num-frames", "5", "--steps", "1",
@@ -191,8 +192,9 @@ def test_lone_surrogate_prompt_in_the_core(nano):
 @pytest.fixture(scope="module")
 def qwen_tokenizer():
     """The real Qwen2.5 BPE tokenizer (same control tokens and ids as Cosmos3's) from the ComfyUI host tree."""
-    from support import comfy_host
     from transformers import AutoTokenizer
+
+    from support import comfy_host
 
     path = comfy_host.comfyui_dir() / "comfy" / "text_encoders" / "qwen25_tokenizer"
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

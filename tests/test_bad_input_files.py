@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cosmos3_core.checks import check_action_request
 from cosmos3_core.cli import common
 from cosmos3_core.cli import main as generate
 from cosmos3_core.media import write_video
@@ -169,7 +170,7 @@ def test_count_hints_never_propose_a_chunk_size_that_is_refused():
         request = act.ActionRequest(**{"mode": "forward_dynamics", "chunk_size": 4, "domain_name": "droid_lerobot",
                                        "image": np.zeros((64, 96, 3), np.float32), **kw})
         with pytest.raises(ValueError) as err:
-            act.check_action_request(request)
+            check_action_request(request)
         return str(err.value)
 
     msg = message(raw_actions=np.zeros((0, 10), np.float32))

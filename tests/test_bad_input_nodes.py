@@ -13,9 +13,9 @@ import uuid
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_nodes import _expect_error, assert_next_run_succeeds, error_of, host, reasoner_graph, run, t2i_graph  # noqa: F401
 
 from support import comfy_host
-from test_nodes import _expect_error, assert_next_run_succeeds, error_of, host, reasoner_graph, run, t2i_graph  # noqa: F401
 from test_workflows import TEST_ACTIONS, TINY_EDGE, TINY_NANO, check_outputs, load_api, nodes_of, shrink_api
 
 pytestmark = pytest.mark.comfy

@@ -130,9 +130,9 @@ def test_folder_named_safetensors_is_called_a_folder(shapes, tmp_path):
 @pytest.mark.comfy
 def test_lora_node_refuses_wrecking_loras_and_folders(host, tmp_path):
     from test_bad_input_nodes import _expect_error
-    from test_workflows import load_api, nodes_of, shrink_api
 
     from cosmos3_core.model.loader import load_transformer
+    from test_workflows import load_api, nodes_of, shrink_api
 
     loras = host.base_dir / "models" / "loras"
     loras.mkdir(parents=True, exist_ok=True)
@@ -178,6 +178,7 @@ def test_window_prompt_separators(text, want):
                                             ("a cat\n---\n---\na dog", "prompt 2 of 3 (window 2) is empty")])
 def test_long_video_separator_never_leaks_into_a_prompt(host, prompt, needle):
     from test_bad_input_nodes import _expect_error
+
     from test_workflows import load_api, nodes_of, shrink_api
 
     g = shrink_api(load_api("long_t2v"))
@@ -198,8 +199,8 @@ def _cli_error(tiny_checkpoint, tmp_path, capsys, *extra) -> str:
 
 def test_one_pass_with_frames_per_chunk_is_a_conflict(tiny_checkpoint, tmp_path, capsys):
     msg = _cli_error(tiny_checkpoint, tmp_path, capsys, "--one-pass", "--frames-per-chunk", "9")
-    assert msg == ("error: --one-pass asks for one clip but --frames-per-chunk 9 asks for windows of 9 frames; drop "
-                   "one of them."), msg
+    assert msg == ("error: one_pass asks for one clip but frames_per_chunk=9 asks for windows of that length; drop "
+                   "one of them (CLI: --one-pass, --frames-per-chunk)."), msg
 
 
 def test_empty_control_video_names_the_argument(tiny_checkpoint, tmp_path, capsys):
@@ -268,6 +269,7 @@ def test_transfer_window_is_capped_at_the_video():
 @pytest.mark.comfy
 def test_long_video_refuses_a_still_image_as_control(host):
     from test_bad_input_nodes import _expect_error
+
     from test_workflows import TEST_IMAGE, load_api, nodes_of, shrink_api
 
     g = shrink_api(load_api("transfer"), prefix="cosmos3_tests/tr_still")

@@ -9,8 +9,11 @@ driven over the Chrome DevTools Protocol (tests/support/cdp.py). For every UI wo
 * the file is dropped onto ``#graph-canvas`` (``Input.dispatchDragEvent`` with the real file) with the tiny
   checkpoint and the test inputs picked in its combo widgets (as a user picks them) and every number as shipped;
 * no missing-node dialog and no error toast appear, every node's type is registered in the frontend;
-* the saved viewport (``extra.ds``) shows every node whole inside ``FREE`` (the canvas left free by the frontend's
-  bars in a 1280×720 window) and every node's title fits its node;
+* it opens readable with the frontends' default settings: the saved viewport (``extra.ds``) is at or above the
+  level-of-detail zoom (``LiteGraph.Canvas.MinFontSizeForLOD``, 8 px of 14 px text: 0.571), so
+  ``app.canvas.low_quality`` is false and titles, widgets and the Read me are drawn; it shows every node whole inside
+  ``FREE`` (the canvas left free by the frontend's bars in the 1600×1000 window), and every node's title fits its
+  node;
 * the numbers the tiny run needs (sizes, frames, steps, ...; ``shrink_api``'s values) are TYPED into their widgets
   as a user does (click the widget, Ctrl+A, type, Enter); a stepped widget first gets the value one below (off its
   grid: it must snap to the valid value, e.g. 720 → 721 frames), then the value itself; each widget must then hold
@@ -27,9 +30,13 @@ ComfyUI's Templates listing (``/api/workflow_templates``) shows exactly the UI w
 that is not cut off (``templates_dialog.png``); a reload with unsaved workflows raises the "Leave site?" dialog, which
 is answered, and the app comes back.
 
+Every template opens the same way in a 1920×1080 window (its saved viewport is absolute: the graph keeps its place,
+the bars move out). The Templates dialog shows the pack's cards in ``web/template_order.json``'s order (the common
+modes first; the pack's frontend extension sorts them), each with its rendered picture
+(``example_workflows/thumbnails.py``).
+
 ``COSMOS3_UPDATE_TEMPLATES=1`` (with the bundled frontend) rewrites each UI workflow's ``extra.ds`` to frame its graph
-in ``FREE`` and its thumbnail ``example_workflows/<Title>.jpg`` from the output of its run (the middle frame of the
-video, the image, or for an actions-only workflow a plot of the actions), enlarged to ``THUMBNAIL_SIZE``.
+in ``FREE`` (at most zoom 1).
 
 What the newest frontend cannot do with the 0.3.75 backend (example_workflows/README.md): its queue and history panels read
 ``/api/jobs``, which 0.3.75 lacks (404; the panels stay empty and the console logs the error). Running, previews,
@@ -47,9 +54,23 @@ from pathlib import Path
 import pytest
 
 from support import comfy_host
-from test_workflows import (ALL_WORKFLOWS, THUMBNAIL_SIZE, check_mp4, check_outputs, ensure_tiny_checkpoints,
-                            load_api, load_ui, nodes_of, schema_inputs, shrink_api, source_node,
-                            thumbnail_path, ui_path, widget_slots, write_test_inputs)
+from test_workflows import (
+    ALL_WORKFLOWS,
+    TEMPLATE_ORDER,
+    check_mp4,
+    check_outputs,
+    ensure_tiny_checkpoints,
+    load_api,
+    load_ui,
+    nodes_of,
+    schema_inputs,
+    shrink_api,
+    source_node,
+    thumbnail_path,
+    ui_path,
+    widget_slots,
+    write_test_inputs,
+)
 
 pytestmark = pytest.mark.comfy
 
@@ -60,11 +81,14 @@ ARTIFACTS = Path(os.environ.get("COSMOS3_ARTIFACTS", comfy_host.REPO_ROOT / ".ou
 UPDATE = os.environ.get("COSMOS3_UPDATE_TEMPLATES") == "1"
 APP_READY = ("window.app && window.app.graph && window.LiteGraph && "
              "!!LiteGraph.registered_node_types['Cosmos3Loader'] && !!document.querySelector('#graph-canvas')")
-SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False,
-            "LiteGraph.Canvas.LowQualityRenderingZoomThreshold": 0.2}  # widgets drawn at fit-view zoom
-# The canvas a 1280x720 window leaves free of both frontends' bars (tabs and menu on top, the workflow name and the
-# Run bar floating below them, the side bar on the left, the zoom controls bottom right): x0, y0, x1, y1 in pixels.
-FREE = (72, 128, 1260, 650)
+# No first-run template dialog, no minimap over the graph; every level-of-detail setting as the frontends ship it.
+SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False}
+WINDOW, WIDE_WINDOW = (1600, 1000), (1920, 1080)
+# The canvas each window leaves free of both frontends' bars (1.32.9's "Nodes 2.0" banner, the tabs and menu on top,
+# the workflow name and the Run bar floating below them, the side bar on the left, the zoom controls bottom right):
+# x0, y0, x1, y1 in pixels.
+FREE = (72, 136, 1580, 940)
+WIDE_FREE = (72, 136, 1900, 1020)
 CLIP_FRAMES = 13  # write_test_inputs' clip: Transfer's length when the cap (num_frames) is above it
 
 
@@ -83,7 +107,7 @@ def browser():
         pytest.fail(f"the canvas test needs websocket-client (tests/run.sh installs it): {exc}")
     if cdp.find_chromium() is None:
         pytest.fail("chromium is not installed: tests/run.sh installs it with apt-get (Debian's chromium package)")
-    with cdp.Browser(width=1600, height=1000) as b:
+    with cdp.Browser(width=WINDOW[0], height=WINDOW[1]) as b:
         yield b
 
 
@@ -235,6 +259,21 @@ def node_boxes(b) -> list:
     })()""")
 
 
+def assert_readable(b, mode: str, free: tuple) -> None:
+    """As opened: drawn in full (not the frontend's low-quality mode, which leaves out titles, widgets and the Read
+    me's text), at the saved zoom, every node whole inside ``free`` and every title fitting its node."""
+    view = b.eval("({low: app.canvas.low_quality, scale: app.canvas.ds.scale, "
+                  "font: app.extensionManager.setting.get('LiteGraph.Canvas.MinFontSizeForLOD')})")
+    saved = load_ui(mode)["extra"]["ds"]["scale"]
+    assert view["scale"] == pytest.approx(saved), (mode, view, saved)
+    assert view["font"] == 8, f"the frontend's level-of-detail font size is {view['font']}, not its default 8"
+    assert view["low"] is False, f"{mode} opens in low-quality mode at zoom {view['scale']} ({view})"
+    for nid, title, x0, y0, x1, y1, need, width, free_title in node_boxes(b):
+        assert free[0] <= x0 and free[1] <= y0 and x1 <= free[2] and y1 <= free[3], \
+            f"{mode}: node {nid} ({title}) at {[round(v) for v in (x0, y0, x1, y1)]} is outside the view {free}"
+        assert free_title or need <= width, f"{mode}: the title {title!r} needs {need:.0f} px, node {nid} is {width}"
+
+
 def frame_graph(b) -> dict:
     """The ``extra.ds`` that centres the graph (as the frontend lays it out) in ``FREE``."""
     bounds = b.eval("""(() => { const bs = app.graph._nodes.map(n => n.getBounding());
@@ -336,35 +375,6 @@ def check_run(server, mode: str, api: dict, outputs: dict) -> list[Path]:
     return files
 
 
-def write_thumbnail(files: list[Path], path: Path) -> None:
-    """The template's picture from its run: the middle frame of the video, the image, else a plot of the actions."""
-    from PIL import Image, ImageDraw
-
-    media = [f for f in files if f.suffix in (".mp4", ".png")]
-    if media and media[0].suffix == ".png":
-        im = Image.open(media[0]).convert("RGB")
-    elif media:
-        import av
-
-        with av.open(str(media[0])) as c:
-            frames = [f.to_image() for f in c.decode(c.streams.video[0])]
-        im = frames[len(frames) // 2].convert("RGB")
-    else:  # inverse dynamics writes only actions: one line per action dimension over the chunk
-        (actions_file,) = [f for f in files if f.suffix == ".json"]
-        rows = json.loads(actions_file.read_text())["actions"]
-        im = Image.new("RGB", THUMBNAIL_SIZE, (24, 24, 28))
-        draw = ImageDraw.Draw(im)
-        w, h = THUMBNAIL_SIZE
-        lo = min(min(r) for r in rows)
-        hi = max(max(r) for r in rows)
-        for d in range(len(rows[0])):
-            color = tuple(int(80 + 175 * ((d * k) % 7) / 6) for k in (3, 5, 2))
-            pts = [(16 + (w - 32) * t / max(1, len(rows) - 1), h - 16 - (h - 32) * (r[d] - lo) / max(1e-6, hi - lo))
-                   for t, r in enumerate(rows)]
-            draw.line(pts, fill=color, width=3)
-    im.resize(THUMBNAIL_SIZE, Image.LANCZOS).save(path, "JPEG", quality=90)
-
-
 def write_viewport(mode: str, ds: dict) -> None:
     path = ui_path(mode)
     ui = json.loads(path.read_text())
@@ -373,7 +383,6 @@ def write_viewport(mode: str, ds: dict) -> None:
 
 
 # -------------------------------------------------------------------------------------------- tests
-# (in this order: with COSMOS3_UPDATE_TEMPLATES=1 the workflow runs write the thumbnails the Templates tests read)
 
 def test_stepped_int_widgets_hold_only_valid_values_as_typed(server, page):
     """Every pack node's INT widgets with a step, typed as a user types: on the grid near both ends (kept), one off
@@ -445,11 +454,8 @@ def test_workflow_typed_on_canvas_runs_from_the_run_button(server, page, tmp_pat
     assert_clean(state, f"{mode} after the drop")
     b.screenshot(server.artifacts / f"{mode}_opened.png")
 
-    # the saved viewport frames the whole graph; every title fits its node
-    for nid, title, x0, y0, x1, y1, need, width, free_title in node_boxes(b):
-        assert FREE[0] <= x0 and FREE[1] <= y0 and x1 <= FREE[2] and y1 <= FREE[3], \
-            f"{mode}: node {nid} ({title}) at {[round(v) for v in (x0, y0, x1, y1)]} is outside the view {FREE}"
-        assert free_title or need <= width, f"{mode}: the title {title!r} needs {need:.0f} px, node {nid} is {width}"
+    # drawn in full at the saved viewport, which frames the whole graph; every title fits its node
+    assert_readable(b, mode, FREE)
 
     # every shipped widget value is shown (the numbers before typing)
     by_id = {str(n["id"]): n for n in state["nodes"]}  # 1.58 keeps node ids as strings
@@ -490,10 +496,67 @@ def test_workflow_typed_on_canvas_runs_from_the_run_button(server, page, tmp_pat
     for nid, name, value in typed:  # the typed values went into the run
         node = api[str(nid)]["inputs"]
         assert node[name] == value, (mode, nid, name, node[name], value)
-    files = check_run(server, mode, api, entry["outputs"])
+    check_run(server, mode, api, entry["outputs"])
     assert_clean(graph_state(b), f"{mode} after the run")
-    if UPDATE:
-        write_thumbnail(files, thumbnail_path(mode))
+
+
+def test_every_template_opens_readable_in_a_1920x1080_window(server, page, tmp_path):
+    """The same workflows, opened in a larger window: the saved viewport keeps the graph where it was (drawn in full,
+    inside what the bars leave free); the window goes back to 1600×1000 afterwards."""
+    b = page
+    b.resize(*WIDE_WINDOW)
+    try:
+        b.wait_for(f"document.querySelector('#graph-canvas').getBoundingClientRect().right > {WINDOW[0]}",
+                   timeout=10, what="the canvas to fill the wider window")
+        for mode in ALL_WORKFLOWS:
+            ui = picked_ui(server, mode)
+            path = tmp_path / ui_path(mode).name
+            path.write_text(json.dumps(ui))
+            drop(b, path, len(ui["nodes"]))
+            assert_clean(graph_state(b), f"{mode} in {WIDE_WINDOW}")
+            b.screenshot(server.artifacts / f"{mode}_opened_{WIDE_WINDOW[0]}x{WIDE_WINDOW[1]}.png")
+            assert_readable(b, mode, WIDE_FREE)
+    finally:
+        b.resize(*WINDOW)
+        b.pump(0.5)
+
+
+def test_a_checkpoint_that_is_not_there_is_refused_on_run_with_the_fix(server, page):
+    """The shipped Text to Image as it comes: its checkpoint ``Cosmos3-Nano`` stands for no folder here (this server
+    holds several Nano-type tiny checkpoints under other names), so **Run** is refused before anything runs and the
+    frontend holds the loader's message (``app.lastNodeErrors``, which also outlines the node): the checkpoints found, the folders searched, "pick
+    one in Load Cosmos3 Checkpoint" — 1.32.9 shows it in its error dialog, 1.58.1 in the details of its "Invalid
+    input" toast naming the node."""
+    b = page
+    mode = "t2i"
+    drop(b, ui_path(mode), len(load_ui(mode)["nodes"]))
+    (loader,) = [n["id"] for n in load_ui(mode)["nodes"] if n["type"] == "Cosmos3Loader"]
+    before, seen = set(server.get("/history")), len(b.errors)
+    click_run(b)
+    held = f"JSON.stringify(app.lastNodeErrors && app.lastNodeErrors[{json.dumps(str(loader))}] || null)"
+    b.wait_for(f"{held} !== 'null'", timeout=20, what="the loader's validation error")
+    (error,) = json.loads(b.eval(held))["errors"]
+    for needle in ("Cosmos3Loader: checkpoint 'Cosmos3-Nano' was not found and",
+                   "pick one in Load Cosmos3 Checkpoint — in ", "'cosmos3-tiny-nano' (Nano/Super)",
+                   "models/diffusers: "):
+        assert needle in error["details"], (needle, error)
+    on_screen = ("pick one in Load Cosmos3 Checkpoint" if server.frontend == "bundled"
+                 else "Load Cosmos3 Checkpoint rejected the value for checkpoint")
+    b.wait_for(f"document.body.innerText.includes({json.dumps(on_screen)})", timeout=10, what=on_screen)
+    b.screenshot(server.artifacts / "missing_checkpoint_refused.png")
+    assert set(server.get("/history")) == before, "something ran"
+    refused = [e for e in b.errors[seen:] if e.startswith("PromptExecutionError")]  # the frontend logs the refusal
+    assert len(refused) == len(b.errors[seen:]) == 1, b.errors[seen:]
+    del b.errors[seen:]
+    closed = b.eval(f"""(() => {{  // the close (x) of the smallest box showing the refusal
+        const close = 'button[aria-label=Close], .p-dialog-close-button';
+        let box = [...document.querySelectorAll('*')].filter(e => (e.innerText || '').includes({json.dumps(on_screen)})).pop();
+        while (box && !box.querySelector(close)) box = box.parentElement;
+        if (box) box.querySelector(close).click();
+        return !!box;
+    }})()""")
+    assert closed, "no close (x) button on the refusal"
+    b.wait_for(f"!document.body.innerText.includes({json.dumps(on_screen)})", timeout=10, what="the refusal closed")
 
 
 def test_templates_list_ui_workflows_with_thumbnails(server):
@@ -508,10 +571,12 @@ def test_templates_list_ui_workflows_with_thumbnails(server):
 
 
 def test_templates_dialog_cards_show_the_thumbnails(server, page):
-    """The real Templates dialog (Comfy.BrowseTemplates), the pack's category: one card per UI workflow, titled by the
-    file name without being cut off, whose picture is our ``.jpg`` (fetched once the card is in view)."""
+    """The real Templates dialog (Comfy.BrowseTemplates), the pack's category: one card per UI workflow in
+    ``web/template_order.json``'s order (the pack's frontend extension sorts the file-system listing), titled by the
+    file name without being cut off, whose picture is our ``.jpg`` (fetched once the card is in view). Screenshots:
+    the first cards (``templates_dialog.png``) and the last (``templates_dialog_end.png``)."""
     b = page
-    titles = sorted(ui_path(m).stem for m in ALL_WORKFLOWS)
+    titles = list(TEMPLATE_ORDER)
     b.eval("app.extensionManager.command.execute('Comfy.BrowseTemplates'); true")
     pack = json.dumps(comfy_host.PACK_NAME)
     labels = f"[...document.querySelectorAll('[role=dialog] *')].filter(e => !e.children.length && " \
@@ -522,7 +587,7 @@ def test_templates_dialog_cards_show_the_thumbnails(server, page):
             ".filter(c => c.getAttribute('data-testid') !== 'template-workflow-detail')"
     b.wait_for(f"{cards}.length === {len(titles)}", timeout=30, what=f"{len(titles)} cards in the pack's category")
     names = b.eval(f"{cards}.map(c => c.getAttribute('data-testid').slice('template-workflow-'.length))")
-    assert sorted(names) == titles, names
+    assert names == titles, names
     card = ("(() => {{ const c = {cards}[{i}], im = c.querySelector('img'), h = c.querySelector('h3'); "
             "return {what}; }})()")
     loaded = {}
@@ -536,6 +601,9 @@ def test_templates_dialog_cards_show_the_thumbnails(server, page):
         assert "default-template" not in src, f"template card {names[i]!r} shows the frontend's placeholder: {src}"
         assert title == names[i] and not cut, f"the card's title {title!r} is cut off"
         loaded[names[i]] = [w, h]
+    b.screenshot(server.artifacts / "templates_dialog_end.png")
+    b.eval(f"{cards}[0].scrollIntoView({{block: 'end'}}); true")
+    b.pump(0.5)
     b.screenshot(server.artifacts / "templates_dialog.png")
     from PIL import Image
 

@@ -77,10 +77,10 @@ def _valid_values(host):
     match them, not the other way round)."""
     import numpy as np
 
-    from cosmos3_core.modes.action import ActionRequest, check_action_request
-    from cosmos3_core.request import CheckpointInfo, Request, resolve
+    from cosmos3_core.checks import check_action_request, check_clip
+    from cosmos3_core.request import ActionRequest, CheckpointInfo, Request
+    from cosmos3_core.resolve import resolve
     from cosmos3_core.sampling.conditioning import keyframe_indexes
-    from cosmos3_core.sampling.plan import check_clip
 
     info = CheckpointInfo.read(host.base_dir / "models" / "diffusers" / "cosmos3-tiny-nano")
 

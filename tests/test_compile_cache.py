@@ -1,7 +1,7 @@
 """A second process reuses the first one's ``torch.compile`` of the generation layer from disk.
 
 Two fresh processes, one after the other, with ``COSMOS3_CACHE_DIR`` on the same empty folder, each run the
-sampler's path (``Cosmos3Pipeline.sample(options=RuntimeOptions(compile=True))``, CPU inductor) on a tiny checkpoint: eager, then compiled,
+sampler's path (``Cosmos3Pipeline.run`` of a plan with ``RuntimeOptions(compile=True)``, CPU inductor) on a tiny checkpoint: eager, then compiled,
 then compiled with a prompt of another length. The first must compile exactly one graph (one for both prompt
 lengths) and save it to ``<COSMOS3_CACHE_DIR>/aot`` (``cosmos3_core.kernels.precompiled``); the second must load it from
 there without Dynamo tracing anything. Compiled latents must equal eager ones at fp32 rounding level. No timing is
@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from cosmos3_core import api
 
 needs_cpu_inductor = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
                                         reason="CPU inductor needs a C++ compiler")
@@ -39,8 +41,8 @@ def worker(checkpoint: str) -> dict:
     out = {}
     for name, prompt in (("short", "a red robot walking"), ("long", "a red robot walking on a wet street at night")):
         text = pipe.encode_text(prompt, "blurry", **SHAPE)
-        eager = pipe.sample(text, seed=1, steps=2, sound=False).latents
-        compiled = pipe.sample(text, seed=1, steps=2, sound=False, options=RuntimeOptions(compile=True)).latents
+        eager = pipe.run(api.plan(pipe, text, seed=1, steps=2, sound=False)).latents
+        compiled = pipe.run(api.plan(pipe, text, seed=1, steps=2, sound=False, options=RuntimeOptions(compile=True))).latents
         out[name] = dict(rel=float((compiled - eager).norm() / eager.norm()), tokens=text.cond.length)
     layer = generation_layer_fn(RuntimeOptions(compile=True))  # the process's one compiled layer
     out.update(compiled=layer.compiled, loaded=layer.loaded, cache_dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"),

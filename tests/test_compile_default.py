@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos3_core.request import check_options
+from cosmos3_core.checks import check_options
 from cosmos3_core.runtime import DEFAULT, RuntimeOptions, compile_pays
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ def _fresh(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_the_cli_and_the_library_import_without_compiler_diffusers_or_transformers():
-    r = _fresh("import sys\nimport cosmos3_core.cli.main, cosmos3_core.pipeline, cosmos3_core.modes.dispatch, "
+    r = _fresh("import sys\nimport cosmos3_core.cli.main, cosmos3_core.pipeline, cosmos3_core.api, "
                "cosmos3_core.reasoner.reasoner, cosmos3_core.parallel.run, cosmos3_core.kernels.compile\n"
                f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -85,8 +85,8 @@ def test_a_compile_that_fails_mid_run_is_one_error_and_the_next_run_works(tiny_c
     naming the function and the fix; the next run, eager, works and equals an eager run made before the failure."""
     from torch._dynamo import register_backend
 
+    from cosmos3_core.api import generate
     from cosmos3_core.kernels.precompiled import CompileError
-    from cosmos3_core.modes.dispatch import generate
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.request import Request
 

@@ -37,9 +37,9 @@ def nano(tiny_checkpoint):
 @pytest.fixture(scope="module")
 def loaded(nano):
     """The pipeline, loaded once for the module (every CLI run below takes it instead of loading it again)."""
-    from cosmos3_core.pipeline import Cosmos3Pipeline
-
     import torch
+
+    from cosmos3_core.pipeline import Cosmos3Pipeline
 
     return Cosmos3Pipeline.load(nano, dtype=torch.float32, device="cpu", with_sound=False)
 

@@ -14,10 +14,10 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from diffusers import ModularPipeline
 from PIL import Image
 
-from diffusers import ModularPipeline
-
+from cosmos3_core import api
 from cosmos3_core.config import CheckpointError
 from cosmos3_core.sampling.distilled import read_distilled
 from cosmos3_core.testing.tiny import DISTILLED_SIGMAS
@@ -122,7 +122,7 @@ def _image() -> Image.Image:
 @pytest.mark.parametrize("mode, frames, with_image", [("t2i", 1, False), ("t2v", 9, False), ("i2v", 9, True)])
 def test_latents_match_distilled_reference(ours, reference, mode, frames, with_image):
     """Steps and guidance unset on both sides: each takes them from the checkpoint (4 steps, one branch)."""
-    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.api import generate
     from cosmos3_core.request import Request
 
     image = _image() if with_image else None
@@ -142,7 +142,7 @@ def test_latents_match_distilled_reference(ours, reference, mode, frames, with_i
 
 def test_seed_changes_the_stochastic_steps(ours):
     """The SDE steps draw from the seeded generator: the same seed repeats exactly, another seed differs."""
-    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.api import generate
     from cosmos3_core.request import Request
 
     def run(seed):
@@ -157,10 +157,10 @@ def test_batch_items_equal_their_single_runs(ours):
     """A batch steps each item with its own scheduler and generator (seed + k): item k is the single run of seed + k
     (up to fp32 GEMM rounding of the batched forward), not one generator shared across items."""
     text = ours.encode_text(PROMPT, num_frames=9, height=H, width=W, fps=24.0)
-    both = ours.sample(text, seed=11, batch_size=2)
+    both = ours.run(api.plan(ours, text, seed=11, batch_size=2))
     assert both.latents.shape == (2, 48, 3, 4, 6)
     for k in range(2):
-        assert rel(both.latents[k], ours.sample(text, seed=11 + k).latents[0]) <= 1e-5
+        assert rel(both.latents[k], ours.run(api.plan(ours, text, seed=11 + k)).latents[0]) <= 1e-5
 
 
 def test_only_the_conditional_prompt_is_prefilled(ours):
@@ -178,7 +178,7 @@ def test_only_the_conditional_prompt_is_prefilled(ours):
     (dict(sound=True), ["sound=True", "vision only", "set sound to false"]),
 ])
 def test_library_refuses_what_a_distilled_checkpoint_fixes(ours, change, needles):
-    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.api import generate
     from cosmos3_core.request import Request
 
     request = Request(prompt=PROMPT, num_frames=1, height=H, width=W, **change)
@@ -191,8 +191,8 @@ def test_library_refuses_what_a_distilled_checkpoint_fixes(ours, change, needles
     assert ours.prefill_count == before  # refused before any model work
     text = ours.encode_text(PROMPT, num_frames=1, height=H, width=W, fps=24.0)
     with pytest.raises(ValueError, match="set steps to 4"):  # the plan's resolver checks too (the nodes' path)
-        ours.plan(text, steps=8)
-    assert ours.plan(text).steps == 4
+        api.plan(ours, text, steps=8)
+    assert api.plan(ours, text).steps == 4
 
 
 # ---------------------------------------------------------------------------------------------- CLI

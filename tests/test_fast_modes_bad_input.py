@@ -3,7 +3,7 @@ one message naming the argument (and its CLI flag), the value and the fix; never
 of precision. Checked on this CPU (no FP8 GEMMs):
 
 * real FP8 asked for where there are no FP8 GEMMs: ``--mixed-precision-format fp8`` and ``--weight-dtype
-  fp8_e4m3fn_fast`` are refused by ``request.resolve``, before the model loads (the load is made to fail here);
+  fp8_e4m3fn_fast`` are refused by ``resolve.resolve``, before the model loads (the load is made to fail here);
   in the core the same at planning, on the device the plan runs on;
 * an FP8 checkpoint without an explicit request runs W8A16 on such a device, with one notice saying so;
 * a policy field the reference rejects (in the checkpoint) or an override it rejects or would ignore;
@@ -22,16 +22,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_bad_input import FAST, one_error
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.cli import main as generate_cli
 from cosmos3_core.model.lora import linear_shapes, merge_lora, read_lora
-from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
+from cosmos3_core.request import Request
+from cosmos3_core.resolve import resolve
 from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from cosmos3_core.testing.fp8 import build_fp8_checkpoint
-from test_bad_input import FAST, one_error
 
 F, H, W = 5, 32, 32
 EMULATE = RuntimeOptions(fp8_gemm="emulate", compile="off")
@@ -110,15 +112,15 @@ def test_fp8_checkpoint_on_a_cpu_runs_w8a16_with_one_notice(ckpts, caplog):
     pipe = Cosmos3Pipeline.load(ckpts["fp8"], dtype=torch.float32)
     text = pipe.encode_text("a red car", None, num_frames=F, height=H, width=W, fps=24.0)
     with caplog.at_level(logging.WARNING, logger="cosmos3"):
-        plan = pipe.plan(text, steps=4)
+        plan = api.plan(pipe, text, steps=4)
     notices = [r.getMessage() for r in caplog.records if r.name == "cosmos3"]
     assert len(notices) == 1 and "runs W8A16 at every step" in notices[0] and "cpu has no FP8 GEMMs" in notices[0]
     assert plan.precision == (None,) * 4 and plan.fp8 in notices[0]  # every FP8 linear's forward: W8A16
     with pytest.raises(ValueError, match=r"mixed_precision_format='fp8' \(CLI: --mixed-precision-format fp8\) needs "
                                          r"real FP8 GEMMs, but cpu has no"):
-        pipe.plan(text, steps=4, mixed_precision_format="fp8")
+        api.plan(pipe, text, steps=4, mixed_precision_format="fp8")
     with pytest.raises(ValueError, match="fp8_gemm='emulate'.*runs on the CPU only, not on meta"):
-        pipe.plan(text, steps=4, device="meta", options=EMULATE)
+        api.plan(pipe, text, steps=4, device="meta", options=EMULATE)
 
 
 def test_approximate_mode_on_a_cpu_is_refused_and_labelled(ckpts):
@@ -128,9 +130,9 @@ def test_approximate_mode_on_a_cpu_is_refused_and_labelled(ckpts):
     with pytest.raises(ValueError, match=r"weight_dtype fp8_e4m3fn_fast \(approximate FP8 compute.*\) needs real FP8"):
         resolve(request, pipe.info)  # the request, before any model work
     with pytest.raises(ValueError, match=r"weight_dtype fp8_e4m3fn_fast \(approximate FP8 compute.*\) needs real FP8"):
-        pipe.plan(text, steps=4)  # a sampler's plan, on the device it runs on
-    plan = pipe.plan(text, steps=8, options=EMULATE)  # the numerical reference
-    assert plan.precision[3] == "W8A8,W8A16,W8A8" and "approximate" in plan.fp8
+        api.plan(pipe, text, steps=4)  # a sampler's plan, on the device it runs on
+    plan = api.plan(pipe, text, steps=8, options=EMULATE)  # the numerical reference
+    assert plan.precision[3] == ("W8A8", "W8A16", "W8A8") and "approximate" in plan.fp8
     assert torch.isfinite(pipe.run(plan).latents).all()
     with pytest.raises(Exception, match="already NVIDIA FP8"):
         Cosmos3Pipeline.load(ckpts["fp8"], dtype=torch.float32, fp8_compute=True)
@@ -142,8 +144,8 @@ def test_weight_only_checkpoint_refuses_the_w8a8_schedule(ckpts):
     pipe = Cosmos3Pipeline.load(ckpts["weight-only"], dtype=torch.float32)
     text = pipe.encode_text("a red car", None, num_frames=F, height=H, width=W, fps=24.0)
     with pytest.raises(ValueError, match=r"W8A8 needs the activation scale.*input_quantizer\._amax.*weight-only"):
-        pipe.plan(text, steps=8, options=EMULATE)
-    plan = pipe.plan(text, steps=4, options=EMULATE, mixed_precision_format="none")
+        api.plan(pipe, text, steps=8, options=EMULATE)
+    plan = api.plan(pipe, text, steps=4, options=EMULATE, mixed_precision_format="none")
     assert torch.isfinite(pipe.run(plan).latents).all()  # native for weight-only layers is W8A16
 
 
@@ -164,19 +166,19 @@ def test_sea_cache_refuses_too_few_steps_and_distilled(ckpts):
     pipe = Cosmos3Pipeline.load(ckpts["dense"], dtype=torch.float32)
     text = pipe.encode_text("a red car", None, num_frames=F, height=H, width=W, fps=24.0)
     with pytest.raises(ValueError, match=r"a 4-step run has too few steps \(4, SeaCache needs at least 8\)"):
-        pipe.plan(text, steps=4, sea_cache=SeaCacheConfig())
+        api.plan(pipe, text, steps=4, sea_cache=SeaCacheConfig())
     with pytest.raises(ValueError, match=r"sea_cache_max_consecutive_cached=-1"):
-        pipe.plan(text, steps=12, sea_cache=SeaCacheConfig(max_consecutive_cached=-1))
+        api.plan(pipe, text, steps=12, sea_cache=SeaCacheConfig(max_consecutive_cached=-1))
     distilled = Cosmos3Pipeline.load(ckpts["distilled"], dtype=torch.float32)
     text = distilled.encode_text("a red car", None, num_frames=F, height=H, width=W, fps=24.0)
     with pytest.raises(ValueError, match="distilled few-step checkpoint"):
-        distilled.plan(text, sea_cache=SeaCacheConfig())
+        api.plan(distilled, text, sea_cache=SeaCacheConfig())
 
 
 def test_sea_cache_refused_with_a_second_gpu_denoiser(ckpts):
     pipe = Cosmos3Pipeline.load(ckpts["dense"], dtype=torch.float32)
     text = pipe.encode_text("a red car", None, num_frames=F, height=H, width=W, fps=24.0)
-    plan = pipe.plan(text, steps=8, sea_cache=SeaCacheConfig())
+    plan = api.plan(pipe, text, steps=8, sea_cache=SeaCacheConfig())
     with pytest.raises(ValueError, match="SeaCache runs on one GPU"):
         pipe.run(plan, denoiser=pipe.transformer)
 

@@ -15,9 +15,9 @@ import shutil
 import sys
 
 import pytest
+from test_nodes import _expect_error, host, run, t2i_graph  # noqa: F401  (host: the module fixture)
 
 from support import comfy_host
-from test_nodes import _expect_error, host, run, t2i_graph  # noqa: F401  (host: the module fixture)
 from test_workflows import load_api, nodes_of, shrink_api
 
 FP8_NAME = "cosmos3-tiny-nano-fp8-fast"

@@ -20,10 +20,12 @@ import warnings
 import pytest
 import torch
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.model.fp8 import Fp8Linear, emulated_scaled_mm, fp8_gemm_available, quantize_activation
-from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
+from cosmos3_core.request import Request
+from cosmos3_core.resolve import resolve
 from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from cosmos3_core.testing.fp8 import build_fp8_checkpoint
@@ -110,8 +112,8 @@ def test_compiled_fp8_steps_match_eager(fp8_checkpoint):
     text = pipe.encode_text(CLIP["prompt"], CLIP["negative_prompt"], num_frames=9, height=64, width=96, fps=24.0)
     latents = []
     for options in (EAGER, COMPILED):
-        plan = pipe.plan(text, seed=3, steps=8, guidance=6.0, options=options)
-        assert any(p and p.startswith("W8A8") for p in plan.precision), plan.fp8
+        plan = api.plan(pipe, text, seed=3, steps=8, guidance=6.0, options=options)
+        assert any(p is not None and p.generation == "W8A8" for p in plan.precision), plan.fp8
         latents.append(pipe.run(plan).latents.flatten().float())
     assert torch.nn.functional.cosine_similarity(*latents, dim=0) > 0.99
 
@@ -121,7 +123,7 @@ def test_sea_cache_decides_the_same_compiled_and_eager(dense_checkpoint):
     text = pipe.encode_text(CLIP["prompt"], CLIP["negative_prompt"], num_frames=9, height=64, width=96, fps=24.0)
     traces = []
     for options in (EAGER, COMPILED):
-        plan = pipe.plan(text, seed=3, steps=12, guidance=6.0, sea_cache=SeaCacheConfig(threshold=0.6),
+        plan = api.plan(pipe, text, seed=3, steps=12, guidance=6.0, sea_cache=SeaCacheConfig(threshold=0.6),
                          options=options)
         pipe.run(plan)
         traces.append(plan.cache.trace)
@@ -136,6 +138,6 @@ def test_approximate_fp8_of_a_bf16_checkpoint_runs_and_stays_close(dense_checkpo
     a = generate(exact, request, decode=False).latents.float()
     b = generate(fast, request, decode=False).latents.float()
     text = fast.encode_text(CLIP["prompt"], CLIP["negative_prompt"], num_frames=9, height=64, width=96, fps=24.0)
-    plan = fast.plan(text, seed=3, steps=8, guidance=6.0, options=EAGER)
-    assert "approximate" in plan.fp8 and plan.precision[4].startswith("W8A8")
+    plan = api.plan(fast, text, seed=3, steps=8, guidance=6.0, options=EAGER)
+    assert "approximate" in plan.fp8 and plan.precision[4].generation == "W8A8"
     assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.9 and rel(b, a) > 0

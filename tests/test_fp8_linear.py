@@ -25,11 +25,10 @@ import warnings
 
 import pytest
 import torch
-
 from diffusers.pipelines.cosmos.mixed_precision import _w8a16_linear
 
 from cosmos3_core.model.fp8 import Fp8Linear, emulated_scaled_mm, quantize_activation, quantize_weight, run_linear
-from cosmos3_core.model.precision import FIRST_LAST_N_FP8_POLICY
+from cosmos3_core.model.precision import FIRST_LAST_N_FP8_POLICY, StepPrecision
 from cosmos3_core.model.weights import Fp8Checkpoint
 
 warnings.filterwarnings("ignore", module="modelopt")
@@ -152,10 +151,10 @@ def test_w8a16_is_diffusers(pair):
     view = types.SimpleNamespace(weight=ours.weight, bias=ours.bias,
                                  weight_quantizer=types.SimpleNamespace(_scale=ours.scale_weight.data))
     assert torch.equal(ours(x), _w8a16_linear(view, x, "x"))
-    assert torch.equal(run_linear(ours, x, "W8A16,W8A16,W8A16"), ours(x))
+    assert torch.equal(run_linear(ours, x, StepPrecision("W8A16", "W8A16", "W8A16")), ours(x))
     ours.path = "generation"
-    assert torch.equal(run_linear(ours, x, "W8A8,W8A16,W8A16"), ours.w8a8(x))
-    assert torch.equal(run_linear(ours, x, "W8A16,W8A8,W8A8"), ours(x))
+    assert torch.equal(run_linear(ours, x, StepPrecision("W8A8", "W8A16", "W8A16")), ours.w8a8(x))
+    assert torch.equal(run_linear(ours, x, StepPrecision("W8A16", "W8A8", "W8A8")), ours(x))
 
 
 def test_approximate_weights_are_modelopt_max_calibration():
@@ -190,7 +189,7 @@ def test_weight_only_layer_runs_w8a16_and_its_schedule_is_refused():
     layer.weight = torch.nn.Parameter(torch.zeros(16, 16).to(torch.float8_e4m3fn), requires_grad=False)
     x = torch.randn(2, 16)
     layer.path = "generation"
-    assert torch.equal(run_linear(layer, x, "W8A8,W8A8,W8A8"), layer(x))  # its native path is W8A16
+    assert torch.equal(run_linear(layer, x, StepPrecision("W8A8", "W8A8", "W8A8")), layer(x))  # its native path is W8A16
     config = {"quant_method": "modelopt", "quant_algo": "FP8", "runtime": {"diffusion_step_policy":
                                                                            FIRST_LAST_N_FP8_POLICY}}
     weight_only = Fp8Checkpoint(config, weight_only=("layers.0.self_attn.to_q",))

@@ -7,7 +7,7 @@ it), diffusers' ModelOpt quantizer loads the FP8 weights and quantizer tensors, 
 ``Cosmos3MixedPrecisionRuntime`` switches W8A8/W8A16 per step. ModelOpt's W8A8 forward is its FP8-GPU path
 (``fp8_per_tensor_gemm``); so that the reference runs it on the CPU each of its FP8 linears is given that function
 (its uncompiled body, torch's CPU ``_scaled_mm``). Ours runs the exact emulation
-(``RuntimeOptions(fp8_gemm="emulate")``), a whole ``Request`` resolved once (``modes.dispatch.generate``).
+(``RuntimeOptions(fp8_gemm="emulate")``), a whole ``Request`` resolved once (``api.generate``).
 
 What is compared, and why the tolerances:
 
@@ -33,14 +33,15 @@ import warnings
 
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
 
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.model.fp8 import Fp8Linear
 from cosmos3_core.model.precision import StepPrecision
-from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
+from cosmos3_core.request import Request
+from cosmos3_core.resolve import resolve
 from cosmos3_core.runtime import RuntimeOptions
 from cosmos3_core.testing.fp8 import build_fp8_checkpoint
 from support.compare import rel
@@ -146,13 +147,13 @@ def test_generation_equals_the_reference_mixed_precision_pipeline(checkpoints, r
     trace = reference._mixed_precision_trace
     assert len(trace) == STEPS
     assert resolve(request, ours.info).sampling.mixed_precision.schedule(STEPS) == tuple(trace)
-    modes = [StepPrecision.from_key(p) for p in seen]
+    modes = list(seen)
     if reference._mixed_precision_config.enabled:
         assert [m.generation for m in modes] == trace
         want = "W8A16" if reference._mixed_precision_config.reasoner_policy == "high_precision" else "W8A8"
         assert all(m.reasoner == want for m in modes)
     else:
-        assert set(trace) == {"base"} and all(p == "W8A8,W8A8,W8A8" for p in seen)
+        assert set(trace) == {"base"} and all(p == ("W8A8", "W8A8", "W8A8") for p in seen)
     assert out.latents.shape == ref.video.shape
     print(case, "latents rel", rel(out.latents, ref.video))
     if tolerance is not None:
@@ -220,9 +221,9 @@ def test_compiled_w8a8_and_sea_cache_steps_equal_eager(checkpoints):
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
     runs = []
     for options in (EMULATE, RuntimeOptions(fp8_gemm="emulate", compile="on", compile_backend="aot_eager")):
-        plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=6.0, sound=True, options=options,
+        plan = api.plan(ours, text, seed=SEED, steps=STEPS, guidance=6.0, sound=True, options=options,
                          sea_cache=SeaCacheConfig(threshold=0.6))
-        assert {p for p in plan.precision} == {"W8A16,W8A16,W8A8", "W8A8,W8A16,W8A8"}
+        assert set(plan.precision) == {StepPrecision("W8A16", "W8A16", "W8A8"), StepPrecision("W8A8", "W8A16", "W8A8")}
         runs.append((ours.run(plan).latents, plan.cache.trace))
     assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
     assert not all(computed for *_, computed in runs[0][1])

@@ -16,7 +16,6 @@ import copy
 import itertools
 
 import pytest
-
 from diffusers.pipelines.cosmos.mixed_precision import Cosmos3MixedPrecisionConfig, _classify_cosmos3_linear
 
 from cosmos3_core.model import precision
@@ -143,11 +142,11 @@ def test_nvidia_policy_schedule():
 
 def test_step_modes_follow_the_reference_paths():
     mp = resolve(CONFIGS["nvidia"])
-    assert mp.modes(0, 10).key == "W8A16,W8A16,W8A8"
-    assert mp.modes(5, 10).key == "W8A8,W8A16,W8A8"
+    assert mp.modes(0, 10) == ("W8A16", "W8A16", "W8A8")
+    assert mp.modes(5, 10) == ("W8A8", "W8A16", "W8A8")
     base = resolve(CONFIGS["nvidia"], mixed_precision_reasoner_policy="base_precision")
-    assert base.modes(5, 10).key == "W8A8,W8A8,W8A8"
-    assert resolve(CONFIGS["distilled"]).modes(0, 4).key == "W8A8,W8A8,W8A8"
+    assert base.modes(5, 10) == ("W8A8", "W8A8", "W8A8")
+    assert resolve(CONFIGS["distilled"]).modes(0, 4) == ("W8A8", "W8A8", "W8A8")
 
 
 @pytest.mark.parametrize("name", [

@@ -61,7 +61,7 @@ def test_cpu_inputs_take_f_linear_bit_for_bit():
 
 
 def test_routes_are_checked_with_a_clear_message():
-    from cosmos3_core.request import check_options
+    from cosmos3_core.checks import check_options
     from cosmos3_core.runtime import RuntimeOptions
 
     with pytest.raises(ValueError, match="gemv='fast'.*'torch' forces F.linear"):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from PIL import Image
 
-from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
-
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.model.layout import select_branch
-from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from support.compare import rel
@@ -73,7 +73,7 @@ def run_both(ours, reference, mode, schedule, output_type="latent"):
         fps=24.0, num_inference_steps=STEPS, guidance_scale=6.0, enable_sound=sound,
         generator=torch.Generator("cpu").manual_seed(SEED), output_type=output_type,
     )
-    out = generate(ours, 
+    out = generate(ours,
         Request(
             prompt=PROMPT, negative_prompt=NEGATIVE, image=image, video=video, num_frames=frames, height=H,
             width=W, fps=24.0, steps=STEPS, guidance=6.0, seed=SEED, schedule=schedule, shift=shift, sound=sound,
@@ -146,8 +146,8 @@ def test_text_tower_runs_once_per_distinct_prompt(ours, monkeypatch):
     hooks = [layer.mlp.register_forward_hook(lambda *a: calls.__setitem__("und_mlp", calls["und_mlp"] + 1))
              for layer in ours.transformer.layers]
     try:
-        ours.sample(text, seed=1, steps=4)
-        ours.sample(text, seed=2, steps=3, guidance=4.0)
+        ours.run(api.plan(ours, text, seed=1, steps=4))
+        ours.run(api.plan(ours, text, seed=2, steps=3, guidance=4.0))
     finally:
         for h in hooks:
             h.remove()
@@ -159,9 +159,9 @@ def test_guidance_one_runs_one_branch(ours, monkeypatch):
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
     sizes = []
     real = ours.transformer.denoise_step
-    monkeypatch.setattr(ours.transformer, "denoise_step", lambda l, t, kv, *a, **k: (sizes.append(len(kv)), real(l, t, kv, *a, **k))[1])
-    ours.sample(text, seed=1, steps=2, guidance=1.0)
-    ours.sample(text, seed=1, steps=4, guidance=6.0, guidance_interval=(990, 1000))
+    monkeypatch.setattr(ours.transformer, "denoise_step", lambda x, t, kv, *a, **k: (sizes.append(len(kv)), real(x, t, kv, *a, **k))[1])
+    ours.run(api.plan(ours, text, seed=1, steps=2, guidance=1.0))
+    ours.run(api.plan(ours, text, seed=1, steps=4, guidance=6.0, guidance_interval=(990, 1000)))
     assert sizes[:2] == [1, 1]
     assert sizes[2:] == [2, 1, 1, 1]  # shift 3 schedule: t = 999, then below 990
 
@@ -179,7 +179,7 @@ def test_callback_sees_every_step_and_can_cancel(ours):
             raise Cancelled
 
     with pytest.raises(Cancelled):
-        ours.sample(text, seed=1, steps=4, callback=cb)
+        ours.run(api.plan(ours, text, seed=1, steps=4), callback=cb)
     assert seen == [(1, 4, (1, 48, 3, 4, 6)), (2, 4, (1, 48, 3, 4, 6))]
-    again = ours.sample(text, seed=1, steps=2)  # a cancelled run leaves the next one working
+    again = ours.run(api.plan(ours, text, seed=1, steps=2))  # a cancelled run leaves the next one working
     assert torch.isfinite(again.latents).all()

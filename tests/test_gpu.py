@@ -34,7 +34,7 @@ def checkpoint(tiny_checkpoint):
 def test_t2av_latents_match_diffusers_on_cuda(checkpoint, dtype, tol, route):
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
-    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.api import generate
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.request import Request
     from cosmos3_core.runtime import RuntimeOptions
@@ -236,7 +236,7 @@ def test_distilled_i2v_matches_diffusers_on_cuda(tiny_checkpoint):
     from diffusers import ModularPipeline
     from PIL import Image
 
-    from cosmos3_core.modes.dispatch import generate
+    from cosmos3_core.api import generate
     from cosmos3_core.pipeline import Cosmos3Pipeline
     from cosmos3_core.request import Request
 

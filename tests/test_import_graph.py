@@ -112,32 +112,66 @@ def test_the_graph_walk_finds_a_planted_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-# what each layer may import from the package (its own folder is always allowed)
-ALLOWED = {
-    "kernels": {"runtime"},
-    "model": {"kernels", "runtime", "config", "defaults"},
-    "vae": {"kernels", "runtime", "config", "defaults", "model"},
-    "sampling": {"kernels", "runtime", "config", "defaults", "model", "vae"},
-    "modes": {"kernels", "runtime", "config", "defaults", "model", "vae", "sampling", "pipeline", "request", "media"},
-    "reasoner": {"kernels", "runtime", "config", "defaults", "model", "sampling"},
-    "parallel": {"kernels", "runtime", "config", "defaults", "model", "vae", "sampling", "pipeline"},
-    "testing": {"config", "defaults", "model", "vae"},
-}
+# The floors of the package, bottom to top (cosmos3_core/__init__.py and docs/architecture.md state the same order):
+# every room — a folder, or a top-level module — imports only rooms on lower floors.
+FLOORS = [
+    {"runtime", "defaults", "config", "media"},  # per-run options, defaults and constants, the config, media files
+    {"kernels"},  # attention, GEMV, compile caches
+    {"model"},  # the Mixture-of-Transformers and its weights
+    {"vae", "sampling", "testing"},  # the VAEs; prompts, conditioning, the plan, the loop; tiny test checkpoints
+    {"request", "reasoner"},  # the vocabulary of a run; the reasoner
+    {"pipeline"},  # the stages on a loaded checkpoint
+    {"modes", "parallel"},  # the modes; the parallel engine
+    {"checks"},  # the checks of a request's values (the resolver's, and nobody else's)
+    {"resolve"},  # the resolver: every default and user-facing check, once
+    {"api"},  # the front door: generate a whole Request
+    {"cli"},  # the command lines
+    {"generate", "reason", "tiny"},  # the python -m shims
+]
+FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 
 
-def _layer(module: str) -> str:
+def _room(module: str) -> str:
+    """The folder (or top-level module) a module lives in; the package itself is ``""``."""
     return module.split(".")[1] if module.count(".") >= 1 else ""
 
 
-def test_layers_only_import_layers_below_them():
+def arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a room to a room on the same floor or above it (the package ``__init__`` aside)."""
     wrong = []
-    for mod, deps in import_graph().items():
-        layer = _layer(mod)
-        if layer in ALLOWED:
-            for dep in deps:
-                if _layer(dep) not in ALLOWED[layer] | {layer}:
-                    wrong.append(f"{mod} -> {dep}")
-    assert wrong == []
+    for mod, deps in graph.items():
+        here = _room(mod)
+        for dep in deps:
+            there = _room(dep)
+            if there and there != here and FLOOR[there] >= FLOOR[here]:
+                wrong.append(f"{mod} -> {dep}")
+    return sorted(wrong)
+
+
+def test_every_room_has_a_floor():
+    rooms = {_room(m) for m in import_graph()} - {""}
+    assert rooms == set(FLOOR), (sorted(rooms - set(FLOOR)), sorted(set(FLOOR) - rooms))
+
+
+def test_no_import_runs_up_a_floor():
+    assert arrows_up(import_graph()) == []
+
+
+def test_the_floor_check_finds_a_planted_arrow_up():
+    planted = {"cosmos3_core.pipeline": {"cosmos3_core.resolve"}, "cosmos3_core.model.fp8": {"cosmos3_core.sampling.plan"},
+               "cosmos3_core.modes.clip": {"cosmos3_core.parallel.run"}, "cosmos3_core.resolve": {"cosmos3_core.checks"}}
+    assert arrows_up(planted) == ["cosmos3_core.model.fp8 -> cosmos3_core.sampling.plan",
+                                  "cosmos3_core.modes.clip -> cosmos3_core.parallel.run",
+                                  "cosmos3_core.pipeline -> cosmos3_core.resolve"]
+
+
+def test_the_package_docstring_states_the_floors():
+    """The layer order the package docstring gives is the one this test holds the code to."""
+    import cosmos3_core
+
+    doc = cosmos3_core.__doc__
+    positions = [min(doc.find(f"``{room}") for room in rooms if f"``{room}" in doc) for rooms in FLOORS[:-1]]
+    assert -1 not in positions and positions == sorted(positions), positions
 
 
 def test_nothing_imports_the_cli_or_the_test_fixtures():

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditioning_image
+from PIL import Image
 
+from cosmos3_core import api
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.sampling.conditioning import encode_keyframes, keyframe_indexes
 from support.compare import rel
@@ -95,7 +95,7 @@ def test_final_latents_match_reference(ours, reference, case):
     ).video
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=num_frames, height=H, width=W, fps=24.0)
     x0, clean = encode_keyframes(ours.vae, images, indexes, num_frames=num_frames, height=H, width=W)
-    plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=SHIFT, x0=x0,
+    plan = api.plan(ours, text, seed=SEED, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=SHIFT, x0=x0,
                      clean_frames=clean)
     out = ours.run(plan).latents
     assert out.shape == ref.shape

@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniTransformer
 
 from cosmos3_core.config import CheckpointError, Cosmos3Config
@@ -159,3 +158,38 @@ def test_pipeline_load_equals_diffusers_from_pretrained_bit_for_bit(nano_dir, bf
             assert v.dtype == w.dtype and v.shape == w.shape and torch.equal(v, w), (type(mine).__name__, k, v.dtype, w.dtype)
     assert ours.transformer.time_embedder.linear_1.weight.dtype == torch.float32
     assert ours.vae.dtype == dtype
+
+
+def test_vae_and_sound_decoder_are_built_from_their_safetensors_and_decode_as_diffusers(nano_dir, monkeypatch, caplog):
+    """``load_vae`` / ``load_sound_decoder`` never call diffusers' ``from_pretrained`` (whose load without
+    ``accelerate`` builds the module with random weights first and warns twice per checkpoint), warn about nothing
+    (``torch.nn.utils.weight_norm``'s deprecation included), leave no tensor on the ``meta`` device, and decode a
+    latent exactly as the modules ``from_pretrained`` builds (diffusers' own ``decode`` on both)."""
+    import warnings
+
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
+    from diffusers.models.modeling_utils import ModelMixin
+
+    from cosmos3_core.vae.audio import load_sound_decoder
+    from cosmos3_core.vae.video import load_vae
+
+    refs = {"vae": AutoencoderKLWan.from_pretrained(nano_dir / "vae"),
+            "sound": Cosmos3AVAEAudioTokenizer.from_pretrained(nano_dir / "sound_tokenizer")}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("from_pretrained was called")
+
+    monkeypatch.setattr(ModelMixin, "from_pretrained", classmethod(refuse))
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level("WARNING"):
+        warnings.simplefilter("always")
+        mine = {"vae": load_vae(nano_dir).vae, "sound": load_sound_decoder(nano_dir).tokenizer}
+    assert not [str(w.message) for w in seen] and not caplog.records, ([str(w.message) for w in seen], caplog.text)
+    for module in mine.values():
+        assert not module.training
+        assert all(t.device.type == "cpu" for t in [*module.parameters(), *module.buffers()])
+    g = torch.Generator().manual_seed(0)
+    latent = torch.randn(1, 48, 2, 4, 6, generator=g)
+    sound = torch.randn(1, 64, 5, generator=g)
+    with torch.no_grad():
+        assert torch.equal(mine["vae"].decode(latent).sample, refs["vae"].decode(latent).sample)
+        assert torch.equal(mine["sound"].decode(sound), refs["sound"].decode(sound))

@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from cosmos3_core import media
-from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.api import generate
+from cosmos3_core.checks import window_geometry
 from cosmos3_core.modes.long_video import generate_long
-from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
 from cosmos3_core.modes.stream_decode import FrameCollector
-from cosmos3_core.modes.windows import window_geometry
+from cosmos3_core.pipeline import Cosmos3Pipeline
+from cosmos3_core.request import Request
+from cosmos3_core.resolve import resolve
 from support.compare import rel
 
 H, W, CHUNK, SEED = 32, 48, 9, 21

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from support import comfy_host
 from cosmos3_core.kernels.attention import flash4_unavailable_reason
+from support import comfy_host
 from test_workflows import check_mp4, load_api, nodes_of, output_files, prepared_executor, shrink_api
 
 pytestmark = pytest.mark.comfy

@@ -16,10 +16,10 @@ import uuid
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_transformer_parity import ours_step, reference_step
 
 from cosmos3_core.model.lora import LoraError, read_lora
 from support.compare import rel
-from test_transformer_parity import reference_step, ours_step
 from test_workflows import load_api, shrink_api
 
 TARGETS = ("layers.0.self_attn.add_q_proj", "layers.1.self_attn.add_v_proj", "layers.0.self_attn.to_add_out",

@@ -26,11 +26,11 @@ import uuid
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_lora import inputs, lora_graph, ours_with, reference, write_lora
+from test_transformer_parity import ours_step
 
 from cosmos3_core.model.lora import LoraError, check_strength, linear_shapes, merge_lora, read_lora
-from test_lora import inputs, lora_graph, ours_with, reference, write_lora
 from support.compare import rel
-from test_transformer_parity import ours_step
 
 TOL = 1e-5
 CKPT = "cosmos3-tiny-nano"
@@ -418,7 +418,6 @@ def test_damaged_and_foreign_files_are_refused(setup):
 @pytest.mark.parametrize("storage", ["fp8_e4m3fn", "modelopt"])
 def test_fp8_model_with_lora_at_strength_zero_is_the_fp8_model(host, setup, storage):
     import comfy.model_management as mm
-
     from test_weights import write_modelopt
 
     loader = host.node_class_mappings["Cosmos3Loader"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_nodes import _expect_error, host, run  # noqa: F401  (host: the module fixture of test_nodes)
 
 from support.compare import rel
-from test_nodes import _expect_error, host, run  # noqa: F401  (host: the module fixture of test_nodes)
 from test_workflows import load_api, shrink_api
 
 pytestmark = pytest.mark.comfy

@@ -12,16 +12,33 @@ interrupt at every progress update, so the sampler's per-step progress is its ca
 """
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 
 import pytest
 import torch
 
+from cosmos3_core import api
 from support import comfy_host
-from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TEST_IMAGE, TINY_EDGE, TINY_EDGE_VLM, TINY_NANO,
-                            TINY_NANO_VLM, check_outputs, load_api, nodes_of, output_files, prepared_executor,
-                            shrink_api, tiny_checkpoint_for)
+from test_workflows import (
+    MODES,
+    PACK_NODE_IDS,
+    REASONER_MODES,
+    TEST_IMAGE,
+    TINY_DISTILLED,
+    TINY_EDGE,
+    TINY_EDGE_VLM,
+    TINY_NANO,
+    TINY_NANO_VLM,
+    check_outputs,
+    load_api,
+    nodes_of,
+    output_files,
+    prepared_executor,
+    shrink_api,
+    tiny_checkpoint_for,
+)
 
 pytestmark = pytest.mark.comfy
 
@@ -222,11 +239,27 @@ def test_compiled_vae_decode_at_many_sizes_across_prompts(host, monkeypatch):
             assert success, error_of(messages)["exception_message"]
 
 
-def test_missing_checkpoint(host):
-    g = t2i_graph(checkpoint="Cosmos3-Nano-missing")
-    # ComfyUI 0.3.75 does not check V3 combo values in validate_prompt: the loader's own message must be clear
-    _expect_error(host, g, "Cosmos3Loader", "'Cosmos3-Nano-missing'", "was not found",
-                  str(host.base_dir / "models" / "diffusers"), "transformer/config.json")
+@pytest.mark.parametrize("name, why", [("Cosmos3-Nano-missing", r"was not found;"),
+                                       ("Cosmos3-Nano", r"was not found and \d+ Nano/Super checkpoints were;")])
+def test_missing_checkpoint_is_refused_at_validation(host, name, why):
+    """ComfyUI 0.3.75 does not check a V3 combo's value against its options: the loader's ``validate_inputs``
+    refuses a name that stands for no folder before anything runs, listing what it found and where it looked. The
+    shipped name ``Cosmos3-Nano`` would stand for the one Nano/Super checkpoint found; this host has several."""
+    g = t2i_graph(checkpoint=name)
+    ok, _, _, node_errors = host.validate(g)
+    (loader,) = nodes_of(g, "Cosmos3Loader")
+    assert not ok and list(node_errors) == [loader], node_errors
+    (error,) = node_errors[loader]["errors"]
+    assert error["type"] == "custom_validation_failed", error
+    msg = error["details"]
+    assert msg.startswith(f"checkpoint - Cosmos3Loader: checkpoint {name!r} "), msg
+    assert re.search(f"{re.escape(repr(name))} {why} pick one in Load Cosmos3 Checkpoint — in ", msg), msg
+    models = host.base_dir / "models"
+    for needle in (f"in {models / 'cosmos3'}: none; in {models / 'diffusers'}: '", f"'{TINY_NANO}' (Nano/Super)",
+                   f"'{TINY_EDGE}' (Edge)", f"'{TINY_DISTILLED}' (distilled 4-step)",
+                   "put its folder (with transformer/config.json) in one of those folders and press r to refresh"):
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    assert_next_run_succeeds(host)
 
 
 def test_partial_checkpoint_without_transformer_config(host):
@@ -448,13 +481,13 @@ def test_partially_loaded_generation_tower_streams_weights_and_matches(host):
     handle = loader.execute(checkpoint=TINY_NANO, dtype="fp32", device="default").args[0]
     pipe = handle.pipeline
     text = pipe.encode_text("a red robot", None, num_frames=9, height=64, width=96, fps=24.0)
-    full = pipe.sample(text, seed=3, steps=2)
+    full = pipe.run(api.plan(pipe, text, seed=3, steps=2))
     patcher = handle.generation_patcher
     patcher.patch_model(device_to=patcher.load_device, lowvram_model_memory=1, load_weights=True)
     try:
         streamed = [m for m in patcher.model.modules() if getattr(m, "comfy_cast_weights", False)]
         assert len(streamed) >= 10  # the big linears were left to stream
-        partial = pipe.sample(text, seed=3, steps=2)
+        partial = pipe.run(api.plan(pipe, text, seed=3, steps=2))
     finally:
         patcher.unpatch_model(patcher.offload_device)
     assert torch.allclose(partial.latents, full.latents, rtol=1e-5, atol=1e-6)
@@ -469,6 +502,7 @@ def test_partial_load_brings_unstreamable_modules_along(host):
 
     import comfy.model_patcher
     import comfy.ops
+
     from cosmos3_core.config import Cosmos3Config
     from cosmos3_core.model.towers import tower_module
     from cosmos3_core.model.transformer import Cosmos3Transformer

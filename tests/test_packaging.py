@@ -158,3 +158,10 @@ def test_comfyui_reads_the_registry_metadata(pyproject, runtime):
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License\n                           Version 2.0, January 2004" in license_text
     assert "END OF TERMS AND CONDITIONS" in license_text
+
+
+def test_the_test_map_names_every_test_module():
+    """tests/README.md groups every test module by what it proves; a new module must find its row there."""
+    tests = Path(__file__).resolve().parent
+    listed = set(re.findall(r"`(test_\w+\.py)`", (tests / "README.md").read_text()))
+    assert listed == {p.name for p in tests.glob("test_*.py")}

@@ -5,7 +5,7 @@ One spawn of 2 ranks runs CFG-parallel and Ulysses-2; one spawn of 4 ranks runs 
 Each configuration generates T2V, T2AV and T2V with a guidance interval (its second step runs the cond branch alone,
 which CFG-parallel broadcasts) — fp32, 2 steps — through ``cosmos3_core.parallel.run.generate``, and a T2AV batch of
 2 (ComfyUI's batch_size) through ``pipeline.plan`` + ``run`` with the ``ParallelDenoiser``; the test
-compares every rank's latents with this process's ``Cosmos3Pipeline.generate`` (≤ 1e-5 relative) and with diffusers
+compares every rank's latents with this process's ``api.generate`` (≤ 1e-5 relative) and with diffusers
 0.42.1 ``Cosmos3OmniPipeline`` (≤ 1e-4, the parity tolerance of test_generation_parity.py). Both spawns also run
 the tile-parallel VAE decode (compared with the one-rank tiled decode, which test_vae.py ties to diffusers'
 ``tiled_decode``); the 2-rank spawn ends with a rank that exits mid-run, and the other must raise a
@@ -30,6 +30,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from cosmos3_core import api
 from support.compare import rel
 
 H, W, F, STEPS, SEED, SHIFT = 64, 96, 9, 2, 11, 3.0
@@ -45,7 +46,8 @@ DEATH_STEP = 2
 
 def _request(pipe, sound: bool, steps: int = STEPS, interval: tuple[float, float] | None = None, **options):
     """The resolved clip request every rank (and the single-device run) generates (``options``: RuntimeOptions)."""
-    from cosmos3_core.request import Request, resolve
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
     from cosmos3_core.runtime import RuntimeOptions
 
     return resolve(Request(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=F, height=H, width=W, fps=24.0,
@@ -98,7 +100,7 @@ def _rank_body(rank: int, world: int, port: int, checkpoint: str, out: Path) -> 
         save_file({"latents": result.latents.contiguous()}, out / _name(cfg_parallel, ulysses, "t2v_interval", rank))
         denoiser = ParallelDenoiser(pipe.transformer, mesh)  # a batch of 2 (ComfyUI's batch_size) with sound
         text = run.encode_text_local(pipe, denoiser, _request(pipe, True))
-        batch = pipe.run(pipe.plan(text, **BATCH), denoiser=denoiser)
+        batch = pipe.run(api.plan(pipe, text, **BATCH), denoiser=denoiser)
         save_file({"latents": batch.latents.contiguous(), "sound": batch.sound.contiguous()},
                   out / _name(cfg_parallel, ulysses, "t2av_batch2", rank))
     # the run's attention route reaches every attention call of a parallel run (prefill and Ulysses steps)
@@ -182,7 +184,7 @@ def single(checkpoint):
         ours["t2v_interval"] = generate_clip(pipe, _request(pipe, False, interval=INTERVAL), decode=False)
         r = _request(pipe, True)
         text = pipe.encode_text(r.prompt, r.negative_prompt, num_frames=F, height=H, width=W, fps=24.0)
-        ours["t2av_batch2"] = pipe.run(pipe.plan(text, **BATCH))
+        ours["t2av_batch2"] = pipe.run(api.plan(pipe, text, **BATCH))
         frames = pipe.vae.decode(_vae_latents(), tile=True, **TILE)
         ref = Cosmos3OmniPipeline.from_pretrained(checkpoint, enable_safety_checker=False, torch_dtype=torch.float32)
         ref.scheduler = UniPCMultistepScheduler.from_config(ref.scheduler.config, flow_shift=SHIFT,
@@ -318,9 +320,9 @@ def test_launch_without_torchrun_is_refused(monkeypatch):
 def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkpoint, single):
     """The in-process option (ComfyUI's two-GPU guidance): logic and numbers on two CPU "devices"; the concurrency
     of two real GPUs is not exercised here."""
+    from cosmos3_core.model.towers import tower_module
     from cosmos3_core.parallel.devices import BranchDevices
     from cosmos3_core.pipeline import Cosmos3Pipeline
-    from cosmos3_core.model.towers import tower_module
 
     ours, _, diffusers_latents, _ = single
     threads = torch.get_num_threads()
@@ -337,13 +339,13 @@ def test_branches_on_two_local_devices_equal_single_process_and_diffusers(checkp
         hook = replica.proj_in.register_forward_hook(lambda *a: calls.append(1))
         for mode, sound in MODES.items():
             text = pipe.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
-            got = pipe.run(pipe.plan(text, seed=SEED, steps=STEPS, shift=SHIFT, sound=sound), denoiser=split)
+            got = pipe.run(api.plan(pipe, text, seed=SEED, steps=STEPS, shift=SHIFT, sound=sound), denoiser=split)
             assert rel(got.latents, ours[mode].latents) <= 1e-5, mode
             assert rel(got.latents, diffusers_latents[mode]) <= 1e-4, mode
             if sound:
                 assert rel(got.sound[0], ours[mode].sound_latent) <= 1e-5
         text = pipe.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
-        got = pipe.run(pipe.plan(text, **BATCH), denoiser=split)  # a batch of 2 (ComfyUI's batch_size)
+        got = pipe.run(api.plan(pipe, text, **BATCH), denoiser=split)  # a batch of 2 (ComfyUI's batch_size)
         assert rel(got.latents, ours["t2av_batch2"].latents) <= 1e-5
         assert rel(got.sound, ours["t2av_batch2"].sound) <= 1e-5
         hook.remove()

@@ -1,4 +1,4 @@
-"""The plan is the one place that checks a request and decides a run; the loop knows no modes.
+"""The plan assembles a resolved run (the resolver checks the request and decides it); the loop knows no modes.
 
 Request checks are asserted on their messages (argument, value, fix); the decisions on what the plan holds
 (branches per step, streams, anchors) for a tiny checkpoint. Numerical parity of the decided runs with diffusers is
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos3_core import defaults
-from cosmos3_core.modes.dispatch import generate
+from cosmos3_core import api, defaults
+from cosmos3_core.checks import check_clip, check_sampling
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
-from cosmos3_core.sampling.plan import check_clip, check_sampling
+from cosmos3_core.request import Request
+from cosmos3_core.resolve import resolve
 from support.compare import rel
 
 CORE = Path(__file__).resolve().parent.parent / "cosmos3_core"
@@ -87,31 +87,31 @@ def test_image_with_one_frame_is_refused_not_ignored(pipe):
 
 
 def test_plan_decides_branches_streams_and_interval(pipe, text):
-    plan = pipe.plan(text, seed=1, steps=4, guidance=6.0, sound=True, guidance_interval=(990, 1000))
+    plan = api.plan(pipe, text, seed=1, steps=4, guidance=6.0, sound=True, guidance_interval=(990, 1000))
     assert [s.name for s in plan.streams] == ["vision", "sound"]
     assert plan.stream("vision").init.shape == (1, 48, 3, 4, 6)
     branches = [len(g.text) for g in plan.guidance]
     in_interval = [990 <= int(t) <= 1000 for t in plan.timesteps]
     assert branches == [2 if inside else 1 for inside in in_interval] and 1 in branches and 2 in branches
-    one = pipe.plan(text, seed=1, steps=3, guidance=1.0)
+    one = api.plan(pipe, text, seed=1, steps=3, guidance=1.0)
     assert all(len(g.text) == 1 for g in one.guidance) and one.steps == 3
-    assert pipe.plan(text, seed=1).steps == defaults.STEPS_VIDEO
+    assert api.plan(pipe, text, seed=1).steps == defaults.STEPS_VIDEO
 
 
 def test_plan_refuses_conditions_that_would_be_ignored(pipe, text):
     x0 = torch.zeros(1, 48, 3, 4, 6)
     with pytest.raises(ValueError, match="3 clean latent frames.*nothing would be generated"):
-        pipe.plan(text, seed=1, steps=2, x0=x0, clean_frames=[0, 1, 2])
+        api.plan(pipe, text, seed=1, steps=2, x0=x0, clean_frames=[0, 1, 2])
     image_text = pipe.encode_text("a car", None, num_frames=1, height=64, width=96, fps=24.0)
     with pytest.raises(ValueError, match="num_frames is 1"):
-        pipe.plan(image_text, seed=1, steps=2, x0=x0[:, :, :1], clean_frames=[0])
+        api.plan(pipe, image_text, seed=1, steps=2, x0=x0[:, :, :1], clean_frames=[0])
 
 
 def test_plan_refuses_a_step_larger_than_the_machine(pipe):
     big = pipe.encode_text("a car", "", num_frames=defaults.MAX_FRAMES, height=defaults.MAX_SIZE,
                            width=defaults.MAX_SIZE, fps=24.0)
     with pytest.raises(ValueError, match="GiB on cpu.*lower width/height or num_frames"):
-        pipe.plan(big, seed=1, steps=2)
+        api.plan(pipe, big, seed=1, steps=2)
 
 
 def test_loop_imports_no_model_or_layout():
@@ -133,12 +133,12 @@ def test_batch_items_equal_their_single_runs(pipe, text):
 
     pipe.transformer.denoise_step = counting
     try:
-        both = pipe.sample(text, seed=5, steps=2, sound=True, batch_size=3)
+        both = pipe.run(api.plan(pipe, text, seed=5, steps=2, sound=True, batch_size=3))
     finally:
         del pipe.transformer.denoise_step
     assert calls == [3, 3]  # one forward per step for all items (and both branches)
     assert both.latents.shape == (3, 48, 3, 4, 6) and both.sound.shape[0] == 3
-    singles = [pipe.sample(text, seed=5 + k, steps=2, sound=True) for k in range(3)]
+    singles = [pipe.run(api.plan(pipe, text, seed=5 + k, steps=2, sound=True)) for k in range(3)]
     for k, one in enumerate(singles):
         assert rel(both.latents[k], one.latents[0]) <= 1e-5
         assert rel(both.sound[k], one.sound[0]) <= 1e-5

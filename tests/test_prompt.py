@@ -12,7 +12,14 @@ from fractions import Fraction
 
 import pytest
 
-from cosmos3_core.sampling.prompt import PromptIds, default_negative_prompt, default_use_system_prompt, encode_prompts, load_tokenizer
+from cosmos3_core.checks import check_clip, check_prompt
+from cosmos3_core.sampling.prompt import (
+    PromptIds,
+    default_negative_prompt,
+    default_use_system_prompt,
+    encode_prompts,
+    load_tokenizer,
+)
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -69,8 +76,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_matches_diffusers_tokenize_prompt(case, tok, nano_pipe):
     prompt, neg, geo, sys_prompt, dur, res = CASES[case]
-    ours = encode_prompts(tok, prompt, neg, use_system_prompt=sys_prompt, add_duration_template=dur,
-                          add_resolution_template=res, **geo)
+    templates = tuple(name for name, on in (("duration", dur), ("resolution", res)) if on)
+    ours = encode_prompts(tok, prompt, neg, use_system_prompt=sys_prompt, templates=templates, **geo)
     ref_cond, ref_uncond = nano_pipe.tokenize_prompt(
         prompt, neg, use_system_prompt=sys_prompt, add_duration_template=dur, add_resolution_template=res, **geo)
     assert isinstance(ours, PromptIds)
@@ -111,8 +118,7 @@ def test_rendered_texts_spelled_out(tok):
     i = encode_prompts(tok, "A cat", "blurry", use_system_prompt=False, **IMAGE)
     assert i.cond_text == "A cat. This image is of 64x96 resolution."
     assert i.uncond_text == "blurry. This image is not of 64x96 resolution."
-    off = encode_prompts(tok, "A cat.", None, use_system_prompt=False, add_duration_template=False,
-                         add_resolution_template=False, **VIDEO)
+    off = encode_prompts(tok, "A cat.", None, use_system_prompt=False, templates=(), **VIDEO)
     assert (off.cond_text, off.uncond_text) == ("A cat.", "")  # no template: text untouched, period kept
 
 
@@ -129,9 +135,10 @@ def test_system_prompt_keeps_trained_typo(tok):
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "\n\t"])
-def test_empty_prompt_rejected(tok, bad):
-    with pytest.raises(ValueError, match="prompt is empty"):
-        encode_prompts(tok, bad, use_system_prompt=True, **VIDEO)
+def test_empty_prompt_rejected(bad):
+    """The resolver's check of a prompt (``encode_prompts`` takes only checked prompts)."""
+    with pytest.raises(ValueError, match="^prompt is empty"):
+        check_prompt(bad)
 
 
 def test_overlong_prompt_rejected(tok):
@@ -145,13 +152,14 @@ def test_overlong_prompt_rejected(tok):
         encode_prompts(tok, "A cat", "dark " * 50, use_system_prompt=True, max_tokens=n, **VIDEO)
 
 
-def test_bad_arguments(tok):
-    with pytest.raises(TypeError, match="prompt must be a str"):
-        encode_prompts(tok, ["A cat"], use_system_prompt=True, **VIDEO)
-    with pytest.raises(ValueError, match="fps must be a positive number"):
-        encode_prompts(tok, "A cat", use_system_prompt=True, num_frames=9, height=64, width=96, fps=0)
-    with pytest.raises(ValueError, match="num_frames must be a positive int"):
-        encode_prompts(tok, "A cat", use_system_prompt=True, num_frames=0, height=64, width=96, fps=24)
+def test_bad_arguments():
+    """The resolver's checks of what a text encode is given (``encode_prompts`` takes only checked values)."""
+    with pytest.raises(ValueError, match=r"^prompt=\['A cat'\] must be a string"):
+        check_prompt(["A cat"])
+    with pytest.raises(ValueError, match="^fps=0 must be a number from 1 to 120"):
+        check_clip(9, 64, 96, 0)
+    with pytest.raises(ValueError, match=r"^num_frames=0 must be 1 \(an image\) or 4k\+1"):
+        check_clip(0, 64, 96, 24)
 
 
 def test_tokenizer_without_vision_start_rejected(tmp_path):

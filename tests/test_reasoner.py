@@ -19,10 +19,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from cosmos3_core.model.loader import load_transformer  # noqa: E402
-from cosmos3_core.runtime import RuntimeOptions
-from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, build_messages, postprocess, process_logits, sample_token
 from cosmos3_core.model.towers import tower_module  # noqa: E402
+from cosmos3_core.reasoner.reasoner import Cosmos3Reasoner, SamplingParams, process_logits, sample_token
+from cosmos3_core.reasoner.tasks import build_messages, postprocess
 from cosmos3_core.reasoner.vision import load_processor, load_vision_encoder, mrope_position_ids  # noqa: E402
+from cosmos3_core.runtime import RuntimeOptions
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -196,7 +197,11 @@ def test_cache_values_equal_generator_text_kv(setup, family):
 
 def test_logit_processing_matches_transformers():
     from transformers.generation.logits_process import (
-        RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 300, generator=gen) * 3

@@ -1,4 +1,4 @@
-"""``request.resolve``: one request, every default and every check decided once, by mode and by checkpoint.
+"""``resolve.resolve``: one request, every default and every check decided once, by mode and by checkpoint.
 
 The defaults asserted here are the reference's (diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__``: guidance 6, 35
 video / 50 image steps, flow shift by tier; the modular Transfer pipeline: one conditional frame, no negative
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from cosmos3_core import defaults
-from cosmos3_core.modes.action import ActionRequest
-from cosmos3_core.request import CheckpointInfo, Request, resolve, resolve_clip
+from cosmos3_core.request import ActionRequest, CheckpointInfo, Request
+from cosmos3_core.resolve import resolve, resolve_clip
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from cosmos3_core import media
+from cosmos3_core.api import generate
 from cosmos3_core.kernels.attention import flash4_unavailable_reason
-from cosmos3_core.modes.action import ActionRequest
-from cosmos3_core.modes.dispatch import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
+from cosmos3_core.request import ActionRequest, Request
+from cosmos3_core.resolve import resolve
 from cosmos3_core.runtime import RuntimeOptions
 
 H, W = 32, 48

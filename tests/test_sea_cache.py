@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from diffusers.hooks.hooks import CacheContext, StateManager
-from diffusers.hooks.sea_cache import (SeaCacheConfig as RefConfig, SeaCacheContextState, SeaCacheRootHook,
-                                       SeaCacheSharedState, _apply_sea_filter, _SeaCacheForwardMetadata)
+from diffusers.hooks.sea_cache import SeaCacheConfig as RefConfig
+from diffusers.hooks.sea_cache import (
+    SeaCacheContextState,
+    SeaCacheRootHook,
+    SeaCacheSharedState,
+    _apply_sea_filter,
+    _SeaCacheForwardMetadata,
+)
 
 from cosmos3_core.sampling.sea_cache import SeaCache, SeaCacheConfig, check_sea_cache, sea_filter
 

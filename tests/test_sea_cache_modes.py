@@ -12,20 +12,30 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from diffusers import SeaCacheConfig as RefConfig, UniPCMultistepScheduler
+from diffusers import SeaCacheConfig as RefConfig
+from diffusers import UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos.modular_blocks_cosmos3 import Cosmos3OmniBlocks
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+from test_transfer_parity import (  # noqa: F401
+    NEGATIVE,
+    PROMPT,
+    SEED,
+    SHIFT,
+    H,
+    checkpoint,
+    control_clip,
+    ours,
+    reference,
+    run_reference,
+)
 
-from cosmos3_core.modes.action import ActionRequest
-from cosmos3_core.modes.dispatch import generate
+from cosmos3_core.api import generate
 from cosmos3_core.modes.long_video import generate_long
 from cosmos3_core.pipeline import Cosmos3Pipeline
-from cosmos3_core.request import Request, resolve
+from cosmos3_core.request import ActionRequest, Request
+from cosmos3_core.resolve import resolve
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig
 from support.compare import rel
-from test_transfer_parity import H, NEGATIVE, PROMPT, SEED, SHIFT, checkpoint, control_clip, ours, reference  # noqa: F401
-from test_transfer_parity import run_reference
 
 STEPS = 8
 KNOBS = dict(threshold=0.6)

@@ -6,7 +6,7 @@ and sound agree as in the plain parity tests (1e-4: fp32 summation order; the ga
 The reference runs each guidance branch in its own ``cache_context``; ours runs both branches as one batch and
 decides per branch (and per batch item: a batch of two is two reference runs with seeds ``s`` and ``s + 1``). Which
 contexts ran the stack is read from the reference by counting its first decoder layer's calls per context. A whole
-request (``modes.dispatch.generate``) with ``sea_cache`` runs the same steps as the staged plan; a Transfer window
+request (``api.generate``) with ``sea_cache`` runs the same steps as the staged plan; a Transfer window
 names its branches as the reference's contexts.
 """
 
@@ -15,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+from diffusers import SeaCacheConfig as RefConfig
 from PIL import Image
 
-from diffusers import Cosmos3OmniPipeline, SeaCacheConfig as RefConfig, UniPCMultistepScheduler
-
-from cosmos3_core.modes.dispatch import generate
+from cosmos3_core import api
+from cosmos3_core.api import generate
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from cosmos3_core.sampling.sea_cache import SeaCacheConfig
@@ -85,7 +86,7 @@ def test_same_steps_reused_and_same_outputs_as_the_reference(checkpoint, ours, c
     sound, sea = args.get("enable_sound", False), SeaCacheConfig(**knobs)
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=args["num_frames"], height=H, width=W, fps=24.0)
     x0, clean = ours.encode_condition(text, image=args.get("image"))
-    plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=guidance, schedule="flow_shift", shift=3.0,
+    plan = api.plan(ours, text, seed=SEED, steps=STEPS, guidance=guidance, schedule="flow_shift", shift=3.0,
                      sound=sound, x0=x0, clean_frames=clean, sea_cache=sea)
     result = ours.run(plan)
     mine = {(step, branch): computed for step, branch, item, computed in plan.cache.trace}
@@ -106,7 +107,7 @@ def test_batch_items_decide_as_separate_reference_runs(checkpoint, ours):
     knobs = dict(threshold=0.6)
     refs = [reference_run(checkpoint, knobs, SEED + k, num_frames=F) for k in range(2)]
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
-    plan = ours.plan(text, seed=SEED, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=3.0, batch_size=2,
+    plan = api.plan(ours, text, seed=SEED, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=3.0, batch_size=2,
                      sea_cache=SeaCacheConfig(**knobs))
     result = ours.run(plan)
     for k, (ref, ran) in enumerate(refs):
@@ -119,7 +120,7 @@ def test_a_branch_outside_the_guidance_interval_restarts_its_trajectory(ours):
     """Our guidance interval drops the uncond branch for late steps; when it is back (an interval in the middle)
     its context is non-adjacent and computes, as a reference context that skipped steps does."""
     text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
-    plan = ours.plan(text, seed=1, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=3.0,
+    plan = api.plan(ours, text, seed=1, steps=STEPS, guidance=6.0, schedule="flow_shift", shift=3.0,
                      guidance_interval=(0, 900), sea_cache=SeaCacheConfig(threshold=10.0))
     ours.run(plan)
     uncond = [(s, c) for s, b, _, c in plan.cache.trace if b == "uncond"]
@@ -134,7 +135,7 @@ def test_every_window_has_contexts_of_its_own(ours, transfer):
     """Each long-video window is a run of its own (as each reference call is): a fresh SeaCache whose contexts
     start computing; Transfer's branches are the reference's three contexts."""
     from cosmos3_core.modes.long_video import generate_long
-    from cosmos3_core.request import resolve
+    from cosmos3_core.resolve import resolve
 
     extra = dict(num_frames=13)
     if transfer:

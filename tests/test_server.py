@@ -13,8 +13,20 @@ import uuid
 import pytest
 
 from support import comfy_host
-from test_workflows import (MODES, PACK_NODE_IDS, REASONER_MODES, TINY_EDGE, TINY_NANO, TINY_NANO_VLM, check_outputs,
-                            ensure_tiny_checkpoints, load_api, nodes_of, shrink_api, write_test_inputs)
+from test_workflows import (
+    MODES,
+    PACK_NODE_IDS,
+    REASONER_MODES,
+    TINY_EDGE,
+    TINY_NANO,
+    TINY_NANO_VLM,
+    check_outputs,
+    ensure_tiny_checkpoints,
+    load_api,
+    nodes_of,
+    shrink_api,
+    write_test_inputs,
+)
 
 pytestmark = pytest.mark.comfy
 

@@ -3,7 +3,7 @@ interrupts, failures and checkpoint switches in between.
 
 Every cycle queues, in one go: text-to-image and text-to-video on the tiny Nano, text-to-video on the tiny Edge (a
 checkpoint switch), bad inputs (cfg NaN sent as JSON ``NaN``, width 100, a lone-surrogate prompt sent as JSON
-``"\\ud800"``, a missing checkpoint), text-to-audio+video, image-to-video on Edge; then a long run that is
+``"\\ud800"``, a missing checkpoint — refused when queued, by the loader's validation), text-to-audio+video, image-to-video on Edge; then a long run that is
 interrupted with ``POST /interrupt`` while it samples, followed by a normal one; then the folder
 ``cosmos3-soak-swap`` is replaced by the other model under the same name and run (the loader must notice). Asserted:
 each run ends as expected (success, the expected node's error, or interrupted); the run after every failure
@@ -83,7 +83,7 @@ CYCLE = [
     ok("t2av"),
     ("error", ("Cosmos3TextEncode", "lone surrogate"), surrogate),
     ok("i2v", TINY_EDGE),
-    ("error", ("Cosmos3Loader", "was not found"), lambda n: graph("t2i", "cosmos3-soak-missing", n)),
+    ("refused", ("Cosmos3Loader", "was not found"), lambda n: graph("t2i", "cosmos3-soak-missing", n)),
     ok("t2i"),
 ]
 
@@ -96,6 +96,14 @@ def outcome(entry: dict) -> tuple[str, dict | None]:
         if event == "execution_error":
             return "error", data
     return status.get("status_str"), None
+
+
+def queue(srv, graph: dict):
+    """The prompt id, or the ``PromptValidationError`` of a graph refused when queued (nothing runs)."""
+    try:
+        return srv.queue(graph)
+    except comfy_host.PromptValidationError as exc:
+        return exc
 
 
 def running_ids(srv) -> list[str]:
@@ -143,9 +151,14 @@ def test_soak(tmp_path_factory, tiny_checkpoint):
         rss: list[float] = []
         tmp_after_warmup = temp_after_warmup = None
         for cycle in range(CYCLES):
-            ids = [(srv.queue(make(runs + i)), want, detail) for i, (want, detail, make) in enumerate(CYCLE)]
+            ids = [(queue(srv, make(runs + i)), want, detail) for i, (want, detail, make) in enumerate(CYCLE)]
             previous = "success"
             for pid, want, detail in ids:
+                if want == "refused":
+                    assert isinstance(pid, comfy_host.PromptValidationError), (cycle, detail, pid)
+                    node, needle = detail
+                    assert node in str(pid.node_errors) and needle in str(pid.node_errors), pid
+                    continue
                 kind, data = outcome(srv.wait(pid, timeout=300))
                 assert kind == want, (cycle, want, detail, kind, data)
                 if want == "error":

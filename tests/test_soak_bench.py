@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support import comfy_host
 
 pytestmark = pytest.mark.comfy

@@ -11,12 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 from diffusers.modular_pipelines.cosmos import Cosmos3OmniBlocks
 from diffusers.modular_pipelines.cosmos import decoders as ref_decoders
 
-from cosmos3_core.model.layout import build_layout
+from cosmos3_core.model.layout import Prefix, build_layout
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from support.compare import rel
 
@@ -100,7 +99,8 @@ def test_packed_control_step_matches_diffusers_forward(ours, reference, monkeypa
         prefix = torch.cat(items[:-1]) if len(items) > 1 else None
         seen_prefix.add((len(items) - 1, tuple(clean)))
         text = model.prefill(kw["input_ids"].tolist())
-        layout = build_layout(model.config, [text.length], target.shape[2:], 24.0, clean_frames=clean, prefix=prefix)
+        layout = build_layout(model.config, [text.length], target.shape[2:], 24.0, clean_frames=clean,
+                              prefix=None if prefix is None else Prefix(prefix))
         out = model.denoise_step(target, kw["vision_timesteps"][0], [text], layout)
         assert rel(out.vision[0], ref_v[0]) <= 1e-5
     assert seen_prefix == {(2, ()), (0, ()), (2, (0,)), (0, (0,))}
@@ -125,7 +125,7 @@ def test_three_branches_in_one_batch_match_the_three_reference_passes(ours, refe
         cond_kv, uncond_kv = model.prefill(full["input_ids"].tolist()), model.prefill(uncond["input_ids"].tolist())
         layout = build_layout(
             model.config, [cond_kv.length, cond_kv.length, uncond_kv.length], target.shape[2:], 24.0,
-            clean_frames=clean, prefix=full["vision_tokens"][0], prefix_hidden=(False, True, False),
+            clean_frames=clean, prefix=Prefix(full["vision_tokens"][0], (False, True, False)),
         )
         out = model.denoise_step(target, full["vision_timesteps"][0], [cond_kv, cond_kv, uncond_kv], layout)
         for j, ref_v in enumerate((v_full, v_noctrl, v_uncond)):
@@ -139,7 +139,8 @@ def test_transfer_over_four_chunks_matches_modular_pipeline(ours, reference, mon
     the text guidance gated off for the last step."""
     from cosmos3_core.modes.long_video import generate_long
     from cosmos3_core.modes.stream_decode import FrameCollector
-    from cosmos3_core.request import Request, resolve
+    from cosmos3_core.request import Request
+    from cosmos3_core.resolve import resolve
 
     controls = {"depth": control_clip(4, 12), "edge": control_clip(5, 12)}  # given out of canonical order
     seed_video = control_clip(6, 3)

@@ -10,15 +10,14 @@ import types
 
 import pytest
 import torch
-
 from diffusers import Cosmos3OmniTransformer
 from diffusers.models.transformers import transformer_cosmos3 as dtc
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from cosmos3_core.config import Cosmos3Config
-from cosmos3_core.model.layout import build_layout
+from cosmos3_core.model.layout import ActionTokens, build_layout
 from cosmos3_core.model.loader import load_transformer
-from cosmos3_core.model.rope import rope_tables, vision_position_ids, sound_position_ids, action_position_ids
+from cosmos3_core.model.rope import action_position_ids, rope_tables, sound_position_ids, vision_position_ids
 from support.compare import rel
 
 RTOL = 1e-5
@@ -80,8 +79,8 @@ def ours_step(model, ids_list, latents, timestep, fps, clean, sound=None, action
     kvs = model.prefill_many(ids_list)  # both branches' prompts in one text-tower pass, as the pipeline runs them
     layout = build_layout(
         model.config, [kv.length for kv in kvs], latents.shape[2:], fps, clean_frames=clean,
-        sound_len=0 if sound is None else sound.shape[1], action_len=0 if action is None else action.shape[0],
-        clean_actions=clean_actions, domain_id=domain if action is not None else None,
+        sound_len=0 if sound is None else sound.shape[1],
+        action=None if action is None else ActionTokens(action.shape[0], tuple(clean_actions), domain),
     )
     return model.denoise_step(latents, torch.tensor(timestep), kvs, layout, sound=sound, action=action)
 

@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_nodes import _expect_error, host, t2i_graph  # noqa: F401  (host: the in-process ComfyUI of the node tests)
 
 from cosmos3_core.config import CheckpointError, Cosmos3Config
-from cosmos3_core.request import CheckpointInfo, Request, resolve
-from test_nodes import _expect_error, host, t2i_graph  # noqa: F401  (host: the in-process ComfyUI of the node tests)
+from cosmos3_core.request import CheckpointInfo, Request
+from cosmos3_core.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 

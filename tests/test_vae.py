@@ -11,8 +11,8 @@ import torch
 from diffusers import Cosmos3OmniPipeline
 from diffusers.video_processor import VideoProcessor
 
-from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 from cosmos3_core.config import CheckpointError
+from cosmos3_core.vae.video import Cosmos3VAE, load_vae
 
 TOL = 1e-5
 
@@ -179,7 +179,7 @@ def test_untiled_decode_out_of_memory_retries_tiled(vae, monkeypatch, caplog):
     assert torch.equal(got, want)
     assert "retrying with spatial tiles" in caplog.text
     with pytest.raises(torch.OutOfMemoryError):
-        vae.decode(lat, tile_on_oom=False)
+        vae.decode(lat, tile=False)
     monkeypatch.setattr(Cosmos3VAE, "_decode_chunks",
                         lambda *a, **kw: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")))
     with pytest.raises(torch.OutOfMemoryError):

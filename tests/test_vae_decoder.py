@@ -10,8 +10,8 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
 from cosmos3_core.testing.tiny import _build_vae
-from cosmos3_core.vae.video import Cosmos3VAE
 from cosmos3_core.vae.frame_decoder import WanFrameDecoder
+from cosmos3_core.vae.video import Cosmos3VAE
 
 TOL = 1e-5
 

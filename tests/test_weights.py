@@ -18,12 +18,12 @@ import types
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_transformer_parity import ours_step
 
 from cosmos3_core.config import CheckpointError
 from cosmos3_core.model.layers import KEEP_FP32
 from cosmos3_core.model.loader import load_transformer
-from cosmos3_core.model.weights import CastLinear, STORAGE_DTYPES, check_storage_device
-from test_transformer_parity import ours_step
+from cosmos3_core.model.weights import STORAGE_DTYPES, CastLinear, check_storage_device
 
 FILE = "diffusion_pytorch_model.safetensors"
 

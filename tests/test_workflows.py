@@ -2,8 +2,9 @@
 
 Layout (discovered by glob, so a new workflow needs no edit here): a UI workflow ``example_workflows/<Title>.json``
 (ComfyUI lists every ``*.json`` directly in a pack's ``example_workflows/`` as a template; the frontend shows the
-file name as the card's title), its thumbnail ``example_workflows/<Title>.jpg`` (an output frame of the workflow run
-on the tiny checkpoints, written by ``tests/test_canvas.py``) and its API twin
+file name as the card's title), its thumbnail ``example_workflows/<Title>.jpg`` (a card naming the mode, its inputs →
+outputs and its checkpoint, rendered by ``example_workflows/thumbnails.py``, which also writes the cards' order,
+``web/template_order.json``) and its API twin
 ``example_workflows/api/cosmos3_<mode>.json`` (outside the templates glob). The UI workflow's **Read me** note names
 its twin on its last line and carries the template's one-line description under its title (the frontend has no
 description field for a pack's template: it repeats the file name).
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -103,7 +105,12 @@ TEST_CLIP = "cosmos3_test_clip.mp4"
 # combo inputs whose shipped value is a real-world name (a checkpoint folder, a file the user uploads)
 REAL_WORLD_COMBOS = {("Cosmos3Loader", "checkpoint"), ("LoadImage", "image"), ("LoadVideo", "file"),
                      ("Cosmos3LoadActions", "file")}
-THUMBNAIL_SIZE = (384, 256)  # the shrunk run's 96x64 output frame, enlarged 4x
+THUMBNAIL_SIZE = (480, 320)  # example_workflows/thumbnails.py's cards (3:2, as the Templates dialog crops them)
+TEMPLATE_ORDER = tuple(json.loads((comfy_host.REPO_ROOT / "web" / "template_order.json").read_text()))
+COMMON_FIRST = ("Cosmos3 Video with Sound", "Cosmos3 Text to Video", "Cosmos3 Image to Video", "Cosmos3 Text to Image")
+# The saved zoom of every template: at or above the frontends' default level-of-detail zoom (MinFontSizeForLOD 8 px
+# of 14 px text = 0.571 on a screen of device pixel ratio 1; less on a HiDPI one), so it opens drawn in full.
+MIN_SCALE = 0.6
 MAX_TITLE_CHARS = 26  # fits a Templates card at 1600 px (≈250 px of bold 14 px text; test_canvas measures it)
 # control_after_generate stays "fixed" on these: a size (PrimitiveInt) and the reasoner's seed (a re-queue re-uses
 # its cached caption); every other seed is "randomize", as in ComfyUI's own templates
@@ -429,7 +436,7 @@ def widget_slots(info: dict) -> list[tuple[str, str]]:
 
 
 def ui_links(ui: dict) -> dict[int, tuple]:
-    return {l[0]: tuple(l[1:]) for l in ui["links"]}
+    return {link[0]: tuple(link[1:]) for link in ui["links"]}
 
 
 def same_value(a, b) -> bool:
@@ -457,20 +464,42 @@ def test_every_mode_ships_a_ui_and_api_pair():
         assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
         assert all(isinstance(k, str) and k.isdigit() and "class_type" in v and "inputs" in v for k, v in api.items())
         assert ui["last_node_id"] >= max(n["id"] for n in ui["nodes"])
-        assert ui["last_link_id"] >= max((l[0] for l in ui["links"]), default=0)
+        assert ui["last_link_id"] >= max((link[0] for link in ui["links"]), default=0)
         assert len({n["id"] for n in ui["nodes"]}) == len(ui["nodes"]), "duplicate node ids"
-        assert len({l[0] for l in ui["links"]}) == len(ui["links"]), "duplicate link ids"
+        assert len({link[0] for link in ui["links"]}) == len(ui["links"]), "duplicate link ids"
         thumb = thumbnail_path(mode)
         assert thumb.is_file(), (f"{thumb.name} missing: the Templates browser shows no picture. Write it with "
-                                 "COSMOS3_UPDATE_TEMPLATES=1 bash tests/run.sh tests/test_canvas.py")
+                                 "python example_workflows/thumbnails.py")
         from PIL import Image
 
-        with Image.open(thumb) as im:  # an output frame of the shrunk run (96x64), enlarged 4x
+        with Image.open(thumb) as im:
             assert im.format == "JPEG" and im.size == THUMBNAIL_SIZE, (thumb.name, im.format, im.size)
     readme = (WORKFLOWS_DIR / "README.md").read_text()
     for mode in ALL_WORKFLOWS:
         assert f"`{ui_path(mode).name}`" in readme and f"`api/{api_path(mode).name}`" in readme, mode
     assert "reasoner_to_i2v" in REASONER_MODES, REASONER_MODES
+
+
+def test_template_cards_are_the_rendered_cards_in_their_order():
+    """The Templates page: ``web/template_order.json`` lists every UI workflow once, the common modes first (video with
+    sound, text to video, image to video, text to image), as ``thumbnails.CARDS`` orders them; every ``<Title>.jpg``
+    is the card ``thumbnails.render`` draws for it (within JPEG rounding)."""
+    import importlib.util
+
+    from PIL import Image, ImageChops, ImageStat
+
+    spec = importlib.util.spec_from_file_location("thumbnails", WORKFLOWS_DIR / "thumbnails.py")
+    thumbnails = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = thumbnails  # its dataclasses look their module up there
+    spec.loader.exec_module(thumbnails)
+    titles = [card.title for card in thumbnails.CARDS]
+    assert list(TEMPLATE_ORDER) == titles, "web/template_order.json is stale: run python example_workflows/thumbnails.py"
+    assert sorted(titles) == sorted(ui_path(m).stem for m in ALL_WORKFLOWS) and len(set(titles)) == len(titles)
+    assert TEMPLATE_ORDER[:len(COMMON_FIRST)] == COMMON_FIRST, TEMPLATE_ORDER
+    for card in thumbnails.CARDS:
+        with Image.open(thumbnails.thumbnail_path(card)) as shipped:
+            diff = ImageStat.Stat(ImageChops.difference(shipped.convert("RGB"), thumbnails.render(card))).mean
+        assert max(diff) < 2.0, f"{card.title}.jpg is not its rendered card (mean difference {diff}): run thumbnails.py"
 
 
 @pytest.mark.parametrize("mode", ALL_WORKFLOWS)
@@ -498,7 +527,7 @@ def test_template_title_description_seeds_and_viewport(host, mode):
     want = {key: "fixed" if key[1] in KEEP_FIXED else "randomize" for key in controls}
     assert controls == want and "randomize" in controls.values(), controls
     ds = ui["extra"]["ds"]
-    assert 0.2 <= ds["scale"] <= 1.0 and len(ds["offset"]) == 2, ds
+    assert MIN_SCALE <= ds["scale"] <= 1.0 and len(ds["offset"]) == 2, ds
 
 
 @pytest.mark.parametrize("mode", ALL_WORKFLOWS)
@@ -549,7 +578,7 @@ def test_ui_and_api_agree(host, mode):
         for e in n.get("inputs", []):
             assert e["link"] is None or e["link"] in links, (n["id"], e)
         for o in n.get("outputs", []):
-            assert all(l in links for l in (o.get("links") or [])), (n["id"], o)
+            assert all(link in links for link in (o.get("links") or [])), (n["id"], o)
 
     # widgets_values <-> API literal inputs
     for nid, n in ui_nodes.items():

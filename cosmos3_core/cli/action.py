@@ -4,7 +4,7 @@ Every field of diffusers' ``CosmosActionCondition`` is a flag (``--action-mode``
 ``--domain-name``, ``--resolution-tier``, ``--actions`` for ``raw_actions``, ``--image`` / ``--video``,
 ``--view-point``); ``--actions-out`` writes the predicted actions without their padding (policy, inverse dynamics),
 ``--latents-out`` the raw video latent. The clip shape comes from the input and the chunk size, so ``--num-frames``,
-``--height`` and ``--width`` are refused with an action mode (``request.resolve``). An actions file written by
+``--height`` and ``--width`` are refused with an action mode (``resolve.resolve``). An actions file written by
 ``--actions-out`` carries its ``domain_name``, which stands in for ``--domain-name``.
 """
 
@@ -15,6 +15,7 @@ import time
 
 from .. import defaults
 from ..modes import action as act
+from ..request import Resolved
 from . import common
 
 
@@ -63,16 +64,16 @@ def check_outputs(args: argparse.Namespace, request) -> None:
                             "the predicted actions are written as .npy or .json")
 
 
-def run(args: argparse.Namespace, run) -> dict[str, float]:
+def execute(args: argparse.Namespace, resolved: Resolved) -> dict[str, float]:
     """Load, generate, write the clip and ``--actions-out``; returns the stage timings."""
     timings: dict[str, float] = {}
-    pipe = common.load_pipeline(args, timings, sound=run.sampling.sound)
-    out = act.generate_action(pipe, run, callback=common.print_progress, decode=False)
-    common.write_outputs(args, pipe, run, out, timings)  # decode + the clip and --latents-out, as for every clip
+    pipe = common.load_pipeline(args, timings, sound=resolved.sampling.sound)
+    out = act.generate_action(pipe, resolved, callback=common.print_progress, decode=False)
+    common.write_outputs(args, pipe, resolved, out, timings)  # decode + the clip and --latents-out, as for every clip
     start = time.perf_counter()
     if args.actions_out:
         with common.writing("--actions-out"):  # written whole or not at all
-            act.save_actions(args.actions_out, out.actions, domain_name=run.action.domain_name,
-                             mode=run.action.mode)
+            act.save_actions(args.actions_out, out.actions, domain_name=resolved.action.domain_name,
+                             mode=resolved.action.mode)
     timings["encode"] += time.perf_counter() - start
     return timings

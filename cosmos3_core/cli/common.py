@@ -2,7 +2,7 @@
 step counter, writing outputs (an mp4 encoded while the VAE decodes), and the user-error boundary.
 
 ``request_from_args`` reads the input files (image, video, control videos, actions) before anything loads, so a bad
-file is reported in seconds; ``request.resolve`` then decides and checks the whole run, also before the load.
+file is reported in seconds; ``resolve.resolve`` then decides and checks the whole run, also before the load.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import torch
 from .. import defaults
 from ..config import DTYPES, CheckpointError
 from ..model.precision import FORMATS, OVERLAP_MODES, REASONER_POLICIES
-from ..request import Request
+from ..request import Request, Resolved
 from ..runtime import COMPILE_MODES, RuntimeOptions
-from ..sampling.sea_cache import DEFAULTS as SEA_CACHE_DEFAULTS, SeaCacheConfig
+from ..sampling.sea_cache import DEFAULTS as SEA_CACHE_DEFAULTS
+from ..sampling.sea_cache import SeaCacheConfig
 from .interrupt import end_status_line, interrupted, status_line
 
 
@@ -73,7 +74,7 @@ def fp8_compute(args: argparse.Namespace) -> bool:
 
 
 def sea_cache_config(args: argparse.Namespace) -> SeaCacheConfig | None:
-    """``--sea-cache`` and its knobs (checked by ``request.resolve``); a knob without ``--sea-cache`` is refused."""
+    """``--sea-cache`` and its knobs (checked by ``resolve.resolve``); a knob without ``--sea-cache`` is refused."""
     knobs = {k: getattr(args, "sea_cache_" + k) for k in SEA_CACHE_DEFAULTS
              if getattr(args, "sea_cache_" + k) is not None}
     if not args.sea_cache:
@@ -179,25 +180,10 @@ def read_control(key: str, path):
                          "the control frames.") from None
 
 
-def check_one_pass(args: argparse.Namespace) -> None:
-    """``--one-pass`` (one clip) and ``--frames-per-chunk`` (windows of that length) ask for opposite things.
-    (A mode rule: the resolver's home once it is split out of request.py.)"""
-    chunk = getattr(args, "frames_per_chunk", None)
-    if getattr(args, "one_pass", False) and chunk is not None:
-        raise ValueError(f"--one-pass asks for one clip but --frames-per-chunk {chunk} asks for windows of {chunk} "
-                         "frames; drop one of them.")
-
-
 def check_input_paths(args: argparse.Namespace) -> Path:
-    """``--checkpoint`` is a folder, ``--device`` exists, every input file exists; returns the checkpoint path."""
-    from ..sampling.prompt import check_text
-
-    check_one_pass(args)
+    """``--checkpoint`` is a folder, ``--device`` exists, every input file exists; returns the checkpoint path (the
+    prompts are the resolver's to check)."""
     ckpt = Path(args.checkpoint)
-    for text in [args.prompt] if isinstance(args.prompt, str) else args.prompt:  # windows: once per window
-        check_text(text, "--prompt")
-    if getattr(args, "negative_prompt", None) is not None:
-        check_text(args.negative_prompt, "--negative-prompt")
     if not ckpt.is_dir():
         what = "does not exist" if not ckpt.exists() else "is not a folder"
         raise ValueError(f"--checkpoint {ckpt} {what}; give the downloaded Cosmos3 checkpoint folder.")
@@ -234,7 +220,8 @@ def check_writable(path: Path, flag: str) -> None:
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as exc:
-        raise ValueError(f"{flag} {path}: cannot write in {parent} ({exc.strerror}); choose a writable folder.") from None
+        raise ValueError(f"{flag} {path}: cannot write in {parent} ({exc.strerror}); choose a writable "
+                         "folder.") from None
 
 
 @contextmanager
@@ -270,12 +257,14 @@ def removed_if_unfinished(path):
 
 # ---------------------------------------------------------------------------------------------- running
 def load_pipeline(args: argparse.Namespace, timings: dict[str, float], *, sound: bool, device=None):
-    """The one timed load of the checkpoint (``timings["model_load"]``)."""
+    """The one timed load of the checkpoint (``timings["model_load"]``); under ``--tp`` this rank's shard of it
+    (``args.weight_sharding``, set by cli/parallel.py)."""
     from ..pipeline import Cosmos3Pipeline
 
     start = time.perf_counter()
     pipe = Cosmos3Pipeline.load(args.checkpoint, dtype=DTYPES[args.dtype], device=device or args.device,
-                                with_sound=sound, fp8_compute=fp8_compute(args))
+                                with_sound=sound, fp8_compute=fp8_compute(args),
+                                sharding=getattr(args, "weight_sharding", None))
     timings["model_load"] = time.perf_counter() - start
     return pipe
 
@@ -301,7 +290,7 @@ def print_progress(step: int, total: int, _preview=None) -> None:
     status_line(f"step {step}/{total}", done=step >= total)
 
 
-def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, float]) -> None:
+def write_outputs(args: argparse.Namespace, pipe, resolved: Resolved, out, timings: dict[str, float]) -> None:
     """Write the clip (and ``--latents-out`` / ``--frames-out``); fills the ``preprocess, inference, to_cpu,
     encode`` timings.
 
@@ -317,7 +306,7 @@ def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, f
         writer = None
         if out.frames is None:
             start = time.perf_counter()
-            writer = decode_while_encoding(args, pipe, run, out)
+            writer = decode_while_encoding(args, pipe, resolved, out)
             timings["inference"] += time.perf_counter() - start
         start = time.perf_counter()
         frames = out.frames.cpu().numpy()
@@ -326,10 +315,10 @@ def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, f
         start = time.perf_counter()
         if writer is not None:
             writer.close()
-        elif run.num_frames == 1:
+        elif resolved.num_frames == 1:
             media.write_png(args.out, frames[0])
         else:
-            media.write_video(args.out, frames, run.fps, audio=waveform)
+            media.write_video(args.out, frames, resolved.fps, audio=waveform)
     if args.latents_out:
         tensors = {"video_latent": pipe.vae.denormalize(out.latents).float().cpu().contiguous()}
         if out.sound_latent is not None:
@@ -338,11 +327,11 @@ def write_outputs(args: argparse.Namespace, pipe, run, out, timings: dict[str, f
                          {"format": "raw Wan2.2 VAE latent [1,48,T,h,w]"})
     if args.frames_out:
         save_safetensors("--frames-out", args.frames_out, {"frames": out.frames.float().cpu().contiguous()},
-                         {"format": "frames [F,H,W,3] float in [0,1]", "fps": str(run.fps)})
+                         {"format": "frames [F,H,W,3] float in [0,1]", "fps": str(resolved.fps)})
     timings["encode"] = time.perf_counter() - start
 
 
-def decode_while_encoding(args: argparse.Namespace, pipe, run, out):
+def decode_while_encoding(args: argparse.Namespace, pipe, resolved: Resolved, out):
     """Decode ``out``'s sound and video into it (``out.waveform``, ``out.frames``); for an mp4, returns the
     ``BackgroundVideoWriter`` that has been encoding the frames as they decoded, still to be closed. ``None``: a PNG,
     or a decode that ran out of memory and started again tiled (its first frames were already encoded from the
@@ -351,14 +340,15 @@ def decode_while_encoding(args: argparse.Namespace, pipe, run, out):
 
     latents = out.latents
     shape = pipe.vae.decoded_shape(latents)
-    compile_args = dict(compile=run.options.on(pipe.vae.device).vae_compile, compile_backend=run.options.compile_backend)
+    options = resolved.options
+    compile_args = dict(compile=options.on(pipe.vae.device).vae_compile, compile_backend=options.compile_backend)
     if out.sound_latent is not None:  # first: the mp4 declares its audio track before any frame
-        out.waveform = pipe.decode_sound(out.sound_latent, shape[0], run.fps)
+        out.waveform = pipe.decode_sound(out.sound_latent, shape[0], resolved.fps)
     out.frames = torch.empty(shape, dtype=torch.float32)
-    if run.num_frames == 1:
+    if resolved.num_frames == 1:
         pipe.vae.decode(latents, out=out.frames, **compile_args)
         return None
-    writer = media.BackgroundVideoWriter(args.out, run.fps, shape[2], shape[1], audio=out.waveform)
+    writer = media.BackgroundVideoWriter(args.out, resolved.fps, shape[2], shape[1], audio=out.waveform)
     sent = 0  # frames handed to the encoder; -1 once the decode started again
 
     def encode_decoded(done: int, _total: int) -> None:

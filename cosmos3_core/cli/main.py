@@ -1,14 +1,15 @@
 """Command-line generation: ``python -m cosmos3_core.generate --checkpoint DIR --prompt TEXT --out FILE.mp4``.
 
-One router over the mode table (``modes.dispatch.MODES``): the flags become one ``Request`` (cli/common.py reads
-the input files), ``request.resolve`` decides and checks the whole run before anything loads, and the resolved
-mode's runner writes the result:
+One router over the modes (``request.MODES``): the flags become one ``Request`` (cli/common.py reads the input
+files), ``resolve.resolve`` decides and checks the whole run before anything loads, and the resolved mode's runner
+(its ``execute``) writes the result:
 
 * ``clip`` (cli/single.py): text/image/video to video (with sound on Nano/Super) or, with ``--num-frames 1``, a PNG;
 * ``windows`` / ``transfer`` (cli/long_video.py): ``--num-frames`` above one clip (189) runs as windows unless
   ``--one-pass``; ``--frames-per-chunk`` sets the window; ``--control KEY=FILE`` is Transfer; streamed to the mp4;
 * ``action`` (cli/action.py): ``--action-mode policy|forward_dynamics|inverse_dynamics``;
-* under ``torchrun`` with ``--cfg-parallel`` / ``--ulysses K`` a clip runs on N ranks (cli/parallel.py).
+* under ``torchrun`` with ``--cfg-parallel`` / ``--ulysses K`` / ``--tp T`` a clip runs on N ranks, and with
+  ``--tp T`` alone every mode (cli/parallel.py).
 
 Prints the stage timings ``model_load, preprocess, inference, to_cpu, encode`` as the PhyAI generation script does
 (inference = denoising loop + VAE/audio decode; encode = what is left of writing the file, since an mp4 is encoded
@@ -23,15 +24,17 @@ import argparse
 import sys
 
 from .. import defaults
-from ..request import request_mode, resolve
+from ..resolve import request_mode, resolve
 from . import action, common, long_video, parallel, single
+
 
 def _edge(name: str) -> str:
     """The help text's note on Cosmos3-Edge's image-to-video recipe for flag ``name``."""
     return f"; a Cosmos3-Edge checkpoint with --image: {getattr(defaults.EDGE_IMAGE_TO_VIDEO, name):g} (its recipe)"
 
 
-RUNNERS = {"clip": single.run, "windows": long_video.run, "transfer": long_video.run, "action": action.run}
+RUNNERS = {"clip": single.execute, "windows": long_video.execute, "transfer": long_video.execute,
+           "action": action.execute}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,30 +69,31 @@ def build_parser() -> argparse.ArgumentParser:
         p, attention_help="attention kernels: auto = FlashAttention-4 (optional flash-attn-4) on Hopper GPUs for long "
                           "sequences, else PyTorch SDPA; sdpa forces SDPA (the reference's route); flash4 requires it")
     p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
-                   help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by default")
+                   help="speed option: run the negative branch only for timesteps in [LOW, HIGH] (0-1000); off by "
+                        "default")
     p.add_argument("--latents-out", default=None, help="also save the raw video latent and sound latent (.safetensors)")
     p.add_argument("--use-system-prompt", action="store_true",
                    help="prepend the system prompt (default: the checkpoint's setting; action modes: off)")
     long_video.add_arguments(p)  # --frames-per-chunk, --conditional-frames, --one-pass, --control, ...
-    parallel.add_arguments(p)  # --cfg-parallel, --ulysses, --parallel-timeout
+    parallel.add_arguments(p)  # --cfg-parallel, --ulysses, --tp, --parallel-timeout
     action.add_arguments(p)  # --action-mode and the other CosmosActionCondition fields
     return p
 
 
-def run(args: argparse.Namespace) -> dict[str, float] | None:
+def run_command(args: argparse.Namespace) -> dict[str, float] | None:
     """Resolve the flags into one run (every check before any load), then the mode's runner; ``None`` on parallel
     ranks > 0 (rank 0 reports)."""
     action.check_flags(args)
     request = common.request_from_args(args)
     OUTPUT_CHECKS[request_mode(request)](args, request)  # output paths, before anything is read from the checkpoint
     common.show_run_notes()  # what resolving and planning say: the FP8 policy in effect, a short Transfer control
-    run = resolve(request, args.checkpoint, fp8_compute=common.fp8_compute(args))  # files read after the checks
-    if run.recipe_defaults:  # say where the values nobody typed came from
-        values = ", ".join(f"{name} {value:g}" for name, value in run.recipe_defaults)
-        print(f"{run.recipe}: {values} (the checkpoint's published defaults; a flag given wins)", file=sys.stderr)
+    resolved = resolve(request, args.checkpoint, fp8_compute=common.fp8_compute(args))  # files read after the checks
+    if resolved.recipe_defaults:  # say where the values nobody typed came from
+        values = ", ".join(f"{name} {value:g}" for name, value in resolved.recipe_defaults)
+        print(f"{resolved.recipe}: {values} (the checkpoint's published defaults; a flag given wins)", file=sys.stderr)
     if parallel.wanted(args):
-        return parallel.run(args, run)
-    return RUNNERS[run.mode](args, run)
+        return parallel.execute(args, resolved, RUNNERS)
+    return RUNNERS[resolved.mode](args, resolved)
 
 
 OUTPUT_CHECKS = {"clip": single.check_outputs, "windows": long_video.check_outputs,
@@ -98,7 +102,7 @@ OUTPUT_CHECKS = {"clip": single.check_outputs, "windows": long_video.check_outpu
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    ok, timings = common.run_reporting_user_errors(run, args)
+    ok, timings = common.run_reporting_user_errors(run_command, args)
     if not ok:
         return 2
     if timings is None:  # a parallel run's rank > 0: rank 0 reports

@@ -3,7 +3,7 @@
 Answers a question (``--task question``), captions an image/video for image-to-video (``caption``) or expands a
 short idea into the structured JSON prompt the generator works best with (``expand``), and prints the text to
 stdout. Only the understanding tower (+ ``lm_head``) and, for media, ``vision_encoder/`` are loaded
-(``reasoner.load_text_tower``). Plays the role of transformers' ``Cosmos3OmniForConditionalGeneration`` /
+(``model.loader.load_text_tower``). Plays the role of transformers' ``Cosmos3OmniForConditionalGeneration`` /
 ``Cosmos3EdgeForConditionalGeneration`` ``generate`` examples. A user mistake exits with one ``error:`` line on
 stderr and status 2, never a traceback.
 """
@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
+from ..checks import check_options
 from ..config import DTYPES
-from ..request import check_options
 from . import common
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import defaults
 from ..modes.clip import generate_clip
+from ..request import Resolved
 from . import common
 
 
@@ -23,10 +24,10 @@ def check_outputs(args: argparse.Namespace, request) -> None:
                         "the frames are written as a .safetensors file")
 
 
-def run(args: argparse.Namespace, run) -> dict[str, float]:
+def execute(args: argparse.Namespace, resolved: Resolved) -> dict[str, float]:
     """Load, generate (decoded while the mp4 encodes), write; returns the stage timings."""
     timings: dict[str, float] = {}
-    pipe = common.load_pipeline(args, timings, sound=run.sampling.sound)
-    out = generate_clip(pipe, run, callback=common.print_progress, decode=False)
-    common.write_outputs(args, pipe, run, out, timings)
+    pipe = common.load_pipeline(args, timings, sound=resolved.sampling.sound)
+    out = generate_clip(pipe, resolved, callback=common.print_progress, decode=False)
+    common.write_outputs(args, pipe, resolved, out, timings)
     return timings

@@ -11,11 +11,11 @@ them would only cost copies and memory.
 CuTe-DSL Hopper kernel) computes the same exact softmax attention ~1.16× faster than cuDNN on our shapes (H200,
 docs/benchmark-log.md). It is used when all of these hold, else SDPA: the backend is ``"flash4"``, or ``"auto"`` with at
 least ``FLASH4_MIN_QUERIES`` query tokens (the run's ``RuntimeOptions.attention``, runtime.py: the CLI's
-``--attention`` / the nodes' ``attention`` input), the package imports, the tensors are CUDA bf16/fp16 on an sm90 (Hopper) GPU, ``head_dim`` is
-64/96/128, the query heads are a multiple of the key/value heads and there is no ``mask``. Forcing ``"flash4"`` where
-it cannot run raises (no silent fallback); ``"sdpa"`` never touches it. The call is a registered custom op
-(``cosmos3::flash4_attention_<module>``) with a fake (meta) implementation, so ``torch.compile`` traces through it
-instead of breaking the graph at every layer.
+``--attention`` / the nodes' ``attention`` input), the package imports, the tensors are CUDA bf16/fp16 on an sm90
+(Hopper) GPU, ``head_dim`` is 64/96/128, the query heads are a multiple of the key/value heads and there is no ``mask``.
+Forcing ``"flash4"`` where it cannot run raises (no silent fallback); ``"sdpa"`` never touches it. The call is a
+registered custom op (``cosmos3::flash4_attention_<module>``) with a fake (meta) implementation, so ``torch.compile``
+traces through it instead of breaking the graph at every layer.
 
 **Causal text attention** (each prompt's prefill, generator and reasoner) runs through SDPA on CUDA with cuDNN left
 out (FlashAttention-2, else the math kernel): cuDNN builds an execution plan for every new shape, and every new

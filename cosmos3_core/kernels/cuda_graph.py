@@ -3,8 +3,8 @@ cache, ``RuntimeOptions.cuda_graphs``).
 
 Replaying a step as one graph removes kernel-launch and Python cost, and nothing else: same kernels, same order, the
 results equal the un-captured step. A batch-1 decode step is launch-bound, so it gains several times on an H200
-(Nano 21.5 → 99.7 tokens/s, Edge 32 → 210, docs/benchmark-log.md); the generation tower's guided step is not (T2I 1280×720
-compiled: 48.1 → 46.0 ms, nothing from 256p up), so it is not graphed.
+(Nano 21.5 → 99.7 tokens/s, Edge 32 → 210, docs/benchmark-log.md); the generation tower's guided step is not (T2I
+1280×720 compiled: 48.1 → 46.0 ms, nothing from 256p up), so it is not graphed.
 
 How: the first call runs ``fn`` on a side stream (the warm-up: cuBLAS workspaces, compiled kernels) and returns that
 real result, then captures ``fn`` into a graph whose inputs are static copies. Later calls copy their tensor

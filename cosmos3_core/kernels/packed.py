@@ -27,7 +27,6 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import nn
 
-
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # not FP8 storage
 
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..runtime import compile_unavailable_reason
-from .precision import MixedPrecision, resolve
+from .precision import W8A8, MixedPrecision, StepPrecision, resolve
 from .weights import E4M3_MAX, CastLinear, Fp8Checkpoint
 
 FP8_MIN_CAPABILITY = (8, 9)
@@ -151,16 +151,14 @@ class Fp8Linear(CastLinear):
         return out.reshape(*shape[:-1], out.shape[-1])
 
 
-def run_linear(module: nn.Module, x: torch.Tensor, precision: str | None) -> torch.Tensor:
-    """``module(x)``, or the W8A8 forward where ``precision`` (a ``precision.StepPrecision`` key) asks it of this
+def run_linear(module: nn.Module, x: torch.Tensor, precision: StepPrecision | None) -> torch.Tensor:
+    """``module(x)``, or the W8A8 forward where ``precision`` (the step's ``precision.StepPrecision``) asks it of this
     FP8 linear's path. A layer without activation scales (a weight-only FP8 checkpoint) has no W8A8 forward: its
     native path is W8A16, as ModelOpt runs it (a schedule of W8A8 steps on such a checkpoint is refused when the
     request is resolved)."""
     if precision is None or not isinstance(module, Fp8Linear):
         return module(x)
-    gen, reasoner, other = precision.split(",")
-    mode = gen if module.path == "generation" else reasoner if module.path == "reasoner" else other
-    return module.w8a8(x) if mode == "W8A8" and module.has_w8a8 else module(x)
+    return module.w8a8(x) if precision.mode_of(module.path) == W8A8 and module.has_w8a8 else module(x)
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,11 +198,11 @@ def asked_fp8(fp8: Fp8Checkpoint | None, policy: MixedPrecision | None) -> str |
 
 @dataclass(frozen=True)
 class Fp8Steps:
-    """What a run's FP8 linears do: ``keys[i]`` the ``StepPrecision`` key of step ``i`` (``None`` for the whole
+    """What a run's FP8 linears do: ``modes[i]`` the ``StepPrecision`` of step ``i`` (``None`` for the whole
     run: every linear's ``forward``, W8A16 for an FP8 layer) and ``note``, one line for the log and the nodes — the
     policy in effect, or why the checkpoint's W8A8 steps do not run here (``fallback``)."""
 
-    keys: tuple[str, ...] | None
+    modes: tuple[StepPrecision, ...] | None
     note: str
     fallback: bool = False
 
@@ -228,4 +226,4 @@ def fp8_steps(model: nn.Module, policy: MixedPrecision | None, steps: int, devic
     if problem is not None:
         return Fp8Steps(None, f"the FP8 checkpoint runs W8A16 at every step (weights dequantized) because {problem}; "
                               f"its W8A8 steps ({describe}) need a GPU with FP8 tensor cores (sm 8.9+).", True)
-    return Fp8Steps(tuple(policy.modes(i, steps).key for i in range(steps)), describe)
+    return Fp8Steps(tuple(policy.modes(i, steps) for i in range(steps)), describe)

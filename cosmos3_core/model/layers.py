@@ -24,6 +24,7 @@ from ..config import Cosmos3Config
 from ..kernels.gemv import gemv
 from ..kernels.packed import LayerWeights
 from .fp8 import run_linear
+from .precision import StepPrecision
 
 _NO_WEIGHTS = LayerWeights()
 
@@ -76,7 +77,7 @@ class MLP(nn.Module):
         self.up_proj = linear(d, f, bias=False)
         self.down_proj = linear(f, d, bias=False)
 
-    def forward(self, x: torch.Tensor, weights: LayerWeights | None = None, precision: str | None = None
+    def forward(self, x: torch.Tensor, weights: LayerWeights | None = None, precision: StepPrecision | None = None
                 ) -> torch.Tensor:
         """``weights`` (a one-row decode step, packed.py): ``gate_up`` (``gate_proj`` and ``up_proj`` packed as one
         matrix), ``up`` and ``down`` read by one GEMV each (gemv.py); a None entry runs its module. ``precision``:
@@ -93,7 +94,7 @@ class MLP(nn.Module):
 
 
 def project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None, route: str = "auto",
-            precision: str | None = None) -> torch.Tensor:
+            precision: StepPrecision | None = None) -> torch.Tensor:
     """``module(x)`` (in the step's FP8 mode, ``fp8.run_linear``), or one GEMV over ``weight`` (the module's own
     plain weight, packed.py) on ``route`` where one is given."""
     return run_linear(module, x, precision) if weight is None else gemv(x, weight, route)
@@ -109,7 +110,8 @@ class MoTAttention(nn.Module):
 
     def __init__(self, config: Cosmos3Config, linear: type[nn.Linear]):
         super().__init__()
-        d, hd, bias, kind, eps = config.hidden_size, config.head_dim, config.attention_bias, config.norm_kind, config.rms_norm_eps
+        d, hd, bias = config.hidden_size, config.head_dim, config.attention_bias
+        kind, eps = config.norm_kind, config.rms_norm_eps
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = hd
@@ -167,7 +169,8 @@ class TimestepEmbedder(nn.Module):
 
 
 class DomainAwareLinear(nn.Module):
-    """Per-embodiment linear map ``y = x @ W[d] + b[d]`` with ``W[d]`` stored flat as ``[in·out]`` (layout [in, out])."""
+    """Per-embodiment linear map ``y = x @ W[d] + b[d]`` with ``W[d]`` stored flat as ``[in·out]`` (layout [in,
+    out])."""
 
     def __init__(self, in_features: int, out_features: int, num_domains: int):
         super().__init__()

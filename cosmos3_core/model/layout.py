@@ -72,6 +72,26 @@ def patch_grid(latent_shape: Sequence[int], patch: int) -> tuple[int, int, int]:
     return t, -(-h // patch), -(-w // patch)
 
 
+@dataclass(frozen=True)
+class ActionTokens:
+    """The action stream of a layout: ``length`` actions, the ``clean`` (given) ones, the embodiment's domain."""
+
+    length: int
+    clean: tuple[int, ...] = ()
+    domain_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """Clean vision items ``latents`` ``[n, C, T, h, w]`` (Transfer's control latents) of the target's latent shape,
+    packed before it at the same positions. ``hidden[j]`` hides them from branch ``j``'s attention: its target
+    tokens then see only the text and the target, exactly a pass without the prefix (Transfer's no-control branch)
+    while all branches still run as one batch (the prefix tokens' own outputs are unused)."""
+
+    latents: torch.Tensor
+    hidden: tuple[bool, ...] = ()
+
+
 def build_layout(
     config: Cosmos3Config,
     text_lengths: Sequence[int],
@@ -80,40 +100,25 @@ def build_layout(
     *,
     clean_frames: Sequence[int] = (),
     sound_len: int = 0,
-    action_len: int = 0,
-    clean_actions: Sequence[int] = (),
-    domain_id: int | None = None,
-    prefix: torch.Tensor | None = None,
-    prefix_hidden: Sequence[bool] = (),
+    action: ActionTokens | None = None,
+    prefix: Prefix | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> GenLayout:
-    """Build the layout for branches whose prompts have ``text_lengths`` tokens (cond first, then uncond).
-
-    ``prefix`` ``[n, C, T, h, w]``: clean vision items (Transfer's control latents) of the target's latent shape,
-    packed before it at the same positions. ``prefix_hidden[j]`` hides the prefix from branch ``j``'s attention:
-    its target tokens then see only the text and the target, exactly a pass without the prefix (Transfer's
-    no-control branch) while all branches still run as one batch (the prefix tokens' own outputs are unused)."""
-    if len(text_lengths) < 1:
-        raise ValueError("build_layout: at least one guidance branch is needed.")
-    if sound_len and not config.sound_gen:
-        raise ValueError("build_layout: this checkpoint has no sound head (sound_gen is false); generate without sound.")
-    if action_len and not config.action_gen:
-        raise ValueError("build_layout: this checkpoint has no action head (action_gen is false).")
+    """Build the layout for branches whose prompts have ``text_lengths`` tokens (cond first, then uncond)."""
+    assert len(text_lengths) >= 1 and (not sound_len or config.sound_gen) and (action is None or config.action_gen)
+    action_len = 0 if action is None else int(action.length)
     t = int(latent_shape[0])
     grid = patch_grid(latent_shape, config.latent_patch_size)
     noisy = torch.ones(t, dtype=torch.bool)
     for idx in clean_frames:
-        if not 0 <= idx < t:
-            raise ValueError(f"build_layout: clean frame index {idx} is outside the latent's {t} frames.")
+        assert 0 <= idx < t, f"clean frame {idx} is outside the latent's {t} frames"
         noisy[idx] = False
+    prefix_hidden = () if prefix is None else prefix.hidden
     if prefix is not None:
-        if prefix.ndim != 5 or tuple(prefix.shape[2:]) != tuple(int(s) for s in latent_shape):
-            raise ValueError(f"build_layout: prefix items {tuple(prefix.shape)} must be [n, C, "
-                             f"{', '.join(str(int(s)) for s in latent_shape)}] (the target's latent shape).")
-        prefix = prefix.to(device)
-    if prefix_hidden and (prefix is None or len(prefix_hidden) != len(text_lengths)):
-        raise ValueError(f"build_layout: prefix_hidden {tuple(prefix_hidden)} needs a prefix and one flag per branch.")
+        assert prefix.latents.ndim == 5 and tuple(prefix.latents.shape[2:]) == tuple(int(s) for s in latent_shape)
+        assert not prefix.hidden or len(prefix.hidden) == len(text_lengths)
+        prefix = prefix.latents.to(device)
     items = 1 + (0 if prefix is None else prefix.shape[0])
     positions = []
     for length in text_lengths:
@@ -128,7 +133,7 @@ def build_layout(
     noisy_actions = None
     if action_len:
         noisy_actions = torch.ones(action_len, dtype=torch.bool)
-        noisy_actions[list(clean_actions)] = False
+        noisy_actions[list(action.clean)] = False
         noisy_actions = noisy_actions.to(device)
     return GenLayout(
         latent_shape=tuple(int(s) for s in latent_shape),
@@ -137,7 +142,8 @@ def build_layout(
         sound_len=int(sound_len),
         action_len=int(action_len),
         noisy_actions=noisy_actions,
-        domain_id=None if domain_id is None else torch.tensor([domain_id], dtype=torch.long, device=device),
+        domain_id=None if action is None or action.domain_id is None else torch.tensor(
+            [action.domain_id], dtype=torch.long, device=device),
         cos=cos,
         sin=sin,
         text_lengths=tuple(int(n) for n in text_lengths),

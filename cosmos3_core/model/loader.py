@@ -12,9 +12,11 @@ with ``config.json`` is one error naming the first few offenders. Weights delibe
 
 ``load_diffusers_folder`` is the one guarded entry for the diffusers modules of a checkpoint (``vae/``,
 ``sound_tokenizer/``): it checks ``config.json`` and every weight file itself first — safetensors only, never a
-pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — and calls ``from_pretrained`` with
-``use_safetensors=True`` so diffusers can never fall back to unsafe serialization. ``checkpoint_fingerprint`` is
-what a cache of loaded checkpoints keys on: it changes when a folder is replaced under the same name.
+pickle (``.bin``/``.pt``/``.ckpt``), a damaged file named with the fix — then builds the module the way
+``from_pretrained(torch_dtype=...)`` ends up with it: ``from_config`` on the ``meta`` device (no random init, no
+``accelerate``), every tensor of the files read memory-mapped, cast to the dtype (floating tensors; the modules have
+no ``_keep_in_fp32_modules``) and assigned, each key accounted for. ``checkpoint_fingerprint`` is what a cache of
+loaded checkpoints keys on: it changes when a folder is replaced under the same name.
 
 Linear weights may be stored narrower than the compute dtype (``storage_dtype``, e.g. FP8), and NVIDIA's FP8
 (ModelOpt) checkpoints load as published (FP8 weight + tensorwise scale); see ``weights.py`` for both. Their
@@ -22,6 +24,11 @@ linears are ``fp8.Fp8Linear`` (by default), given the checkpoint's activation an
 (``X.input_quantizer._amax`` / ``X.input_scale``, ``X.weight_quantizer._amax``) and the reference's path class;
 ``fp8_compute=True`` quantizes a bf16 checkpoint's decoder-layer linears the same way at load (approximate FP8
 compute, ``fp8.py``). ``model.fp8_checkpoint`` (``weights.Fp8Checkpoint``) is then what the step policy reads.
+
+A distributed load passes a ``WeightSharding`` (``sharding=``; parallel/tensor.py's ``TensorParallel``): it splits
+the meta-built model (``shard``), says which slice of each checkpoint tensor this rank holds (``source``), and
+makes the model's parameter from that slice (``place``). Each rank then reads only its slices (safetensors'
+``get_slice``), never a whole sharded tensor, and every per-tensor step above (FP8 scales, casts) runs on the slice.
 """
 
 from __future__ import annotations
@@ -29,24 +36,49 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, _transformer_dir
-from .layers import KEEP_FP32
 from .fp8 import Fp8Linear, quantize_weight
+from .layers import KEEP_FP32
 from .precision import linear_path
+from .towers import tower_module
 from .transformer import Cosmos3Transformer
-from .weights import (AMAX_SUFFIX, E4M3_MAX, FP8_DTYPES, INPUT_SCALE_SUFFIXES, WEIGHT_SCALE_SUFFIXES, CastLinear,
-                      Fp8Checkpoint, fp8_checkpoint, is_dropped, is_modelopt_fp8, missing_scale_error, read_scale, scale_key,
-                      stored_linear_weight)
+from .weights import (
+    AMAX_SUFFIX,
+    E4M3_MAX,
+    FP8_DTYPES,
+    INPUT_SCALE_SUFFIXES,
+    WEIGHT_SCALE_SUFFIXES,
+    CastLinear,
+    Fp8Checkpoint,
+    fp8_checkpoint,
+    is_dropped,
+    is_modelopt_fp8,
+    missing_scale_error,
+    read_scale,
+    scale_key,
+    stored_linear_weight,
+)
 
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "diffusion_pytorch_model.safetensors"
+
+
+class WeightSharding(Protocol):
+    """How a distributed load splits the transformer's weights across ranks (see the module docstring)."""
+
+    def shard(self, model: torch.nn.Module) -> None: ...
+
+    def source(self, name: str, param: torch.Tensor) -> tuple[tuple[int, ...], tuple[slice, ...] | None]: ...
+
+    def place(self, local: torch.Tensor, param: torch.Tensor) -> torch.Tensor: ...
 
 
 def weight_files(checkpoint_dir: str | Path) -> dict[str, Path]:
@@ -96,6 +128,7 @@ def load_transformer(
     storage_dtype: torch.dtype | None = None,
     scaled_linear: type[torch.nn.Linear] = Fp8Linear,
     fp8_compute: bool = False,
+    sharding: WeightSharding | None = None,
 ) -> Cosmos3Transformer:
     """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
 
@@ -107,7 +140,8 @@ def load_transformer(
     ``scaled_linear`` (a linear layer with an fp32 ``scale_weight`` parameter, e.g. ``CastLinear`` or ComfyUI's
     ``comfy.ops.scaled_fp8_ops().Linear``); with ``Fp8Linear`` (the default) they also get their W8A8 scales.
     ``fp8_compute``: quantize a bf16 checkpoint's decoder-layer linears to FP8 with per-tensor scales at load
-    (approximate FP8 compute; W8A8 with dynamic activation scales)."""
+    (approximate FP8 compute; W8A8 with dynamic activation scales). ``sharding``: this rank's part of a
+    distributed load (module docstring)."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
     files = weight_files(checkpoint_dir)
     folder = _transformer_dir(checkpoint_dir)
@@ -123,9 +157,17 @@ def load_transformer(
         linear = scaled_linear
     elif linear is torch.nn.Linear and storage_dtype not in (None, dtype):
         linear = CastLinear
+    if fp8_compute and sharding is not None:
+        raise ValueError("fp8_compute rounds each weight with one scale of the whole tensor, which a sharded load "
+                         "never reads whole; load the bf16 checkpoint without it for a tensor-parallel run.")
     with torch.device("meta"):
         model = Cosmos3Transformer(config, skip_modules=skip_modules, linear=linear)
-    expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
+    if sharding is not None:
+        sharding.shard(model)
+    params = model.state_dict(keep_vars=True)
+    slices = {name: sharding.source(name, p) if sharding is not None else (tuple(p.shape), None)
+              for name, p in params.items()}
+    expected = {name: shape for name, (shape, _) in slices.items()}
     linear_weights = {f"{name}.weight" for name, m in model.named_modules()
                       if isinstance(m, torch.nn.Linear) and name.split(".")[0] not in KEEP_FP32}
     scales = {name for name in expected if name.endswith(".scale_weight")}
@@ -148,12 +190,7 @@ def load_transformer(
     for path, names in by_file.items():
         with _open(path) as f:
             for name in names:
-                tensor = _read(f, path, name)
-                if tuple(tensor.shape) != tuple(expected[name]):
-                    raise CheckpointError(
-                        f"{path}: {name!r} has shape {tuple(tensor.shape)} but config.json implies "
-                        f"{tuple(expected[name])}; the config and the weights belong to different models."
-                    )
+                tensor = _read(f, path, name, expected[name], slices[name][1])
                 if name in linear_weights:
                     scale = _scale_of(name, files, folder) if modelopt else None
                     if fp8_compute and name.startswith("layers."):
@@ -170,6 +207,8 @@ def load_transformer(
                     continue
                 target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
                 state[name] = tensor.to(device=device, dtype=target)
+    if sharding is not None:
+        state = {name: sharding.place(value, params[name]) for name, value in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.fp8_checkpoint = fp8 if keep_fp8 else None  # bf16/fp16 storage dequantized it: a dense model
     if model.fp8_checkpoint is not None:
@@ -234,11 +273,19 @@ def _config_values(folder: Path) -> dict:
         return {}
 
 
-def _read(f, path: Path, name: str) -> torch.Tensor:
+def _read(f, path: Path, name: str, shape: tuple[int, ...] | None = None,
+          index: tuple[slice, ...] | None = None) -> torch.Tensor:
+    """Tensor ``name`` of the open file ``f``, checked to have ``shape`` (the one ``config.json`` implies), or
+    only its ``index`` slice (a sharded load: the rest is never read)."""
     try:
-        return f.get_tensor(name)
+        part = f.get_slice(name)
+        found = tuple(part.get_shape())
+        if shape is None or found == tuple(shape):
+            return f.get_tensor(name) if index is None else part[index]
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: tensor {name!r} is unreadable ({exc}); download it again.") from exc
+    raise CheckpointError(f"{path}: {name!r} has shape {found} but config.json implies {tuple(shape)}; the config "
+                          "and the weights belong to different models.")
 
 
 def _scale_of(weight_name: str, files: dict[str, Path], folder: Path) -> torch.Tensor | None:
@@ -250,32 +297,57 @@ def _scale_of(weight_name: str, files: dict[str, Path], folder: Path) -> torch.T
 
 
 def load_diffusers_folder(module_cls, folder: Path, what: str, dtype: torch.dtype) -> torch.nn.Module:
-    """``module_cls.from_pretrained(folder)`` from local safetensors only; any problem is one ``CheckpointError``
-    naming the file and the fix (never diffusers' traceback, never a pickle load)."""
+    """``module_cls`` (a diffusers ``ModelMixin``) from a local folder of ``config.json`` + safetensors, as
+    ``module_cls.from_pretrained(folder, torch_dtype=dtype)`` gives it; any problem is one ``CheckpointError`` naming
+    the file and the fix (never diffusers' traceback, never a pickle load)."""
     folder = Path(folder)
     redownload = f"download the checkpoint's {folder.name}/ folder again"
-    config = folder / "config.json"
-    if not config.is_file():
-        raise CheckpointError(f"{config} not found: the {what} folder {folder.name}/ must hold config.json and "
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path} not found: the {what} folder {folder.name}/ must hold config.json and "
                               f"diffusion_pytorch_model*.safetensors; {redownload}.")
     try:
-        json.loads(config.read_text(encoding="utf-8"))
+        config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{config} is not readable JSON ({exc}); {redownload}.") from exc
+        raise CheckpointError(f"{config_path} is not readable JSON ({exc}); {redownload}.") from exc
     weights = sorted(folder.glob("*.safetensors"))
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if not weights:
         found = f"only pickle weights {pickles}, which are never loaded (unsafe)" if pickles else "no weights"
         raise CheckpointError(f"{folder}: the {what} has {found}; it needs diffusion_pytorch_model*.safetensors — "
                               f"{redownload} (or convert the weights to safetensors).")
-    for path in weights:
-        with _open(path):
-            pass
     try:
-        return module_cls.from_pretrained(folder, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{folder}: the {what} cannot be loaded ({reason}); {redownload}.") from exc
+        module = _build_on_meta(module_cls, config)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{config_path}: the {what} cannot be built from it ({exc}); {redownload}.") from exc
+    expected = module.state_dict(keep_vars=True)
+    state: dict[str, torch.Tensor] = {}
+    for path in weights:
+        with _open(path) as f:
+            for name in f.keys():
+                tensor = _read(f, path, name)
+                if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+                    raise CheckpointError(f"{path}: {name!r} has shape {tuple(tensor.shape)} but config.json implies "
+                                          f"{tuple(expected[name].shape)}; {redownload}.")
+                state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: the {what}'s weights do not match its config.json — {len(missing)} "
+                              f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
+                              f"{redownload}.")
+    module.load_state_dict(state, strict=True, assign=True)
+    return module.eval()
+
+
+def _build_on_meta(module_cls, config: dict) -> torch.nn.Module:
+    """``module_cls.from_config(config)`` with every tensor on the ``meta`` device (nothing allocated or initialised).
+    diffusers' Cosmos3 sound tokenizer wraps its convolutions in ``torch.nn.utils.weight_norm``, whose deprecation
+    FutureWarning (the module works as published) is silenced here, at the call that raises it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.nn\.utils\.weight_norm.* is deprecated",
+                                category=FutureWarning)
+        with torch.device("meta"):
+            return module_cls.from_config(config)
 
 
 def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
@@ -302,3 +374,43 @@ def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
                 entry = f"{path.relative_to(root)}|unreadable {exc.errno}"
             digest.update(entry.encode())
     return digest.hexdigest()
+
+
+def load_lm_head(checkpoint_dir: str | Path, config: Cosmos3Config, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> torch.nn.Linear:
+    """``lm_head.weight`` from ``transformer/`` (for a transformer that was loaded without it)."""
+    path = weight_files(checkpoint_dir).get("lm_head.weight")
+    if path is None:
+        raise CheckpointError(f"{checkpoint_dir}: transformer/ has no lm_head.weight; the reasoner needs it.")
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        weight = f.get_tensor("lm_head.weight")
+    if tuple(weight.shape) != (config.vocab_size, config.hidden_size):
+        raise CheckpointError(f"{path}: lm_head.weight has shape {tuple(weight.shape)}, expected "
+                              f"{(config.vocab_size, config.hidden_size)}.")
+    head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+    head.weight = torch.nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+    return head
+
+
+def load_text_tower(checkpoint_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
+                    device: torch.device | str = "cpu") -> Cosmos3Transformer:
+    """A ``Cosmos3Transformer`` with only the understanding tower (+ ``lm_head``) materialized — the generation
+    weights stay on the ``meta`` device. For reasoner-only use (the CLI); half the memory of a full load."""
+    config = Cosmos3Config.from_checkpoint(checkpoint_dir)
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config)
+    text_ids = {id(p) for p in tower_module(model, "text").parameters()}
+    wanted = [n for n, p in model.named_parameters() if id(p) in text_ids]
+    files = weight_files(checkpoint_dir)
+    missing = [n for n in wanted if n not in files]
+    if missing:
+        raise CheckpointError(f"{checkpoint_dir}: transformer/ lacks text-tower weights {missing[:4]}.")
+    state, by_file = {}, {}
+    for name in wanted:
+        by_file.setdefault(files[name], []).append(name)
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in names:
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    return model.eval().requires_grad_(False)

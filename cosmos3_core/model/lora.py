@@ -26,7 +26,8 @@ One file may mix formats layer by layer (LyCORIS presets do). Other adapter form
 full diffs, ...) are refused by name.
 
 ``read_lora`` returns module name → ``LoraPatch``; ``LoraPatch.delta()`` is ``s · ΔW`` and ``merge_lora`` adds
-``strength · s · ΔW`` into a core model's weights (the library path). ComfyUI computes the same deltas itself
+``strength · s · ΔW`` into a core model's weights (the library path; a tensor-parallel model's shards each take
+their slice of it). ComfyUI computes the same deltas itself
 through its weight adapters (``nodes/lora.py``). Every problem is one ``LoraError`` naming the file, the offending
 key or value and the fix: unreadable files, non-finite tensors, bad alpha/rank values, unknown formats, keys for
 layers this checkpoint lacks, shapes that do not fit.
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch.distributed.tensor import DTensor
 
 DOTTED_PREFIXES = ("transformer.", "base_model.model.", "diffusion_model.")
 FLAT_PREFIXES = ("lora_unet_", "lycoris_", "lora_transformer_")
@@ -111,16 +113,21 @@ class LoraPatch:
         """LoKr's ``W1``/``W2`` or LoHa's ``i``-th Hadamard factor, unscaled."""
         return _side({k: v.to(dtype) for k, v in self.tensors.items()}, i)
 
-    def delta(self, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
-        """``s · ΔW`` as an ``[out, in]`` tensor."""
+    def delta(self, dtype: torch.dtype = torch.float32, device=None,
+              index: tuple[slice, slice] | None = None) -> torch.Tensor:
+        """``s · ΔW`` as an ``[out, in]`` tensor, or its ``index`` part (a tensor-parallel rank's rows/columns; a
+        LoRA computes only that part, from the matching rows of ``up`` and columns of ``down``)."""
         t = {k: v.to(device=device, dtype=dtype) for k, v in self.tensors.items()}
         if self.kind == "lora":
-            dw = t["up"] @ t["down"]
-        elif self.kind == "loha":
+            up, down = t["up"], t["down"]
+            if index is not None:
+                up, down = up[index[0]], down[:, index[1]]
+            return (up @ down) * self.scale
+        if self.kind == "loha":
             dw = _side(t, 1) * _side(t, 2)
         else:
             dw = torch.kron(_side(t, 1), _side(t, 2))
-        return dw * self.scale
+        return (dw if index is None else dw[index]) * self.scale
 
 
 def _side(t: Mapping[str, torch.Tensor], i: int) -> torch.Tensor:
@@ -427,14 +434,26 @@ def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[s
 # ------------------------------------------------------------------------------------------------ applying
 
 def linear_shapes(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """module name → ``(out, in)`` for every linear layer of a core (or diffusers) transformer."""
-    return {n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    """module name → ``(out, in)`` for every linear layer of a core (or diffusers) transformer: the checkpoint's
+    shapes, also for a tensor-parallel model (whose ``weight_sharding`` knows them)."""
+    sharding = getattr(model, "weight_sharding", None)
+    shapes = {}
+    for n, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            shape = (m.out_features, m.in_features) if sharding is None else sharding.source(n + ".weight", m.weight)[0]
+            shapes[n] = (int(shape[0]), int(shape[1]))
+    return shapes
 
 
 def check_strength(strength: float, what: str = "strength") -> float:
     if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
         raise LoraError(f"{what} is {strength!r}; it must be a finite number (1 = as trained, 0 = off).")
     return float(strength)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor-parallel parameter (its storage), or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 MAX_RELATIVE_CHANGE = 1000.0  # ‖strength · s · ΔW‖ / ‖W‖ beyond which a patch saturates the model (issue 39)
@@ -486,6 +505,11 @@ def check_patch(patch: LoraPatch, weight: torch.Tensor, module: str, name: str, 
                         "weights are absurd — use a sane file, or a far smaller strength.")
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel parameter gathered whole (to compare a patch with the whole weight), or the tensor itself."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype if weight.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) \
         else torch.bfloat16  # FP8 storage computes in bf16
@@ -496,19 +520,22 @@ def merge_lora(model: torch.nn.Module, patches: Mapping[str, LoraPatch], strengt
                name: str = "file") -> None:
     """``W += strength · s · ΔW`` in place for every patched layer of ``model`` (computed in fp32, stored back in the
     weight's dtype; a ModelOpt ``scale_weight`` is honoured). Strength 0 leaves the weights untouched. Reload the
-    checkpoint to undo."""
+    checkpoint to undo. A tensor-parallel model merges each rank's slice of ``ΔW`` into its shard."""
     strength = check_strength(strength)
     if strength == 0.0:
         return
     for module_name, patch in patches.items():  # all checked before the first weight changes
-        check_patch(patch, model.get_submodule(module_name).weight, module_name, name, strength,
+        check_patch(patch, _whole(model.get_submodule(module_name).weight), module_name, name, strength,
                     _compute_dtype(model.get_submodule(module_name).weight))
+    sharding = getattr(model, "weight_sharding", None)
     for module_name, patch in patches.items():
         layer = model.get_submodule(module_name)
-        weight = layer.weight
+        index = None if sharding is None else sharding.source(module_name + ".weight", layer.weight)[1]
+        weight = _local(layer.weight)
         scale = getattr(layer, "scale_weight", None)
-        dense = weight.float() * (1.0 if scale is None else scale.float())
-        dense += strength * patch.delta(device=weight.device)
+        scale = None if scale is None else _local(scale).float()
+        dense = weight.float() * (1.0 if scale is None else scale)
+        dense += strength * patch.delta(device=weight.device, index=index)
         if scale is not None:
-            dense /= scale.float()
+            dense /= scale
         weight.copy_(dense.to(weight.dtype))

@@ -30,7 +30,7 @@ no schedule runs (format ``none``, a checkpoint that is not FP8, or one without 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 FORMATS = ("none", "fp8")
 REASONER_POLICIES = ("high_precision", "base_precision")
@@ -132,26 +132,18 @@ class MixedPrecision:
                 f"reasoner path {self.reasoner_policy}, overlap {self.overlap}")
 
 
-@dataclass(frozen=True)
-class StepPrecision:
+class StepPrecision(NamedTuple):
     """The mode (``"W8A16"`` | ``"W8A8"``) of each class of FP8 linear in one step: the reference's "generation"
-    and "reasoner" paths, and every other FP8 linear (``other``). ``key`` is the string a compiled layer sees."""
+    and "reasoner" paths, and every other FP8 linear (``other``). A plain tuple of strings, so a compiled layer
+    that takes it as an argument guards on its values."""
 
     generation: str
     reasoner: str
     other: str
 
-    @property
-    def key(self) -> str:
-        return f"{self.generation},{self.reasoner},{self.other}"
-
-    @staticmethod
-    def from_key(key: str) -> "StepPrecision":
-        return StepPrecision(*key.split(","))
-
     def mode_of(self, path: str | None) -> str:
+        """The mode of an FP8 linear on the reference's ``path`` (``linear_path``: "generation", "reasoner", None)."""
         return self.generation if path == "generation" else self.reasoner if path == "reasoner" else self.other
-
 
 
 def _modelopt_fp8_backend(quantization_config: Mapping | None, has_fp8_linears: bool) -> bool:

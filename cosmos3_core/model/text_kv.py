@@ -36,12 +36,9 @@ class TextKV:
     def device(self) -> torch.device:
         return self.keys.device
 
-    @property
-    def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() * 2
-
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "TextKV":
-        return TextKV(self.keys.to(device=device, dtype=dtype), self.values.to(device=device, dtype=dtype), self.token_ids)
+        keys, values = self.keys.to(device=device, dtype=dtype), self.values.to(device=device, dtype=dtype)
+        return TextKV(keys, values, self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -59,5 +56,6 @@ class TextConditioning:
     negative_text: str = ""
 
     def to(self, device: torch.device | str) -> "TextConditioning":
-        uncond = None if self.uncond is None else self.cond.to(device) if self.uncond is self.cond else self.uncond.to(device)
-        return dataclasses.replace(self, cond=self.cond.to(device), uncond=uncond)
+        cond = self.cond.to(device)
+        uncond = None if self.uncond is None else cond if self.uncond is self.cond else self.uncond.to(device)
+        return dataclasses.replace(self, cond=cond, uncond=uncond)

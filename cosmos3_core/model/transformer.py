@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -35,13 +35,11 @@ from ..kernels.gemv import gemv
 from ..kernels.packed import LayerWeights
 from ..runtime import DEFAULT, RuntimeOptions
 from .fp8 import run_linear
-from .layers import KEEP_FP32, DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
+from .layers import DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
 from .layout import GenLayout, patchify, select_branches, unpatchify
+from .precision import StepPrecision
 from .rope import apply_rope, rope_tables, text_position_ids
 from .text_kv import TextKV
-
-if TYPE_CHECKING:
-    from ..sampling.sea_cache import CacheStep
 
 
 class SequenceParallel(Protocol):
@@ -52,6 +50,17 @@ class SequenceParallel(Protocol):
     def gather_tokens(self, x: torch.Tensor, num_tokens: int) -> torch.Tensor: ...
     def to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple: ...
     def to_tokens(self, out: torch.Tensor) -> torch.Tensor: ...
+
+
+class StepCache(Protocol):
+    """A cache around the generation layer stack for one step (SeaCache: ``sampling/sea_cache.py``'s ``CacheStep``
+    implements it). ``run_stack`` decides which rows of the step's batch compute, calls ``stack(branches)`` — the
+    stack's output over the target tokens for those branches' rows, ``[len(branches)·N, tokens, D]`` — for the
+    branches that have such a row, and returns every row's output over ``target`` (the embedded target tokens,
+    ``[B·N, tokens, D]``): computed rows from the stack, the others predicted."""
+
+    def run_stack(self, latents: torch.Tensor, target: torch.Tensor, stack: Callable[[list[int]], torch.Tensor],
+                  num_branches: int, dtype: torch.dtype) -> torch.Tensor: ...
 
 # Weights that a generation-only or reasoner-only load may leave out, by module name prefix.
 SKIPPABLE_MODULES = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
@@ -78,6 +87,7 @@ class Cosmos3Transformer(nn.Module):
         self.skip_modules = tuple(skip_modules)
         self.execution_device: torch.device | None = None
         self.fp8_checkpoint = None  # weights.Fp8Checkpoint of an FP8 load (loader.py), read by the step policy
+        self.weight_sharding = None  # loader.WeightSharding of a tensor-parallel load (parallel/tensor.py)
         d, kind, eps = config.hidden_size, config.norm_kind, config.rms_norm_eps
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.layers = nn.ModuleList(DecoderLayer(config, linear) for _ in range(config.num_hidden_layers))
@@ -111,27 +121,21 @@ class Cosmos3Transformer(nn.Module):
         ``proj_in`` lives."""
         return self.execution_device or self.proj_in.weight.device
 
-    def keep_fp32(self) -> "Cosmos3Transformer":
-        """Re-assert the fp32 modules after a ``.to(dtype)`` (a bf16 time embedder degrades video)."""
-        for name in KEEP_FP32:
-            getattr(self, name).float()
-        return self
-
     # ------------------------------------------------------------------ text tower
     def prefill(self, token_ids: torch.Tensor | Sequence[int], attention_backend: str = "auto",
-                precision: str | None = None) -> TextKV:
+                precision: StepPrecision | None = None) -> TextKV:
         """Run the understanding tower over one prompt; return every layer's K/V as the generation tower reads it."""
         return self.prefill_many([token_ids], attention_backend, precision)[0]
 
     @torch.no_grad()
     def prefill_many(self, prompts: Sequence[torch.Tensor | Sequence[int]], attention_backend: str = "auto",
-                     precision: str | None = None) -> list[TextKV]:
+                     precision: StepPrecision | None = None) -> list[TextKV]:
         """``prefill`` of several prompts (a guidance pair) in one pass of the understanding tower: their tokens
         are stacked as rows of every projection and MLP (the tower's weights are read, and each kernel launched,
         once for all of them), and each prompt attends causally to itself only, at its own positions ``0..L-1``.
         Every row's arithmetic is that of a prompt run alone; the batched pass only saves launches and weight
         reads (an eager prefill is launch-bound: about as long for 60 tokens as for 1,500 on an H200).
-        ``precision``: the FP8 modes of the steps the K/V is for (a ``precision.StepPrecision`` key; the reference
+        ``precision``: the FP8 modes of the steps the K/V is for (``precision.StepPrecision``; the reference
         re-runs this tower at every step, in that step's modes: ``precision.py``); None: every linear's ``forward``."""
         ids = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
         if not ids or any(t.numel() == 0 for t in ids):
@@ -151,7 +155,7 @@ class Cosmos3Transformer(nn.Module):
         if len(ids) > 1:  # every prompt at positions 0..L-1
             cos, sin = (torch.cat([t[:m] for m in lengths]) for t in (cos, sin))
         h = self.embed_tokens(all_ids.to(device))  # [ΣL, D]
-        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads)
+        shape = (cfg.num_hidden_layers, self.layers[0].self_attn.num_kv_heads)  # this rank's heads (tensor parallel)
         keys = [torch.empty(*shape, m, cfg.head_dim, dtype=dtype, device=device) for m in lengths]
         values = [torch.empty_like(k) for k in keys]
         last = len(self.layers) - 1
@@ -176,7 +180,7 @@ class Cosmos3Transformer(nn.Module):
     # ------------------------------------------------------------------ generation tower
     def _embed_generation_tokens(
         self, latents: torch.Tensor, timestep: torch.Tensor, layout: GenLayout,
-        sound: torch.Tensor | None, action: torch.Tensor | None, precision: str | None = None,
+        sound: torch.Tensor | None, action: torch.Tensor | None, precision: StepPrecision | None = None,
     ) -> torch.Tensor:
         """Input embeddings of the generation stream ``[N, tokens, D]``, one row per batch item (shared by every
         guidance branch)."""
@@ -219,8 +223,8 @@ class Cosmos3Transformer(nn.Module):
         action: torch.Tensor | None = None,
         sequence_parallel: SequenceParallel | None = None,
         options: RuntimeOptions = DEFAULT,
-        precision: str | None = None,
-        cache: "CacheStep | None" = None,
+        precision: StepPrecision | None = None,
+        cache: StepCache | None = None,
     ) -> StepOutput:
         """One generation-tower pass for ``len(text)`` branches × ``N`` batch items in one batch, with the run's
         kernels (``options``: the attention route, and the compiled generation layer when ``compile``).
@@ -230,38 +234,26 @@ class Cosmos3Transformer(nn.Module):
         ``[N, Ta, action_dim]``. Output rows are branch-major: ``[cond × N | uncond × N]``.
         ``sequence_parallel`` (``parallel/ulysses.py``): the layers run over this rank's share of the tokens and
         ``text`` holds this rank's share of the K/V heads; the stream is gathered back before the heads.
-        ``precision``: the step's FP8 modes (a ``precision.StepPrecision`` key; None: every linear's ``forward``).
-        ``cache``: this step's SeaCache contexts (``sampling.sea_cache.CacheStep``): rows whose context reuses skip
-        the layer stack (``norm_moe_gen(layers(x))`` becomes ``x + residual``); the stack runs for the branches with
-        a row that computes, and only those rows' residuals are recorded.
+        ``precision``: the step's FP8 modes (``precision.StepPrecision``; None: every linear's ``forward``).
+        ``cache``: this step's cache around the layer stack (``StepCache``; SeaCache): rows it predicts skip the
+        stack, which runs only for the branches with a row that computes.
         """
-        if len(text) != layout.num_branches:
-            raise ValueError(f"denoise_step: {len(text)} text caches for a layout of {layout.num_branches} branches.")
-        b = len(text)
+        assert len(text) == layout.num_branches, (len(text), layout.num_branches)
+        b, start = len(text), layout.num_prefix_tokens
         x = self._embed_generation_tokens(latents, timestep, layout, sound, action, precision)  # [N, tokens, D]
         # branches differ only through their text K/V and RoPE: rows [branch 0 × N | branch 1 × N]
         x = x.repeat(b, 1, 1)  # a real copy: every layer then gets the same strides (one compiled graph)
         if cache is None:
-            x = self._stack(x, text, layout, sequence_parallel, options, precision)
-            return self._heads(x[:, layout.num_prefix_tokens:], layout, precision)  # velocities: the target only
-        decisions = cache.decide(latents, self.dtype)
-        items, start = x.shape[0] // b, layout.num_prefix_tokens
-        run = [j for j in range(b) if any(d.compute for d in decisions[j * items:(j + 1) * items])]
-        out = x[:, start:].clone()
-        if run:
-            rows = [j * items + k for j in run for k in range(items)]
-            sub = x if len(run) == b else x[rows]
-            y = self._stack(sub, [text[j] for j in run], select_branches(layout, run), sequence_parallel, options,
-                            precision)
-            for r, row in enumerate(rows):
-                if decisions[row].compute:
-                    out[row] = y[r, start:]
-                    if decisions[row].record:
-                        cache.record(row, out[row] - x[row, start:])
-        for row, d in enumerate(decisions):
-            if not d.compute:
-                out[row] = x[row, start:] + d.residual
-        return self._heads(out, layout, precision)
+            out = self._stack(x, text, layout, sequence_parallel, options, precision)[:, start:]
+            return self._heads(out, layout, precision)  # velocities: the target only
+        items = x.shape[0] // b
+
+        def stack(branches: list[int]) -> torch.Tensor:
+            rows = x if len(branches) == b else x[[j * items + k for j in branches for k in range(items)]]
+            return self._stack(rows, [text[j] for j in branches], select_branches(layout, branches),
+                               sequence_parallel, options, precision)[:, start:]
+
+        return self._heads(cache.run_stack(latents, x[:, start:], stack, b, self.dtype), layout, precision)
 
     def _stack(self, x, text, layout, sequence_parallel, options, precision):
         """``norm_moe_gen(layers(x))``: the layer stack over the rows of ``x`` (SeaCache's boundary)."""
@@ -277,7 +269,7 @@ class Cosmos3Transformer(nn.Module):
             x = sp.gather_tokens(x, layout.num_tokens)
         return self.norm_moe_gen(x)
 
-    def _heads(self, x: torch.Tensor, layout: GenLayout, precision: str | None = None) -> StepOutput:
+    def _heads(self, x: torch.Tensor, layout: GenLayout, precision: StepPrecision | None = None) -> StepOutput:
         """The modality heads over the target's tokens ``x`` (the prefix already dropped)."""
         cfg = self.config
         nv = layout.num_vision_tokens
@@ -294,8 +286,8 @@ class Cosmos3Transformer(nn.Module):
 
 
 def generation_layer_fn(options: RuntimeOptions = DEFAULT) -> Callable:
-    """``generation_layer``, or where ``options.compiles`` its ``torch.compile``d version (kernels/compile.py): one graph
-    shared by every layer (the layer's weights are graph inputs) that fuses the norms, RoPE and activations — same
+    """``generation_layer``, or where ``options.compiles`` its ``torch.compile``d version (kernels/compile.py): one
+    graph shared by every layer (the layer's weights are graph inputs) that fuses the norms, RoPE and activations — same
     math, other rounding of the intermediates. Shapes are static except the prompt lengths (the text K/V's length
     dimension is dynamic): one graph per generation shape (resolution × frames, branches, batch, streams, attention
     route), the same in every process whatever the prompts and whatever ran before, each kept on disk whole and
@@ -303,8 +295,8 @@ def generation_layer_fn(options: RuntimeOptions = DEFAULT) -> Callable:
     parallel group) goes through plain ``torch.compile``, which allows graph breaks."""
     if not options.compiles:
         return generation_layer
-    return compiled(generation_layer, backend=options.compile_backend, fullgraph=False, dynamic_dims=_prompt_length_dims,
-                    key_extra=flash4_available, aot_allowed=_no_weight_hooks)
+    return compiled(generation_layer, backend=options.compile_backend, fullgraph=False,
+                    dynamic_dims=_prompt_length_dims, key_extra=flash4_available, aot_allowed=_no_weight_hooks)
 
 
 def _prompt_length_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
@@ -314,14 +306,15 @@ def _prompt_length_dims(args: tuple) -> list[tuple[torch.Tensor, int]]:
 
 def _no_weight_hooks(args: tuple) -> bool:
     """Whether a ``generation_layer`` call's layer computes with its parameters as they are: no host per-call cast
-    or weight function (``comfy.ops`` weight streaming, on-the-fly LoRA), which only plain ``torch.compile``'s
-    in-process guards can follow."""
+    or weight function (``comfy.ops`` weight streaming, on-the-fly LoRA) and no forward hooks (a tensor-parallel
+    layer's, which exchange partial sums), which only plain ``torch.compile``'s in-process guards can follow."""
     return not any(getattr(m, "comfy_cast_weights", False) or getattr(m, "weight_function", None)
-                   or getattr(m, "bias_function", None) for m in args[0].modules())
+                   or getattr(m, "bias_function", None) or m._forward_pre_hooks or m._forward_hooks
+                   for m in args[0].modules())
 
 
 def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None,
-             precision: str | None = None):
+             precision: StepPrecision | None = None):
     """The text tower's attention inputs over ``h`` ``[L, D]``: q ``[L, H, hd]`` and k ``[L, KV, hd]`` after the
     per-head QK-norm (Nano/Super; Edge has none) and before RoPE, and v ``[L, KV, hd]``. ``norm(module, x)`` applies
     an RMSNorm with the caller's reference rounding (the generator: diffusers'; the reasoner: transformers').
@@ -344,7 +337,7 @@ def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights
 
 
 def text_layer_output(layer: DecoderLayer, h: torch.Tensor, attn_out: torch.Tensor, norm=module_rms_norm,
-                      weights: LayerWeights | None = None, precision: str | None = None):
+                      weights: LayerWeights | None = None, precision: StepPrecision | None = None):
     """The rest of a text-tower layer: output projection, residual, MLP; ``attn_out`` ``[L, H·hd]``. ``weights``,
     ``precision``: as ``text_qkv``'s (``o``, and the MLP's)."""
     h = h + project(layer.self_attn.to_out, attn_out, weights.o if weights is not None else None,
@@ -362,7 +355,7 @@ def generation_layer(
     sequence_parallel: SequenceParallel | None = None,
     key_starts: list[int] | None = None,
     attention_backend: str = "auto",
-    precision: str | None = None,
+    precision: StepPrecision | None = None,
 ) -> torch.Tensor:
     """One generation-tower layer over ``x`` ``[B·N, tokens, D]`` (rows branch-major, ``N`` items per branch);
     branch ``j`` (rotary table ``cos[j]``) attends to ``[text_keys[j] | its own K]`` (its own keys from

@@ -13,8 +13,8 @@ NVIDIA's ``revision="fp8"`` Cosmos3 checkpoints): ``transformer/config.json`` ca
 ``X.weight`` as ``float8_e4m3fn`` ``[out, in]`` with one fp32 scale ``X.weight_quantizer._scale`` (the dense weight is
 ``weight.to(dtype) * scale``, diffusers' ``_w8a16_linear``), plus ModelOpt's calibration buffers
 ``X.weight_quantizer._amax`` and ``X.input_quantizer._amax`` (the scales of its W8A8 path: ``fp8.Fp8Linear`` reads
-them; with any other layer class they are dropped). ModelOpt's Hugging Face export names the scales ``X.weight_scale`` / ``X.input_scale``;
-both spellings are read. An FP8 weight without a scale is an error, never a silent scale of 1.
+them; with any other layer class they are dropped). ModelOpt's Hugging Face export names the scales ``X.weight_scale`` /
+``X.input_scale``; both spellings are read. An FP8 weight without a scale is an error, never a silent scale of 1.
 
 ``fp8_checkpoint`` reads what a run's FP8 step policy needs from the names and config alone (no weights): the
 declared ``quantization_config`` and the quantized layers that carry no activation scale (no W8A8 forward). A bf16

@@ -3,9 +3,9 @@
 Mirrors diffusers 0.42.1's modular Cosmos3 pipeline (``modular_pipelines/cosmos/``) and the action helpers of
 ``pipelines/cosmos/pipeline_cosmos3_omni.py`` it calls:
 
-* ``ActionRequest`` = ``CosmosActionCondition`` (mode, chunk_size, domain_name, resolution_tier, raw_actions,
-  image | video, view_point), checked once by ``check_action_request`` (its ``__post_init__`` + the model checks of
-  ``Cosmos3ActionPrepareLatentsStep`` / ``check_inputs``), every mistake one ``ValueError`` naming the argument.
+* The request (``request.ActionRequest`` = ``CosmosActionCondition``) and its reference tables
+  (``defaults.RESOLUTION_BINS`` …) live below; the resolver checks it once (``checks.check_action_request``: its
+  ``__post_init__`` + the model checks of ``Cosmos3ActionPrepareLatentsStep`` / ``check_inputs``).
 * ``encode_action_condition`` = ``Cosmos3ActionVisionVaeEncoderStep`` + the action half of
   ``Cosmos3ActionPrepareLatentsStep``: ``chunk_size + 1`` frames, bucketed to the tier's canvas
   (``_ACTION_RESOLUTION_BINS``: the closest aspect ratio; downscale only, bicubic + antialias; pad right/bottom,
@@ -36,172 +36,25 @@ import torch
 import torch.nn.functional as F
 
 from .. import defaults
-from ..sampling.conditioning import preprocess_video
+from ..defaults import (  # noqa: F401
+    ACTION_ASPECT_RATIOS,
+    ACTION_MODES,
+    DOMAINS,
+    EMBODIMENT_TO_DOMAIN_ID,
+    EMBODIMENT_TO_RAW_ACTION_DIM,
+    RESOLUTION_BINS,
+    RESOLUTION_TIERS,
+    VIEW_POINTS,
+    VIEWPOINT_FRAMING,
+)
+from ..model.text_kv import TextConditioning
+from ..pipeline import Cosmos3Pipeline, GenerationOutput, timed
+from ..request import ActionRequest, Resolved, Sampling
+from ..runtime import RuntimeOptions
+from ..sampling.conditioning import clip_frame_size, image_as_clip, preprocess_video
 from ..sampling.plan import ActionInput
 from ..sampling.prompt import DEFAULT_MAX_TOKENS, SYSTEM_PROMPT_VIDEO, PromptIds, branch_ids
-from ..model.text_kv import TextConditioning
-from ..runtime import DEFAULT, RuntimeOptions
 from .action_files import load_actions, load_actions_with_metadata, save_actions  # noqa: F401
-
-ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
-
-
-# ---------------------------------------------------------------------------------------------- reference tables
-# diffusers 0.42.1 pipeline_cosmos3_omni.py ``_ACTION_RESOLUTION_BINS``: per tier, aspect ratio (h/w) → canvas (h, w).
-RESOLUTION_BINS: dict[int, dict[str, tuple[int, int]]] = {
-    256: {"1.0": (256, 256), "0.8": (256, 320), "1.25": (320, 256), "0.6": (192, 320),
-          "1.6666666666666667": (320, 192)},
-    480: {"1.0": (640, 640), "0.7391304347826086": (544, 736), "1.3529411764705883": (736, 544),
-          "0.5769230769230769": (480, 832), "1.7333333333333334": (832, 480)},
-    704: {"1.0": (960, 960), "0.7647058823529411": (832, 1088), "1.3076923076923077": (1088, 832),
-          "0.55": (704, 1280), "1.8181818181818181": (1280, 704)},
-    720: {"1.0": (960, 960), "0.7536231884057971": (832, 1104), "1.3269230769230769": (1104, 832),
-          "0.5625": (720, 1280), "1.7777777777777777": (1280, 720)},
-}
-# ``_ACTION_VIEWPOINT_TEMPLATES``: the trained framing sentences of the caption's ``cinematography.framing``.
-VIEWPOINT_FRAMING = {
-    "ego_view": "This video is captured from a first-person perspective looking at the scene.",
-    "third_person_view": "This video is captured from a third-person perspective looking towards the agent from the front.",
-    "wrist_view": "This video is captured from a wrist-mounted camera.",
-    "concat_view": "This video contains concatenated views from multiple camera perspectives.",
-}
-# ``_EMBODIMENT_TO_DOMAIN_ID``: the embodiment's row of the domain-aware action projections.
-EMBODIMENT_TO_DOMAIN_ID = {
-    "no_action": 0, "av": 1, "camera_pose": 2, "hand_pose": 3, "pusht": 4, "libero": 5, "umi": 6,
-    "bridge_orig_lerobot": 7, "droid_lerobot": 8, "robomind-franka": 8, "galbot": 9, "robomind-franka-dual": 12,
-    "robomind-ur": 13, "agibotworld": 15, "agibot_gear_gripper": 15, "agibot_gear_gripper_ext": 15, "fractal": 20,
-}
-# ``_EMBODIMENT_TO_RAW_ACTION_DIM``: the unpadded action width; domains absent here (no_action, libero) have none
-# and the reference refuses them for action inference.
-EMBODIMENT_TO_RAW_ACTION_DIM = {
-    "av": 9, "camera_pose": 9, "pusht": 2, "umi": 10, "bridge_orig_lerobot": 10, "droid_lerobot": 10,
-    "robomind-franka": 10, "robomind-franka-dual": 20, "robomind-ur": 10, "galbot": 30, "agibotworld": 29,
-    "agibot_gear_gripper": 29, "agibot_gear_gripper_ext": 29, "fractal": 10, "hand_pose": 57,
-}
-DOMAINS = tuple(sorted(EMBODIMENT_TO_RAW_ACTION_DIM))  # the embodiments action inference supports
-RESOLUTION_TIERS = tuple(RESOLUTION_BINS)
-VIEW_POINTS = tuple(VIEWPOINT_FRAMING)
-_ASPECT_RATIOS = ("1,1", "4,3", "3,4", "16,9", "9,16")  # the caption's aspect_ratio labels, in the reference's order
-
-
-# ---------------------------------------------------------------------------------------------- request
-@dataclass
-class ActionRequest:
-    """One action-mode run: the fields of diffusers' ``CosmosActionCondition``.
-
-    ``raw_actions`` ``[chunk_size, raw_action_dim]`` drive forward dynamics (required there, ignored nowhere else:
-    giving them to another mode is an error). ``image`` (one frame) or ``video`` (``[F, H, W, 3]`` in [0, 1], a
-    uint8 array or a list of PIL frames): policy and forward dynamics start from the first frame; inverse dynamics
-    reads exactly ``chunk_size + 1`` frames. ``view_point`` ``None`` drops the caption's framing field.
-    """
-
-    mode: str
-    chunk_size: int
-    domain_name: str
-    resolution_tier: int = defaults.ACTION_RESOLUTION_TIER
-    raw_actions: Any = None
-    image: Any = None
-    video: Any = None
-    view_point: str | None = defaults.ACTION_VIEW_POINT
-
-    @property
-    def raw_action_dim(self) -> int:
-        return EMBODIMENT_TO_RAW_ACTION_DIM[self.domain_name]
-
-    @property
-    def num_frames(self) -> int:
-        """Pixel frames the run spans: one more than the action transitions."""
-        return self.chunk_size + 1
-
-
-def _bad(message: str) -> ValueError:
-    return ValueError(message)
-
-
-def check_action_request(request: ActionRequest, config=None) -> None:
-    """Every check of an action request (and, with ``config``, against the checkpoint); raises one ``ValueError``."""
-    r = request
-    if config is not None and not getattr(config, "action_gen", False):
-        raise _bad("this checkpoint has no action head (transformer config action_gen is false); action modes "
-                        "need a Cosmos3 checkpoint trained with action_gen=True (Nano, Super or Edge releases).")
-    if r.mode not in ACTION_MODES:
-        raise _bad(f"action_mode={r.mode!r} is not one of {list(ACTION_MODES)}.")
-    if isinstance(r.chunk_size, bool) or not isinstance(r.chunk_size, int) or r.chunk_size < 1:
-        raise _bad(f"chunk_size={r.chunk_size!r} must be an integer >= 1 (the number of actions; the video "
-                        "spans chunk_size + 1 frames), e.g. 16.")
-    if r.chunk_size + 1 > defaults.MAX_FRAMES:
-        raise _bad(f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, above the limit of "
-                        f"{defaults.MAX_FRAMES}; use a smaller chunk_size.")
-    if r.chunk_size % defaults.VAE_TEMPORAL_STRIDE:
-        raise _bad(f"chunk_size={r.chunk_size} spans {r.chunk_size + 1} frames, but a Cosmos3 clip has 4k+1 frames "
-                   f"(the VAE keeps the first frame, then 4 per latent), so only {_clip_frames(r.chunk_size + 1)} "
-                   f"would be generated; use a multiple of 4, e.g. chunk_size={_valid_chunk(r.chunk_size)}.")
-    if r.domain_name not in EMBODIMENT_TO_RAW_ACTION_DIM:
-        extra = (" (it has a domain id but no fixed action width, so the reference refuses it too)"
-                 if r.domain_name in EMBODIMENT_TO_DOMAIN_ID else "")
-        raise _bad(f"domain_name={r.domain_name!r} is not a supported embodiment{extra}; use one of "
-                        f"{list(DOMAINS)}.")
-    if isinstance(r.resolution_tier, bool) or r.resolution_tier not in RESOLUTION_BINS:
-        raise _bad(f"resolution_tier={r.resolution_tier!r} is not one of {list(RESOLUTION_TIERS)}; pick the "
-                        "tier closest to the input's native resolution.")
-    if r.view_point is not None and r.view_point not in VIEWPOINT_FRAMING:
-        raise _bad(f"view_point={r.view_point!r} is not one of {list(VIEW_POINTS)} (or None for no framing).")
-    if r.image is not None and r.video is not None:
-        raise _bad("both image and video were given; pass one (image: policy / forward dynamics start "
-                        "frame; video: required for inverse dynamics).")
-    if r.image is None and r.video is None:
-        need = "a video of chunk_size + 1 frames" if r.mode == "inverse_dynamics" else "a start image (or video)"
-        raise _bad(f"action_mode={r.mode!r} needs {need}; none was given.")
-    if r.mode == "inverse_dynamics":
-        if r.video is None:
-            raise _bad("action_mode='inverse_dynamics' needs a video (the frames whose actions are inferred), "
-                            "got only an image; pass chunk_size + 1 frames as the video.")
-        n = _num_frames(r.video)
-        if n != r.chunk_size + 1:
-            fix = (f"set chunk_size={n - 1} or trim" if n > 1 and (n - 1) % defaults.VAE_TEMPORAL_STRIDE == 0
-                   else "trim")
-            raise _bad(f"inverse dynamics reads chunk_size + 1 = {r.chunk_size + 1} frames but the video has "
-                       f"{n}; {fix} the video to {r.chunk_size + 1} frames.")
-    if config is not None and r.raw_action_dim > config.action_dim:
-        raise _bad(f"domain_name={r.domain_name!r} has {r.raw_action_dim}-dim actions, above this checkpoint's "
-                        f"action_dim={config.action_dim}; it cannot represent them — pick another embodiment.")
-    if r.mode == "forward_dynamics":
-        if r.raw_actions is None:
-            raise _bad("action_mode='forward_dynamics' needs actions (raw_actions / --actions FILE) of shape "
-                            f"[chunk_size={r.chunk_size}, {r.raw_action_dim}].")
-        shape = tuple(np.shape(r.raw_actions))
-        if len(shape) != 2:
-            raise _bad(f"actions have shape {shape}; expected [chunk_size, raw_action_dim] = "
-                            f"[{r.chunk_size}, {r.raw_action_dim}] (one row per transition).")
-        if config is not None and shape[1] > config.action_dim:
-            raise _bad(f"actions are {shape[1]}-dim, above this checkpoint's action_dim={config.action_dim}; "
-                            f"domain_name={r.domain_name!r} expects {r.raw_action_dim}-dim rows.")
-        if shape[1] != r.raw_action_dim:
-            raise _bad(f"actions are {shape[1]}-dim but domain_name={r.domain_name!r} expects "
-                            f"{r.raw_action_dim}-dim rows; pass actions of that embodiment or change domain_name.")
-        if shape[0] != r.chunk_size:
-            fix = (f"set chunk_size={shape[0]} or pass" if shape[0] > 0 and shape[0] % defaults.VAE_TEMPORAL_STRIDE == 0
-                   else "pass")
-            raise _bad(f"{shape[0]} actions were given but chunk_size={r.chunk_size} needs exactly "
-                       f"{r.chunk_size} (one per transition between the {r.chunk_size + 1} frames); {fix} "
-                       f"{r.chunk_size} actions.")
-        values = torch.as_tensor(np.asarray(r.raw_actions, dtype=np.float32))
-        if not torch.isfinite(values).all():
-            raise _bad("actions contain NaN or infinite values; pass finite numbers.")
-    elif r.raw_actions is not None:
-        raise _bad(f"actions were given but action_mode={r.mode!r} generates them (only forward_dynamics "
-                        "takes actions); drop the actions or use action_mode='forward_dynamics'.")
-
-
-def _clip_frames(frames: int) -> int:
-    """Frames an ``F``-frame clip keeps through the VAE: ``4 · ((F − 1) // 4) + 1``."""
-    return (frames - 1) // defaults.VAE_TEMPORAL_STRIDE * defaults.VAE_TEMPORAL_STRIDE + 1
-
-
-def _valid_chunk(chunk_size: int) -> int:
-    """The nearest chunk size whose clip (chunk_size + 1 frames) is 4k+1 frames long."""
-    stride = defaults.VAE_TEMPORAL_STRIDE
-    return max(stride, min(round(chunk_size / stride) * stride, (defaults.MAX_FRAMES - 1) // stride * stride))
 
 
 # ---------------------------------------------------------------------------------------------- geometry
@@ -236,39 +89,11 @@ def fit_to_canvas(frames: torch.Tensor, canvas: tuple[int, int]) -> tuple[torch.
     return x.reshape(1, f, c, canvas[0], canvas[1]).permute(0, 2, 1, 3, 4), (ch, cw)
 
 
-def _frame_size(clip) -> tuple[int, int]:
-    """``(H, W)`` of a clip as ``preprocess_video`` reads it (PIL list, channel-last or ``[F, 3, H, W]`` array)."""
-    if isinstance(clip, (list, tuple)):
-        return clip[0].size[1], clip[0].size[0]
-    channel_last = clip.shape[-1] == 3 or clip.shape[-3] != 3
-    return (clip.shape[-3], clip.shape[-2]) if channel_last else (clip.shape[-2], clip.shape[-1])
-
-
-def _num_frames(video) -> int:
-    if isinstance(video, (list, tuple)):
-        return len(video)
-    return int(video.shape[1] if video.ndim == 5 else video.shape[0])
-
-
-def _as_clip(image):
-    """One image as a one-frame clip in a layout ``preprocess_video`` reads."""
-    if isinstance(image, (np.ndarray, torch.Tensor)):
-        if image.ndim == 3:
-            return image[None]
-        if image.ndim == 4 and image.shape[0] == 1:
-            return image
-        raise ValueError(f"image has shape {tuple(image.shape)}; pass one frame [H, W, 3] (or [1, H, W, 3]).")
-    return [image]  # PIL
-
-
 def source_frames(request: ActionRequest) -> torch.Tensor:
     """The input as ``[1, 3, F, H16, W16]`` in [-1, 1] (``VideoProcessor.preprocess_video``: sides floored to 16)."""
-    clip = request.video if request.video is not None else _as_clip(request.image)
-    h, w = _frame_size(clip)
-    h16, w16 = int(h) // 16 * 16, int(w) // 16 * 16
-    if h16 == 0 or w16 == 0:
-        raise ValueError(f"the input is {w}x{h} pixels; it must be at least 16x16.")
-    return preprocess_video(clip, h16, w16)
+    clip = request.video if request.video is not None else image_as_clip(request.image)
+    h, w = clip_frame_size(clip)
+    return preprocess_video(clip, int(h) // 16 * 16, int(w) // 16 * 16)
 
 
 # ---------------------------------------------------------------------------------------------- conditioning
@@ -310,23 +135,34 @@ class ActionCondition:
     def to(self, device) -> "ActionCondition":
         return dataclasses.replace(self, x0=self.x0.to(device))
 
+    def describes(self, text: TextConditioning) -> bool:
+        """Whether ``text`` is this condition's caption (``prefill`` of its ``action_prompt_ids``), not a plain
+        Cosmos3 text encode."""
+        try:
+            caption = json.loads(text.prompt_text)
+            size = caption.get("resolution") == {"H": self.canvas[0], "W": self.canvas[1]}
+        except (TypeError, ValueError, AttributeError):
+            return False
+        return size and text.num_frames == self.num_frames
 
-def encode_latent_shape(request: ActionRequest, vae, config) -> tuple[int, ...]:
-    """Shape of the latent the VAE encode of ``request`` produces (canvas-sized, before the crop)."""
-    check_action_request(request, config)
-    frames = source_frames(request)
-    canvas = canvas_size(frames.shape[-2], frames.shape[-1], request.resolution_tier)
-    t = (request.num_frames - 1) // vae.temporal_scale + 1 if request.mode == "inverse_dynamics" else 1
+
+def encode_latent_shape(request: ActionRequest, vae) -> tuple[int, ...]:
+    """Shape of the latent the VAE encode of ``request`` produces (canvas-sized, before the crop), from the input's
+    size alone (nothing is decoded or resized)."""
+    clip = request.video if request.video is not None else image_as_clip(request.image)
+    h, w = clip_frame_size(clip)
+    canvas = canvas_size(int(h) // 16 * 16, int(w) // 16 * 16, request.resolution_tier)
+    t = defaults.latent_frames(request.num_frames) if request.mode == "inverse_dynamics" else 1
     return (1, vae.latent_channels, t, canvas[0] // vae.spatial_scale, canvas[1] // vae.spatial_scale)
 
 
 def encode_action_condition(vae, request: ActionRequest, config) -> ActionCondition:
-    """Check ``request``, bucket and VAE-encode its frames, and decide the clean frames and actions of its mode."""
-    check_action_request(request, config)
+    """Bucket and VAE-encode the frames of a checked ``request`` (``checks.check_action_request``), and decide the
+    clean frames and actions of its mode."""
     r = request
     frames = source_frames(r)
     canvas = canvas_size(frames.shape[-2], frames.shape[-1], r.resolution_tier)
-    t_lat = (r.num_frames - 1) // vae.temporal_scale + 1
+    t_lat = defaults.latent_frames(r.num_frames)
     if r.mode == "inverse_dynamics":
         clean_frames = tuple(range(t_lat))
         frames = frames[:, :, : r.num_frames]
@@ -366,7 +202,7 @@ def action_caption(description: str, *, view_point: str | None, num_frames: int,
     if view_point is not None:
         caption["cinematography"] = {"framing": VIEWPOINT_FRAMING[view_point]}
     ratio = width / height if height > 0 else 1.0
-    aspect = min(_ASPECT_RATIOS, key=lambda r: abs(int(r.split(",")[0]) / int(r.split(",")[1]) - ratio))
+    aspect = min(ACTION_ASPECT_RATIOS, key=lambda r: abs(int(r.split(",")[0]) / int(r.split(",")[1]) - ratio))
     caption["actions"] = [{"time": f"0:00-{minutes}:{secs:02d}", "description": desc}]
     caption["duration"] = f"{duration}s"
     caption["fps"] = float(fps)
@@ -378,13 +214,7 @@ def action_caption(description: str, *, view_point: str | None, num_frames: int,
 def action_prompt_ids(tokenizer, condition: ActionCondition, prompt: str, negative_prompt: str | None, *, fps: float,
                       use_system_prompt: bool, max_tokens: int = DEFAULT_MAX_TOKENS) -> PromptIds:
     """Token ids of both branches for an action run: JSON caption (cond), the raw negative prompt (uncond)."""
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a str, got {type(prompt).__name__}.")
-    if negative_prompt is not None and not isinstance(negative_prompt, str):
-        raise ValueError(f"negative_prompt must be a str or None, got {type(negative_prompt).__name__}.")
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
-        raise ValueError(f"fps={fps!r} must be a positive number (the action models run at "
-                         f"{defaults.ACTION_FPS:g}).")
+    assert isinstance(prompt, str) and (negative_prompt is None or isinstance(negative_prompt, str)) and fps > 0
     system = SYSTEM_PROMPT_VIDEO if use_system_prompt else None
     cond_text = action_caption(prompt, view_point=condition.view_point, num_frames=condition.num_frames, fps=fps,
                                height=condition.canvas[0], width=condition.canvas[1])
@@ -404,29 +234,11 @@ def unpadded_actions(action_latents: torch.Tensor, condition: ActionCondition) -
 
 # ---------------------------------------------------------------------------------------------- a run
 # The stages of an action run over a loaded ``Cosmos3Pipeline`` (``pipe``): what the ComfyUI nodes call one by one
-# (Cosmos3 Action Condition: ``encode_shape``, ``encode``, ``tokenize``, ``prefill``; the sampler: ``plan``) and
-# ``generate_action`` chains for a resolved request (request.py decides its defaults: 5 fps, 30 steps, guidance 1,
-# shift 10, no system prompt, an empty negative prompt).
-def encode_shape(pipe, request: ActionRequest) -> tuple[int, ...]:
-    """Latent shape the VAE encode of an action request produces (for a memory estimate before encoding)."""
-    return encode_latent_shape(request, pipe.vae, pipe.config)
-
-
-def encode(pipe, request: ActionRequest) -> ActionCondition:
-    """Check an action request and encode its frames: clean latents (cropped to the content) and actions."""
-    return encode_action_condition(pipe.vae, request, pipe.config)
-
-
-def tokenize(pipe, condition: ActionCondition, prompt: str, negative_prompt: str | None = None, *,
-             fps: float = defaults.ACTION_FPS, use_system_prompt: bool = defaults.ACTION_USE_SYSTEM_PROMPT
-             ) -> PromptIds:
-    """Token ids of an action run: the prompt as the JSON action caption, the negative prompt raw."""
-    return action_prompt_ids(pipe.tokenizer, condition, prompt, negative_prompt, fps=fps,
-                             use_system_prompt=use_system_prompt)
-
-
-def prefill(pipe, ids: PromptIds, condition: ActionCondition, *, fps: float,
-            options: RuntimeOptions = DEFAULT) -> TextConditioning:
+# (Cosmos3 Action Condition: ``encode_latent_shape``, ``encode_action_condition``, ``action_prompt_ids``,
+# ``prefill``; the sampler: ``plan``) and ``generate_action`` chains for a resolved request (resolve.py decides its
+# defaults: 5 fps, 30 steps, guidance 1, shift 10, no system prompt, an empty negative prompt).
+def prefill(pipe: Cosmos3Pipeline, ids: PromptIds, condition: ActionCondition, *, fps: float,
+            options: RuntimeOptions) -> TextConditioning:
     """Text K/V of an action run; its clip shape is the generated one (``chunk_size + 1`` frames at the content
     size; the caption itself describes the tier's canvas)."""
     height, width = condition.output_size
@@ -434,40 +246,24 @@ def prefill(pipe, ids: PromptIds, condition: ActionCondition, *, fps: float,
                                 options=options)
 
 
-def plan(pipe, text: TextConditioning, condition: ActionCondition, sampling=None, *, device=None,
-         options: RuntimeOptions = DEFAULT, **sampling_args):
-    """The plan of an action run: the mode's clean latent frames and action stream. ``sampling``: resolved values
-    (``request.resolve_sampling(..., mode="action")``), or the sampling arguments to resolve with the action
-    defaults."""
-    check_text_matches(text, condition)
-    if sampling is None:
-        sampling = pipe.resolve_sampling(text, "action", **sampling_args)
+def plan(pipe: Cosmos3Pipeline, text: TextConditioning, condition: ActionCondition, sampling: Sampling, *,
+         device=None, options: RuntimeOptions):
+    """The plan of an action run: the mode's clean latent frames and action stream, with ``sampling`` resolved for
+    the action mode (``resolve.resolve_sampler(..., action=condition)``)."""
     return pipe.plan(text, sampling, x0=condition.x0, clean_frames=condition.clean_frames,
                      action=condition.plan_input(), device=device, options=options)
 
 
-def generate_action(pipe, run, callback=None, decode: bool = True):
-    """A whole action-mode run of a resolved request ``run`` (``request.Resolved``): ``output.actions`` holds the
-    predicted actions without padding (policy, inverse dynamics) and ``output.action`` the padded action latent."""
+def generate_action(pipe: Cosmos3Pipeline, resolved: Resolved, callback=None, decode: bool = True) -> GenerationOutput:
+    """A whole action-mode run of a resolved request (mode ``action``): ``output.actions`` holds the predicted
+    actions without padding (policy, inverse dynamics) and ``output.action`` the padded action latent."""
     timings: dict[str, float] = {}
-    with pipe.timed(timings, "preprocess"):
-        condition = encode(pipe, run.action)
-        ids = tokenize(pipe, condition, run.prompt, run.negative_prompt, fps=run.fps,
-                       use_system_prompt=run.use_system_prompt)
-        text = prefill(pipe, ids, condition, fps=run.fps, options=run.options)
-        planned = plan(pipe, text, condition, run.sampling, options=run.options)
-    out = pipe.run_and_decode(planned, timings, condition.num_frames, run.fps, callback=callback, decode=decode)
+    with timed(timings, "preprocess"):
+        condition = encode_action_condition(pipe.vae, resolved.action, pipe.config)
+        ids = action_prompt_ids(pipe.tokenizer, condition, resolved.prompt, resolved.negative_prompt,
+                                fps=resolved.fps, use_system_prompt=resolved.use_system_prompt)
+        text = prefill(pipe, ids, condition, fps=resolved.fps, options=resolved.options)
+        planned = plan(pipe, text, condition, resolved.sampling, options=resolved.options)
+    out = pipe.run_and_decode(planned, timings, condition.num_frames, resolved.fps, callback=callback, decode=decode)
     out.actions = unpadded_actions(out.action, condition)
     return out
-
-
-def check_text_matches(text, condition: ActionCondition) -> None:
-    """The text K/V must be the caption rendered for ``condition`` (not a plain Cosmos3 Text Encode)."""
-    try:
-        caption = json.loads(text.prompt_text)
-        ok = caption.get("resolution") == {"H": condition.canvas[0], "W": condition.canvas[1]}
-    except (TypeError, ValueError, AttributeError):
-        ok = False
-    if not ok or text.num_frames != condition.num_frames:
-        raise ValueError("the text was not encoded for this action condition (its prompt is not the action caption "
-                         "of these frames); use the text output of the same Cosmos3 Action Condition.")

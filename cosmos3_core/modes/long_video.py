@@ -30,11 +30,13 @@ import torch
 
 from ..model.text_kv import TextConditioning, TextKV
 from ..pipeline import Cosmos3Pipeline
+from ..request import Resolved, WindowGeometry
+from ..runtime import RuntimeOptions
 from ..sampling.conditioning import preprocess_image, preprocess_video
-from ..sampling.schedulers import make_scheduler, make_stepper
+from ..sampling.plan import PlanInputs, SamplePlan
 from .stream_decode import Sink, StreamDecoder
 from .transfer import control_latents, make_transfer_plan, pad_controls, transfer_prompt_ids
-from .windows import WindowGeometry, clean_latent_frames, seed_pixels
+from .windows import clean_latent_frames, seed_pixels
 
 # progress(window, num_windows, step, steps, x0_preview)
 WindowProgress = Callable[[int, int, int, int, torch.Tensor], None]
@@ -58,7 +60,7 @@ class LongVideoResult:
 class _TextCache:
     """Text K/V per distinct token-id list: the text tower runs once per distinct prompt of the whole video."""
 
-    def __init__(self, pipe: Cosmos3Pipeline, prepare: Prepare, options):
+    def __init__(self, pipe: Cosmos3Pipeline, prepare: Prepare, options: RuntimeOptions):
         self.pipe, self.prepare, self.options, self.cache = pipe, prepare, options, {}
 
     def __call__(self, ids: list[int]) -> TextKV:
@@ -69,74 +71,55 @@ class _TextCache:
         return self.cache[key]
 
 
+@dataclass
+class _Windows:
+    """What every window of one long-video run shares."""
+
+    pipe: Cosmos3Pipeline
+    resolved: Resolved
+    text_kv: _TextCache
+    latent_shape: tuple[int, ...]
+    device: torch.device
+    generator: torch.Generator  # one CPU generator, seeded once, draws every window's noise in order
+    controls: dict | None  # Transfer: the control clips, padded to whole windows
+    prompts: list[str]  # one per window
+
+
 def generate_long(
-    pipe: Cosmos3Pipeline, run, sinks: Sequence[Sink] = (), *, progress: WindowProgress | None = None,
-    latents_sink: LatentSink | None = None, device: torch.device | str | None = None,
-    prepare: Prepare = _no_prepare, **decode_kwargs,
+    pipe: Cosmos3Pipeline, resolved: Resolved, sinks: Sequence[Sink] = (), *,
+    progress: WindowProgress | None = None, latents_sink: LatentSink | None = None,
+    device: torch.device | str | None = None, prepare: Prepare = _no_prepare, **decode_kwargs,
 ) -> LongVideoResult:
-    """Generate the resolved request ``run`` (``request.Resolved``, mode ``windows`` or ``transfer``) window by
-    window; every window's new frames (and sound) go to ``sinks`` once decoded.
+    """Generate ``resolved`` (mode ``windows`` or ``transfer``) window by window; every window's new frames (and
+    sound) go to ``sinks`` once decoded.
 
     ``progress(window, windows, step, steps, preview)`` runs after every step (it may raise to cancel: the windows
     already handed to the sinks stay there); ``latents_sink(window, latents)`` receives each window's final
     normalized latent ``[1, 48, T, h, w]``."""
-    geometry, sampling, options = run.windows, run.sampling, run.options
-    device = torch.device(device) if device is not None else pipe.transformer.device
-    prompts = list(run.prompts) * (geometry.num_windows if len(run.prompts) == 1 else 1)
-    text_kv = _TextCache(pipe, prepare, options)
-    chunk = geometry.chunk_frames
-    latent_shape = pipe.vae.latent_shape(chunk, run.height, run.width)
-    controls = pad_controls(run.controls, geometry) if run.controls is not None else None
-    first_seed = preprocess_video(run.video, run.height, run.width) if run.video is not None else None
-    generator = torch.Generator("cpu").manual_seed(int(sampling.seed))
+    geometry, options = resolved.windows, resolved.options
+    w = _Windows(pipe, resolved, _TextCache(pipe, prepare, options),
+                 tuple(pipe.vae.latent_shape(geometry.chunk_frames, resolved.height, resolved.width)),
+                 torch.device(device) if device is not None else pipe.transformer.device,
+                 torch.Generator("cpu").manual_seed(int(resolved.sampling.seed)),
+                 pad_controls(resolved.controls, geometry) if resolved.controls is not None else None,
+                 list(resolved.prompts) * (geometry.num_windows if len(resolved.prompts) == 1 else 1))
+    first_seed = (preprocess_video(resolved.video, resolved.height, resolved.width)
+                  if resolved.video is not None else None)
     decode_kwargs.setdefault("compile", options.on(pipe.vae.device).vae_compile)
     decode_kwargs.setdefault("compile_backend", options.compile_backend)
-    decoder = StreamDecoder(pipe.vae, geometry, sinks, fps=run.fps, **decode_kwargs)
+    decoder = StreamDecoder(pipe.vae, geometry, sinks, fps=resolved.fps, **decode_kwargs)
     timings: dict[str, list[float]] = {"denoise": [], "decode": []}
 
     for k in range(geometry.num_windows):
         start = time.perf_counter()
-        prepare("vae", latent_shape)
-        # clean latents of the window's seed: the previous tail, or the optional image / video for window 0
-        if k == 0 and run.image is not None:
-            x0 = pipe.vae.encode(preprocess_image(run.image, run.height, run.width).unsqueeze(2))
-            clean = [0]
-        else:
-            source, from_end = (decoder.tail, True) if k > 0 else (first_seed, False)
-            pixels, n = seed_pixels(source, geometry.conditional_frames, from_end=from_end)
-            x0 = None if pixels is None else pipe.vae.encode(pixels)
-            clean = clean_latent_frames(n)
+        prepare("vae", w.latent_shape)
+        x0, clean = _window_seed(w, k, decoder.tail if k > 0 else first_seed)
 
         def on_step(step: int, total: int, preview, _k=k) -> None:
             if progress is not None:
                 progress(_k, geometry.num_windows, step, total, preview)
 
-        if controls is not None:
-            ids = transfer_prompt_ids(pipe.tokenizer, prompts[k], run.negative_prompt,
-                                      use_system_prompt=run.use_system_prompt)
-            scheduler = make_scheduler(pipe.scheduler_config, sampling.steps, schedule=sampling.schedule,
-                                       shift=sampling.shift)
-            cond, uncond = text_kv(ids.cond), text_kv(ids.uncond)
-            text = TextConditioning(cond, uncond, chunk, run.height, run.width, float(run.fps))
-            plan = make_transfer_plan(
-                pipe.config, cond=cond, uncond=uncond,
-                prefix=control_latents(pipe.vae, controls, geometry, k), latent_shape=latent_shape, fps=run.fps,
-                generator=generator, stepper=make_stepper(scheduler), x0=x0, clean_frames=clean,
-                guidance=sampling.guidance, control_guidance=run.control_guidance,
-                guidance_interval=sampling.guidance_interval,
-                control_guidance_interval=run.control_guidance_interval, device=device,
-                dtype=pipe.transformer.dtype, options=options,
-                **pipe.fast_modes(text, sampling, len(scheduler.timesteps), device, options),
-            )
-            pipe.check_memory(plan.memory_required, plan.num_tokens, plan.device)
-        else:
-            ids = pipe.tokenize(prompts[k], run.negative_prompt, num_frames=chunk, height=run.height,
-                                width=run.width, fps=run.fps, use_system_prompt=run.use_system_prompt)
-            uncond = text_kv(ids.uncond) if sampling.use_cfg else None
-            text = TextConditioning(text_kv(ids.cond), uncond, chunk, run.height, run.width, float(run.fps),
-                                    ids.cond_text, ids.uncond_text)
-            plan = pipe.plan(text, sampling, generator=generator, x0=x0, clean_frames=clean, device=device,
-                             options=options)
+        plan = _transfer_plan(w, k, x0, clean) if w.controls is not None else _window_plan(w, k, x0, clean)
         prepare("generation", plan)
         result = pipe.run(plan, callback=on_step)
         timings["denoise"].append(time.perf_counter() - start)
@@ -146,11 +129,53 @@ def generate_long(
         waveform = None
         if result.sound is not None:
             prepare("sound", None)
-            waveform = pipe.decode_sound(result.sound[0], chunk, run.fps)  # [1, 64, Ts]: one item
-        prepare("vae", latent_shape)
+            waveform = pipe.decode_sound(result.sound[0], geometry.chunk_frames, resolved.fps)  # one item
+        prepare("vae", w.latent_shape)
         decoder.commit(k, result.latents, waveform)
         timings["decode"].append(time.perf_counter() - start)
     return LongVideoResult(geometry, decoder.frames_done, timings)
+
+
+def _window_seed(w: _Windows, k: int, source: torch.Tensor | None) -> tuple[torch.Tensor | None, list[int]]:
+    """Clean latents of window ``k``'s seed: the previous window's decoded tail (``source``), or for window 0 the
+    optional image (latent 0) or the first frames of the optional video."""
+    r = w.resolved
+    if k == 0 and r.image is not None:
+        return w.pipe.vae.encode(preprocess_image(r.image, r.height, r.width).unsqueeze(2)), [0]
+    pixels, n = seed_pixels(source, r.windows.conditional_frames, from_end=k > 0)
+    return (None if pixels is None else w.pipe.vae.encode(pixels)), clean_latent_frames(n)
+
+
+def _window_plan(w: _Windows, k: int, x0, clean: list[int]) -> SamplePlan:
+    """Window ``k`` of a windowed text/image-to-video: an ordinary clip plan whose first latent frames are clean."""
+    r, pipe, chunk = w.resolved, w.pipe, w.resolved.windows.chunk_frames
+    ids = pipe.tokenize(w.prompts[k], r.negative_prompt, num_frames=chunk, height=r.height, width=r.width,
+                        fps=r.fps, use_system_prompt=r.use_system_prompt)
+    uncond = w.text_kv(ids.uncond) if r.sampling.use_cfg else None
+    text = TextConditioning(w.text_kv(ids.cond), uncond, chunk, r.height, r.width, float(r.fps), ids.cond_text,
+                            ids.uncond_text)
+    return pipe.plan(text, r.sampling, generator=w.generator, x0=x0, clean_frames=clean, device=w.device,
+                     options=r.options)
+
+
+def _transfer_plan(w: _Windows, k: int, x0, clean: list[int]) -> SamplePlan:
+    """Window ``k`` of a Transfer video: the reference's chunk, steered by its slice of the control videos."""
+    r, pipe, sampling, options = w.resolved, w.pipe, w.resolved.sampling, w.resolved.options
+    ids = transfer_prompt_ids(pipe.tokenizer, w.prompts[k], r.negative_prompt, use_system_prompt=r.use_system_prompt)
+    cond, uncond = w.text_kv(ids.cond), w.text_kv(ids.uncond)
+    text = TextConditioning(cond, uncond, r.windows.chunk_frames, r.height, r.width, float(r.fps))
+    # Cosmos3TransferSetTimestepsStep sets the scheduler's own timesteps: a checkpoint's use_native_flow_schedule
+    # does not reach Transfer in the reference (diffusers 0.42.1 modular_pipelines/cosmos/before_denoise.py)
+    stepper = pipe.stepper(sampling, native_flow_schedule=False)
+    inputs = PlanInputs(cond, uncond, w.latent_shape, r.fps, stepper, sampling.guidance, options,
+                        guidance_interval=sampling.guidance_interval, x0=x0, clean_frames=tuple(clean),
+                        device=w.device, dtype=pipe.transformer.dtype,
+                        fast=pipe.fast_modes(text, sampling, len(stepper.timesteps), w.device, options))
+    plan = make_transfer_plan(pipe.config, inputs, prefix=control_latents(pipe.vae, w.controls, r.windows, k),
+                              generator=w.generator, control_guidance=r.control_guidance,
+                              control_guidance_interval=r.control_guidance_interval)
+    pipe.check_memory(plan.memory_required, plan.num_tokens, plan.device)
+    return plan
 
 
 def stopped_writing(error, geometry: WindowGeometry) -> str:

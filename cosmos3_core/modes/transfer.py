@@ -23,20 +23,18 @@ Mirrors diffusers 0.42.1 modular Cosmos3 Transfer blocks (``modular_pipelines/co
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import torch
 
-from ..sampling.conditioning import preprocess_video
-from ..model.layout import build_layout
-from ..sampling.plan import Guidance, SamplePlan, initial_noise, vision_stream
-from ..sampling.sea_cache import SeaCache, SeaCacheConfig
-from ..sampling.prompt import PromptIds, _chat_ids, _special_ids
-from ..runtime import DEFAULT, RuntimeOptions
-from ..sampling.schedulers import Stepper
-from ..model.text_kv import TextKV
+from ..model.layout import Prefix, build_layout
 from ..model.towers import step_memory_required
-from .windows import WindowGeometry, reflect_pad, window_slice
+from ..request import WindowGeometry
+from ..sampling.conditioning import preprocess_video
+from ..sampling.plan import Guidance, PlanInputs, SamplePlan, in_interval, initial_noise, vision_stream
+from ..sampling.prompt import PromptIds, _chat_ids, _special_ids
+from ..sampling.sea_cache import SeaCache
+from .windows import reflect_pad, window_slice
 
 CONTROL_KEYS = ("edge", "blur", "depth", "seg", "wsm")  # the reference's canonical hint order
 MIN_CONTROL_FRAMES = 5  # the shortest Cosmos3 clip (4k+1): a control is followed frame by frame
@@ -63,13 +61,16 @@ def transfer_window(chunk: int, total: int) -> int:
     """The window of a Transfer video of ``total`` frames: never longer than the video rounded up to one clip
     (4k+1), so a 9-frame control costs one 9-frame window, not a padded 189-frame one."""
     return min(chunk, max(MIN_CONTROL_FRAMES, -(-(total - 1) // 4) * 4 + 1))
+
+
 SYSTEM_PROMPT_TRANSFER = (
     "You are a helpful assistant that generates images or videos following the user's instructions"
     " and control signals (edge maps, blur, depth, or segmentation)."
 )
 
 
-def transfer_prompt_ids(tokenizer, prompt: str, negative_prompt: str | None, *, use_system_prompt: bool = True) -> PromptIds:
+def transfer_prompt_ids(tokenizer, prompt: str, negative_prompt: str | None, *,
+                        use_system_prompt: bool = True) -> PromptIds:
     """Token ids of both branches as ``Cosmos3TransferTextStep`` builds them."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"prompt={prompt!r} is empty; describe the video to generate (a JSON-upsampled "
@@ -144,55 +145,43 @@ def transfer_combine(guidance: float, control: float, *, with_control: bool, wit
     return combine
 
 
-def _active(t: int, interval: tuple[float, float] | None) -> bool:
-    return interval is None or float(interval[0]) <= float(t) <= float(interval[1])
-
-
-def make_transfer_plan(
-    config, *, cond: TextKV, uncond: TextKV, prefix: torch.Tensor, latent_shape: Sequence[int], fps: float,
-    generator: torch.Generator, stepper: Stepper, x0: torch.Tensor | None, clean_frames: Sequence[int],
-    guidance: float, control_guidance: float, guidance_interval: tuple[float, float] | None = None,
-    control_guidance_interval: tuple[float, float] | None = None, device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32, options: RuntimeOptions = DEFAULT,
-    step_precision: Sequence[str] | None = None, text_for: Callable | None = None,
-    sea_cache: SeaCacheConfig | None = None, fp8: str | None = None,
-) -> SamplePlan:
-    """One Transfer window as a plan. ``prefix`` ``[n, C, T, h, w]`` the window's control latents; ``x0`` the
-    encoded seed frames (only ``clean_frames`` read); noise is drawn from ``generator`` (the run's, continued).
-    ``step_precision`` / ``text_for`` / ``sea_cache`` / ``fp8``: the fast modes, as ``make_plan`` takes them; the
+def make_transfer_plan(config, inputs: PlanInputs, *, prefix: torch.Tensor, generator: torch.Generator,
+                       control_guidance: float, control_guidance_interval: tuple[float, float] | None = None
+                       ) -> SamplePlan:
+    """One Transfer window as a plan. ``prefix`` ``[n, C, T, h, w]`` the window's control latents; ``inputs.x0`` the
+    encoded seed frames (only ``clean_frames`` read); noise is drawn from ``generator`` (the run's, continued). The
     branches are the reference's cache contexts ``cond``, ``cond_no_control``, ``uncond``."""
-    device = torch.device(device)
-    (noise,) = initial_noise(0, [latent_shape], generator)
-    stream = vision_stream(latent_shape, noise, stepper, x0=x0 if clean_frames else None, clean_frames=clean_frames,
-                           reanchor=True, device=device)
-
-    cond, uncond = cond.to(device), uncond.to(device)
-    prefix = prefix.to(device)
+    i, device = inputs, inputs.device
+    assert i.uncond is not None
+    (noise,) = initial_noise(0, [i.latent_shape], generator)
+    stream = vision_stream(i.latent_shape, noise, i.stepper, x0=i.x0 if i.clean_frames else None,
+                           clean_frames=i.clean_frames, reanchor=True, device=device)
+    cond, uncond, prefix = i.cond.to(device), i.uncond.to(device), prefix.to(device)
     layouts: dict[tuple, Guidance] = {}
     steps = []
-    timesteps = stepper.timesteps.cpu().tolist()
-    precisions = list(step_precision) if step_precision is not None else [None] * len(timesteps)
-    for t, precision in zip(timesteps, precisions):
-        g = guidance if _active(t, guidance_interval) else 1.0
-        c = control_guidance if _active(t, control_guidance_interval) else 1.0
+    timesteps = i.stepper.timesteps.cpu().tolist()
+    modes = i.fast.step_precision if i.fast.step_precision is not None else (None,) * len(timesteps)
+    for t, precision in zip(timesteps, modes):
+        g = i.guidance if in_interval(t, i.guidance_interval) else 1.0
+        c = control_guidance if in_interval(t, control_guidance_interval) else 1.0
         key = (c != 1.0, g > 1.0, precision)
         if key not in layouts:
-            c_kv, u_kv = (cond, uncond) if precision is None else (kv.to(device) for kv in text_for(precision))
+            c_kv, u_kv = (cond, uncond) if precision is None else (kv.to(device) for kv in i.fast.text_for(precision))
             text = [c_kv] + [c_kv] * key[0] + [u_kv] * key[1]
             names = ("cond",) + ("cond_no_control",) * key[0] + ("uncond",) * key[1]
             hidden = (False,) + (True,) * key[0] + (False,) * key[1]
-            layout = build_layout(config, [kv.length for kv in text], latent_shape[2:], fps,
-                                  clean_frames=clean_frames, prefix=prefix,
-                                  prefix_hidden=hidden if key[0] else (), device=device, dtype=dtype)
+            layout = build_layout(config, [kv.length for kv in text], i.latent_shape[2:], i.fps,
+                                  clean_frames=i.clean_frames, prefix=Prefix(prefix, hidden if key[0] else ()),
+                                  device=device, dtype=i.dtype)
             layouts[key] = Guidance(tuple(text), layout, transfer_combine(
-                float(guidance), float(control_guidance), with_control=key[0], with_text=key[1]), precision, names)
+                float(i.guidance), float(control_guidance), with_control=key[0], with_text=key[1]), precision, names)
         steps.append(layouts[key])
     widest = max(layouts.values(), key=lambda gd: len(gd.text))
     num_tokens = widest.layout.num_tokens
     return SamplePlan(
-        streams=(stream,), guidance=tuple(steps), sigmas=stepper.sigmas.cpu(), timesteps=stepper.timesteps.cpu(),
-        device=device, num_tokens=num_tokens, options=options,
-        memory_required=step_memory_required(config, num_tokens, list(widest.layout.text_lengths), dtype),
-        cache=None if sea_cache is None else SeaCache(sea_cache),
-        noisy_vision=len(set(clean_frames)) < int(latent_shape[2]), fp8=fp8,
+        streams=(stream,), guidance=tuple(steps), sigmas=i.stepper.sigmas.cpu(),
+        timesteps=i.stepper.timesteps.cpu(), device=device, num_tokens=num_tokens, options=i.options,
+        memory_required=step_memory_required(config, num_tokens, list(widest.layout.text_lengths), i.dtype),
+        cache=None if i.fast.sea_cache is None else SeaCache(i.fast.sea_cache),
+        noisy_vision=len(set(i.clean_frames)) < i.latent_frames, fp8=i.fast.fp8,
     )

@@ -1,4 +1,5 @@
-"""``ParallelDenoiser``: the model's ``denoise_step`` contract, run by the ranks of a ``cfg`` × ``ulysses`` mesh.
+"""``ParallelDenoiser``: the model's ``denoise_step`` contract, run by the ranks of a ``cfg`` × ``ulysses`` × ``tp``
+mesh.
 
 The sampling loop stays as it is (it knows no parallelism): it calls ``denoise_step(latents, timestep, text,
 layout, sound=, action=)`` on this object instead of the model, and gets the same ``StepOutput`` — every branch's
@@ -11,6 +12,8 @@ same velocities, the copies stay identical. Two kinds of parallelism compose:
   that runs the cond branch alone (``guidance_interval``) runs on cfg rank 0 and is broadcast to rank 1.
 * **Ulysses** (``ulysses`` = U > 1): the model's ``denoise_step`` runs with a ``SequenceParallel`` group; the text
   K/V of this rank is sharded by heads (``shard_text``).
+* **Tensor parallel** (``tp`` = T > 1) lives in the model itself (its layers are sharded, ``tensor.py``): its
+  ``prefill`` and ``denoise_step`` already run on this rank's heads, and Ulysses splits those heads further.
 
 Same math as one process: the branch's layers see the same inputs; only the GEMM batch shapes differ (1 branch
 instead of 2, N/U rows instead of N), which rounds at the last fp32 bit (tests/test_parallel.py bounds it).
@@ -48,15 +51,15 @@ class RemoteText:
 
 
 class ParallelDenoiser:
-    """Wraps a (full replica) ``Cosmos3Transformer`` for one rank of ``mesh``."""
+    """Wraps a ``Cosmos3Transformer`` (a full replica, or this rank's tensor-parallel shard) for one rank of
+    ``mesh``."""
 
     def __init__(self, model: Cosmos3Transformer, mesh: ParallelMesh):
         self.model = model
         self.mesh = mesh
-        cfg = model.config
+        attn = model.layers[0].self_attn  # this rank's heads: all of them, or its tensor-parallel share
         self.sequence_parallel = (
-            SequenceParallel(mesh.ulysses_group, cfg.num_attention_heads, cfg.num_key_value_heads)
-            if mesh.ulysses > 1 else None
+            SequenceParallel(mesh.ulysses_group, attn.num_heads, attn.num_kv_heads) if mesh.ulysses > 1 else None
         )
 
     # the parts of the model's interface the sampling loop reads

@@ -105,7 +105,10 @@ class BranchDevices:
         for j, (replica, device) in enumerate(zip(self.replicas, self.devices)):
             kv = self._on_device(j, "text", text[j], lambda t, d=device: t.to(d))
             lay = self._on_device(j, "layout", layout, lambda lo, d=device, j=j: _layout_to(select_branch(lo, j), d))
-            move = (lambda x, d=device: None if x is None else x.to(d, non_blocking=True))
+
+            def move(x, d=device):
+                return None if x is None else x.to(d, non_blocking=True)
+
             outs.append(replica.denoise_step(move(latents), timestep.to(device), [kv], lay, sound=move(sound),
                                              action=move(action), options=options, precision=precision))
         home = self.devices[0]

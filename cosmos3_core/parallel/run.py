@@ -1,4 +1,5 @@
-"""One generation on every rank of a ``cfg`` × ``ulysses`` mesh: the pipeline's stages with the parallel pieces.
+"""One generation on every rank of a ``cfg`` × ``ulysses`` × ``tp`` mesh: the pipeline's stages with the parallel
+pieces.
 
 Mirrors ``modes.clip.generate_clip`` stage by stage; only three things differ:
 
@@ -19,39 +20,42 @@ import torch
 
 from ..model.text_kv import TextConditioning
 from ..pipeline import Cosmos3Pipeline, GenerationOutput
+from ..request import Resolved
 from ..sampling.loop import StepCallback
 from .denoiser import ParallelDenoiser
 from .mesh import ParallelMesh
 from .vae import decode_parallel
 
 
-def check_fast_modes(run) -> None:
-    """The fast modes a parallel clip cannot take yet, refused before any load: SeaCache (its contexts live with the
-    whole batch of branches on one device) and FP8 W8A8 steps (each rank holds its own share of the text K/V, which
-    those steps would need recomputed in their own precision)."""
-    if run.sampling.sea_cache is not None:
-        raise ValueError("sea_cache: SeaCache runs on one GPU; --cfg-parallel / --ulysses do not take it yet — drop "
-                         "--sea-cache or the parallel flags.")
-    policy = run.sampling.mixed_precision
-    if policy is not None and any(name != "W8A16" for name in policy.schedule(run.sampling.steps)):
-        raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses yet (each rank "
-                         "keeps its share of the text K/V, which a W8A8 step would recompute); run it on one GPU, or "
-                         "load a bf16 checkpoint for the parallel run.")
+def check_fast_modes(resolved: Resolved) -> None:
+    """The fast modes a parallel run cannot take yet, refused before any load: SeaCache (its contexts live with the
+    whole batch of branches on one device, and a skipped layer stack must be skipped by every rank alike) and FP8
+    W8A8 steps (each rank holds its own share of the text K/V, which those steps would need recomputed in their
+    own precision)."""
+    if resolved.sampling.sea_cache is not None:
+        raise ValueError("sea_cache: SeaCache runs on one GPU; --cfg-parallel / --ulysses / --tp do not take it yet — "
+                         "drop --sea-cache or the parallel flags.")
+    policy = resolved.sampling.mixed_precision
+    if policy is not None and any(name != "W8A16" for name in policy.schedule(resolved.sampling.steps)):
+        raise ValueError("this FP8 checkpoint's W8A8 steps do not run under --cfg-parallel / --ulysses / --tp yet "
+                         "(each rank keeps its share of the text K/V, which a W8A8 step would recompute); run it on "
+                         "one GPU, or load a bf16 checkpoint for the parallel run.")
 
 
-def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, run) -> TextConditioning:
-    ids = pipe.tokenize(run.prompt, run.negative_prompt, num_frames=run.num_frames, height=run.height,
-                        width=run.width, fps=run.fps, use_system_prompt=run.use_system_prompt)
-    prefill = lambda token_ids: pipe.prefill(token_ids, run.options)  # noqa: E731
+def encode_text_local(pipe: Cosmos3Pipeline, denoiser: ParallelDenoiser, resolved: Resolved) -> TextConditioning:
+    r = resolved
+    ids = pipe.tokenize(r.prompt, r.negative_prompt, num_frames=r.num_frames, height=r.height, width=r.width,
+                        fps=r.fps, use_system_prompt=r.use_system_prompt)
+    prefill = lambda token_ids: pipe.prefill(token_ids, resolved.options)  # noqa: E731
     cond = denoiser.local_text(0, ids.cond, prefill)
-    uncond = denoiser.local_text(1, ids.uncond, prefill) if run.sampling.use_cfg else None
-    return TextConditioning(cond, uncond, run.num_frames, run.height, run.width, float(run.fps), ids.cond_text,
+    uncond = denoiser.local_text(1, ids.uncond, prefill) if resolved.sampling.use_cfg else None
+    return TextConditioning(cond, uncond, r.num_frames, r.height, r.width, float(r.fps), ids.cond_text,
                             ids.uncond_text)
 
 
 def generate(
     pipe: Cosmos3Pipeline,
-    run,
+    resolved: Resolved,
     mesh: ParallelMesh,
     *,
     callback: StepCallback | None = None,
@@ -59,21 +63,21 @@ def generate(
     tile_sample_size: int | None = None,
     tile_sample_stride: int | None = None,
 ) -> GenerationOutput:
-    """``modes.clip.generate_clip`` of the resolved request ``run`` (``request.Resolved``, mode ``clip``) on this
+    """``modes.clip.generate_clip`` of the resolved request (``request.Resolved``, mode ``clip``) on this
     rank: the same stages and plan, with the parallel pieces."""
-    if run.mode != "clip":
-        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {run.mode} mode is not parallel yet — drop "
-                         "them.")
-    check_fast_modes(run)
-    if mesh.cfg == 2 and not run.sampling.use_cfg:
+    if resolved.mode != "clip":
+        raise ValueError(f"--cfg-parallel / --ulysses run one clip; the {resolved.mode} mode is not parallel that way "
+                         "(under --tp alone every rank runs the mode itself on its shard) — drop them.")
+    check_fast_modes(resolved)
+    if mesh.cfg == 2 and not resolved.sampling.use_cfg:
         raise ValueError("--cfg-parallel: guidance 1 runs one branch; drop --cfg-parallel or set a guidance above 1.")
     denoiser = ParallelDenoiser(pipe.transformer, mesh)
     timings: dict[str, float] = {}
     start = _now()
-    text = encode_text_local(pipe, denoiser, run)
-    x0, clean = pipe.encode_condition(text, image=run.image, video=run.video,
-                                      condition_latent_frames=run.condition_latent_frames, keep=run.keep)
-    plan = pipe.plan(text, run.sampling, x0=x0, clean_frames=clean, options=run.options)
+    text = encode_text_local(pipe, denoiser, resolved)
+    x0, clean = pipe.encode_condition(text, image=resolved.image, video=resolved.video,
+                                      condition_latent_frames=resolved.condition_latent_frames, keep=resolved.keep)
+    plan = pipe.plan(text, resolved.sampling, x0=x0, clean_frames=clean, options=resolved.options)
     timings["preprocess"] = _now() - start
     start = _now()
     result = pipe.run(plan, callback=callback, denoiser=denoiser)
@@ -85,7 +89,7 @@ def generate(
         frames = decode_parallel(pipe.vae, result.latents, tile_sample_size=tile_sample_size,
                                  tile_sample_stride=tile_sample_stride)
         if sound is not None:
-            waveform = pipe.decode_sound(sound, run.num_frames, run.fps)
+            waveform = pipe.decode_sound(sound, resolved.num_frames, resolved.fps)
         timings["decode"] = _now() - start
     action = None if result.action is None else result.action[0]
     return GenerationOutput(result.latents, sound, frames, waveform, timings, action)

@@ -41,14 +41,15 @@ def decode_parallel(
     if latents.ndim == 4:
         latents = latents.unsqueeze(0)
     if latents.ndim != 5 or latents.shape[:2] != (1, vae.latent_channels):
-        raise ValueError(f"decode_parallel: latents must be [1,{vae.latent_channels},T,h,w], got {tuple(latents.shape)}.")
+        raise ValueError(f"decode_parallel: latents must be [1,{vae.latent_channels},T,h,w], got "
+                         f"{tuple(latents.shape)}.")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     h_lat, w_lat = latents.shape[-2:]
     grid = vae.tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride)
     if grid is None or world == 1:
         return vae.decode(latents, chunk_latent_frames=chunk_latent_frames, tile=True, on_chunk=on_chunk,
                           tile_sample_size=tile_sample_size, tile_sample_stride=tile_sample_stride,
-                          out_device=out_device, tile_on_oom=False)
+                          out_device=out_device)
     if chunk_latent_frames < 1:
         raise ValueError(f"decode_parallel: chunk_latent_frames must be >= 1, got {chunk_latent_frames}.")
     mean, inv_std = vae.stats()

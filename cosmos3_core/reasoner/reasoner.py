@@ -8,7 +8,9 @@ weights: the reasoner reads ``embed_tokens``, the und layers (``to_q/k/v/out``, 
 norms), ``norm`` and ``lm_head`` of the *same* transformer instance the generator uses (``lm_head`` is read from the
 checkpoint when the generator loaded the transformer without it). ``k_norm_und_for_gen`` (Edge) is the
 generation pathway's and is not used here — ``Cosmos3Transformer.prefill`` returns keys as the *generator* reads
-them; this module runs the text tower's own forward, including the last layer, ``norm`` and ``lm_head``.
+them; this module runs the text tower's own forward, including the last layer, ``norm`` and ``lm_head``. The task
+presets (question, caption, expand) are ``tasks.py``'s; the tower's loaders (``load_text_tower``, ``load_lm_head``) are
+``model/loader.py``'s.
 
 * ``prefill`` embeds the prompt, scatters the vision tokens over the ``<|image_pad|>``/``<|video_pad|>`` positions
   (Nano: adds the deepstack features after the first decoder layers, as ``Qwen3VLTextModel``), runs the causal
@@ -18,8 +20,8 @@ them; this module runs the text tower's own forward, including the last layer, `
   RoPE rotation is looked up in the cache's table, each layer (``decode_layer``) writes K/V with ``index_copy_`` and
   attends over the whole cache under a mask (attention.py's decode route: grouped heads, no expanded copy), each
   projection one GEMV (``decode_weights``: gemv.py's Triton kernel on CUDA, q/k/v and gate/up packed) — no
-  ``.item()``, so the step can be ``torch.compile``d (``RuntimeOptions.compile``) and CUDA-graph captured. Positions past the
-  prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
+  ``.item()``, so the step can be ``torch.compile``d (``RuntimeOptions.compile``) and CUDA-graph captured. Positions
+  past the prompt are ``max(prompt positions) + 1 + i`` on all three axes (transformers' ``rope_deltas``).
 * ``generate_ids`` advances the cursor in place after each step, and for greedy decoding picks the token (penalty,
   argmax, ``seen`` update) inside the step too, so on CUDA one graph replay per token does all of it; a random draw
   stays outside the graph (the generator's state is not captured).
@@ -38,87 +40,32 @@ import torch
 from torch import nn
 
 from .. import defaults
+from ..config import Cosmos3Config
 from ..kernels.attention import attention
-from ..config import CheckpointError, Cosmos3Config
-from ..model.layers import project, transformers_rms_norm
-from ..kernels.packed import LayerWeights, packed_weight, plain_weight
-from ..model.rope import apply_rope, rope_tables
 from ..kernels.compile import compiled
 from ..kernels.cuda_graph import GraphedCall
-from ..runtime import DEFAULT, RuntimeOptions
+from ..kernels.packed import LayerWeights, packed_weight, plain_weight
+from ..model.layers import project, transformers_rms_norm
+from ..model.loader import load_lm_head, load_text_tower
+from ..model.rope import apply_rope, rope_tables
 from ..model.towers import tower_module
 from ..model.transformer import Cosmos3Transformer, text_layer_output, text_qkv
-from .vision import PreparedPrompt, VisionEncoder, VisionFeatures, checkpoint_family, has_vision_encoder, load_processor, load_vision_encoder, prepare_prompt, special_token_ids
+from ..runtime import DEFAULT, RuntimeOptions
+from .tasks import build_messages, postprocess
+from .vision import (
+    PreparedPrompt,
+    VisionEncoder,
+    VisionFeatures,
+    checkpoint_family,
+    has_vision_encoder,
+    load_processor,
+    load_vision_encoder,
+    prepare_prompt,
+    special_token_ids,
+)
 
 DEFAULT_MAX_CONTEXT = 32768  # tokens; the cache is allocated per call at the size needed (multiple of 256)
 _CACHE_ROUND = 256
-
-# ---------------------------------------------------------------------------------------------------- task presets
-TASKS = ("question", "caption", "expand")
-
-CAPTION_INSTRUCTION = (
-    "Describe this {media} as the first moments of a video that will be generated from it. Write one dense "
-    "paragraph in the present tense that covers: the main subjects and their appearance (clothing, materials, "
-    "colors, size and position in the frame); what each subject is doing and how it is about to move; the setting "
-    "and background; the lighting, time of day and weather; and the camera's framing, angle and motion. Describe "
-    "only what is visible or clearly implied, be concrete and physical, and do not use lists or a preamble."
-)
-CAPTION_FOCUS = " The video should show the following: {prompt}"
-EXPAND_SYSTEM_PROMPT = (
-    "You write prompts for a video generation model. Expand the user's short idea into one detailed, physically "
-    "plausible shot. Answer with a single JSON object and nothing else (no markdown, no commentary), with these "
-    'keys: "summary" (one sentence), "subjects" (a list of objects with "description": appearance, clothing or '
-    'material, size and position in frame), "actions" (a list of objects with "time", e.g. "0-2s", and '
-    '"description", in order), "environment" (an object with "setting", "time_of_day", "weather", '
-    '"background"), "lighting", "cinematography" (an object with "framing", "camera_angle", "camera_motion", '
-    '"lens"), "style" and "audio". Keep every value concrete and visual, describe motion with physical detail '
-    "(speed, direction, contact, weight), keep it to a single continuous shot, and add no on-screen text, logos "
-    "or cuts unless the idea asks for them."
-)
-EXPAND_MEDIA_NOTE = "Use the attached {media} as the starting point: keep its subjects, setting and look. "
-
-
-def build_messages(task: str, prompt: str, *, has_image: bool = False, has_video: bool = False,
-                   system_prompt: str | None = None) -> list[dict]:
-    """Chat messages of a task preset; media placeholders come first in the user turn (as in the reference docs)."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}.")
-    if has_image and has_video:
-        raise ValueError("give an image or a video, not both.")
-    prompt = prompt.strip()
-    media = "video" if has_video else "image" if has_image else None
-    if task == "caption":
-        if media is None:
-            raise ValueError("task 'caption' describes an image or a video; connect one (or use task 'question').")
-        text = CAPTION_INSTRUCTION.format(media=media) + (CAPTION_FOCUS.format(prompt=prompt) if prompt else "")
-    elif not prompt:
-        raise ValueError(f"the prompt is empty; task {task!r} needs a question or an idea to work from.")
-    elif task == "expand":
-        text = (EXPAND_MEDIA_NOTE.format(media=media) if media else "") + f"Idea: {prompt}"
-        system_prompt = EXPAND_SYSTEM_PROMPT if system_prompt is None else system_prompt
-    else:
-        text = prompt
-    # plain-string content without media, so text-only chat templates (text_tokenizer/'s) render it too
-    content = [{"type": media}, {"type": "text", "text": text}] if media else text
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return messages + [{"role": "user", "content": content}]
-
-
-def postprocess(task: str, text: str) -> str:
-    """``expand``: the JSON object of the answer (code fences and chatter dropped) when it parses; else as is."""
-    text = text.strip()
-    if task != "expand":
-        return text
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        try:
-            return json.dumps(json.loads(text[start:end + 1]), ensure_ascii=False)
-        except json.JSONDecodeError:
-            pass
-    return text
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -258,55 +205,6 @@ def decode_weights(transformer: Cosmos3Transformer, route: str = "auto") -> list
             o=plain_weight(attn.to_out), up=None if silu else plain_weight(mlp.up_proj),
             down=plain_weight(mlp.down_proj), route=route))
     return out
-
-
-def load_lm_head(checkpoint_dir: str | Path, config: Cosmos3Config, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> nn.Linear:
-    """``lm_head.weight`` from ``transformer/`` (for a transformer that was loaded without it)."""
-    from safetensors import safe_open
-
-    from ..model.loader import weight_files
-
-    path = weight_files(checkpoint_dir).get("lm_head.weight")
-    if path is None:
-        raise CheckpointError(f"{checkpoint_dir}: transformer/ has no lm_head.weight; the reasoner needs it.")
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        weight = f.get_tensor("lm_head.weight")
-    if tuple(weight.shape) != (config.vocab_size, config.hidden_size):
-        raise CheckpointError(f"{path}: lm_head.weight has shape {tuple(weight.shape)}, expected "
-                              f"{(config.vocab_size, config.hidden_size)}.")
-    head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
-    head.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
-    return head
-
-
-def load_text_tower(checkpoint_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
-                    device: torch.device | str = "cpu") -> Cosmos3Transformer:
-    """A ``Cosmos3Transformer`` with only the understanding tower (+ ``lm_head``) materialized — the generation
-    weights stay on the ``meta`` device. For reasoner-only use (the CLI); half the memory of a full load."""
-    from safetensors import safe_open
-
-    from ..model.loader import weight_files
-    from ..model.towers import tower_module
-
-    config = Cosmos3Config.from_checkpoint(checkpoint_dir)
-    with torch.device("meta"):
-        model = Cosmos3Transformer(config)
-    text_ids = {id(p) for p in tower_module(model, "text").parameters()}
-    wanted = [n for n, p in model.named_parameters() if id(p) in text_ids]
-    files = weight_files(checkpoint_dir)
-    missing = [n for n in wanted if n not in files]
-    if missing:
-        raise CheckpointError(f"{checkpoint_dir}: transformer/ lacks text-tower weights {missing[:4]}.")
-    state, by_file = {}, {}
-    for name in wanted:
-        by_file.setdefault(files[name], []).append(name)
-    for path, names in by_file.items():
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in names:
-                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    model.load_state_dict(state, strict=False, assign=True)
-    return model.eval().requires_grad_(False)
 
 
 def _eos_ids(checkpoint_dir: Path | None, tokenizer) -> list[int]:
@@ -602,5 +500,5 @@ class Cosmos3Reasoner:
         return ReasonerOutput(postprocess(task, text), ids, prepared.length, reason)
 
 
-__all__ = ["Cosmos3Reasoner", "ReasonerOutput", "SamplingParams", "StaticKVCache", "TASKS", "build_messages",
-           "decode_layer", "load_lm_head", "load_text_tower", "postprocess", "process_logits", "sample_token"]
+__all__ = ["Cosmos3Reasoner", "ReasonerOutput", "SamplingParams", "StaticKVCache", "decode_layer", "process_logits",
+           "sample_token"]

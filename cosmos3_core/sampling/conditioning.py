@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import defaults
+
 logger = logging.getLogger(__name__)
 
 
@@ -183,7 +185,7 @@ def encode_condition(
             f"encode_condition: height and width must be multiples of {s}, got {height}x{width}; "
             f"round them, e.g. to {height // s * s}x{width // s * s}."
         )
-    t_lat = (num_frames - 1) // ts + 1
+    t_lat = defaults.latent_frames(num_frames)
     x0 = torch.zeros(1, vae.latent_channels, t_lat, height // s, width // s, dtype=torch.float32, device=vae.device)
 
     if image is not None:
@@ -248,7 +250,7 @@ def keyframe_indexes(count: int, num_frames: int, frame_indexes: Sequence[int] |
     if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 5 or (num_frames - 1) % 4:
         raise ValueError(f"num_frames={num_frames!r} must be 4k+1 and at least 5 (a video: 5, 9, …, 189); "
                          "keyframes condition a video, not an image.")
-    t_lat = (num_frames - 1) // 4 + 1
+    t_lat = defaults.latent_frames(num_frames)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"at least one keyframe image is needed (the start image), got {count!r}.")
     if frame_indexes is None:
@@ -322,3 +324,22 @@ def encode_keyframes(vae, images: Sequence, frame_indexes: Sequence[int] | None 
     x0 = torch.zeros(vae.latent_shape(num_frames, height, width), dtype=torch.float32, device=lat.device)
     x0[:, :, indexes] = lat[:, :, indexes]
     return x0, indexes
+
+
+def clip_frame_size(clip) -> tuple[int, int]:
+    """``(H, W)`` of a clip as ``preprocess_video`` reads it (PIL list, channel-last or ``[F, 3, H, W]`` array)."""
+    if isinstance(clip, (list, tuple)):
+        return clip[0].size[1], clip[0].size[0]
+    channel_last = clip.shape[-1] == 3 or clip.shape[-3] != 3
+    return (clip.shape[-3], clip.shape[-2]) if channel_last else (clip.shape[-2], clip.shape[-1])
+
+
+def image_as_clip(image):
+    """One image as a one-frame clip in a layout ``preprocess_video`` reads."""
+    if isinstance(image, (np.ndarray, torch.Tensor)):
+        if image.ndim == 3:
+            return image[None]
+        if image.ndim == 4 and image.shape[0] == 1:
+            return image
+        raise ValueError(f"image has shape {tuple(image.shape)}; pass one frame [H, W, 3] (or [1, H, W, 3]).")
+    return [image]  # PIL

@@ -29,7 +29,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import torch

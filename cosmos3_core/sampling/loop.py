@@ -3,9 +3,9 @@
 Each step: one ``denoise_step`` of the model for the step's guidance branches (all branches as one batch, the text
 K/V cached; the plan's per-step options — the run's ``RuntimeOptions``, FP8 modes, SeaCache — passed through
 unread, ``SamplePlan.step_options``), the branches' velocities combined per stream, each stream advanced by its
-stepper (and re-anchored where its plan says so), then ``callback(step, total, x0_preview)`` — the only way progress leaves the loop; a
-callback may raise to cancel. Mirrors the loop of diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__`` (step 7) and
-of the modular ``Cosmos3DenoiseLoopWrapper``; what differs (batched branches, cached text K/V) is exact.
+stepper (and re-anchored where its plan says so), then ``callback(step, total, x0_preview)`` — the only way progress
+leaves the loop; a callback may raise to cancel. Mirrors the loop of diffusers 0.42.1 ``Cosmos3OmniPipeline.__call__``
+(step 7) and of the modular ``Cosmos3DenoiseLoopWrapper``; what differs (batched branches, cached text K/V) is exact.
 """
 
 from __future__ import annotations

@@ -197,7 +197,8 @@ def check_text(value: str, name: str) -> None:
 def control_tokens(tokenizer) -> list[str]:
     """The tokenizer's special (control) token strings, longest first."""
     found = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
-    found |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    found |= {t.content for t in added if getattr(t, "special", False)}
     return sorted((t for t in found if t), key=len, reverse=True)
 
 
@@ -230,7 +231,8 @@ def chat_ids_user_text_as_text(tokenizer, text: str, system_prompt: str | None) 
     marker = "\x00cosmos3-user-text\x00"
     head, found, tail = _render(tokenizer, marker, system_prompt).partition(marker)
     if not found or head + text + tail != _render(tokenizer, text, system_prompt):
-        raise ValueError(f"the prompt contains the chat-template control token(s) {control_tokens_in(tokenizer, text)}, "
+        tokens = control_tokens_in(tokenizer, text)
+        raise ValueError(f"the prompt contains the chat-template control token(s) {tokens}, "
                          "which this checkpoint's chat template cannot keep as plain text; remove them.")
     specials = control_tokens(tokenizer)
     cut_head = max((head.rfind(t) + len(t) for t in specials if t in head), default=0)
@@ -247,31 +249,24 @@ def chat_ids_user_text_as_text(tokenizer, text: str, system_prompt: str | None) 
 
 
 def _check_args(prompt, negative_prompt, num_frames, height, width, fps, max_tokens) -> None:
-    if not isinstance(prompt, str):
-        raise TypeError(f"encode_prompts: prompt must be a str, got {type(prompt).__name__}.")
-    check_text(prompt, "encode_prompts: prompt")
-    if not prompt.strip():
-        raise ValueError("encode_prompts: prompt is empty; describe the scene to generate (a JSON-upsampled "
-                         "caption works best), or use negative_prompt for what to avoid.")
-    if negative_prompt is not None and not isinstance(negative_prompt, str):
-        raise TypeError(f"encode_prompts: negative_prompt must be a str or None, got "
-                        f"{type(negative_prompt).__name__}.")
-    if negative_prompt is not None:
-        check_text(negative_prompt, "encode_prompts: negative_prompt")
-    for name, v in (("num_frames", num_frames), ("height", height), ("width", width), ("max_tokens", max_tokens)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"encode_prompts: {name} must be a positive int, got {v!r}.")
-    if isinstance(fps, bool) or not isinstance(fps, Real) or not math.isfinite(float(fps)) or fps <= 0:
-        raise ValueError(f"encode_prompts: fps must be a positive number, got {fps!r}.")
+    """Invariants of checked arguments (the resolver's ``checks.check_prompt`` / ``check_clip`` give the messages)."""
+    assert isinstance(prompt, str) and prompt.strip(), prompt
+    assert negative_prompt is None or isinstance(negative_prompt, str), negative_prompt
+    assert all(isinstance(v, int) and v >= 1 for v in (num_frames, height, width, max_tokens))
+    assert isinstance(fps, Real) and math.isfinite(float(fps)) and fps > 0, fps
+
+
+TEMPLATES = ("duration", "resolution")  # tokenize_prompt's add_duration_template / add_resolution_template
 
 
 def encode_prompts(tokenizer, prompt: str, negative_prompt: str | None = None, *, num_frames: int, height: int,
-                   width: int, fps: float, use_system_prompt: bool, add_duration_template: bool = True,
-                   add_resolution_template: bool = True, max_tokens: int = DEFAULT_MAX_TOKENS) -> PromptIds:
+                   width: int, fps: float, use_system_prompt: bool, templates: tuple[str, ...] = TEMPLATES,
+                   max_tokens: int = DEFAULT_MAX_TOKENS) -> PromptIds:
     """Token ids of ``prompt`` (cond) and ``negative_prompt`` (uncond; ``None`` means ``""``), as
     ``Cosmos3OmniPipeline.tokenize_prompt`` builds them. ``num_frames == 1`` selects the image templates and
-    system prompt. ``fps`` may be an int, float or ``Fraction``. Either sequence longer than ``max_tokens``
-    (special tokens included) is an error."""
+    system prompt. ``fps`` may be an int, float or ``Fraction``. ``templates``: which of the reference's metadata
+    sentences to add (``TEMPLATES``: both, its default). Either sequence longer than ``max_tokens`` (special tokens
+    included) is an error."""
     _check_args(prompt, negative_prompt, num_frames, height, width, fps, max_tokens)
     fps = float(fps)  # Fraction.__format__ has no "f" before Python 3.12; float formats identically
     if negative_prompt is None:
@@ -281,7 +276,7 @@ def encode_prompts(tokenizer, prompt: str, negative_prompt: str | None = None, *
         system_prompt = SYSTEM_PROMPT_IMAGE if num_frames == 1 else SYSTEM_PROMPT_VIDEO
 
     common = dict(num_frames=num_frames, height=height, width=width, fps=fps,
-                  add_duration_template=add_duration_template, add_resolution_template=add_resolution_template)
+                  add_duration_template="duration" in templates, add_resolution_template="resolution" in templates)
     cond_text = apply_templates(prompt, **common)
     uncond_text = apply_templates(negative_prompt, negative=True, **common)
     return branch_ids(tokenizer, cond_text, uncond_text, system_prompt, max_tokens,

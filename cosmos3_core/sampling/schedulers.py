@@ -71,7 +71,8 @@ def make_scheduler(
 
     scheduler = UniPCMultistepScheduler.from_config(scheduler_config)
     if schedule == "flow_shift":
-        scheduler = UniPCMultistepScheduler.from_config(scheduler.config, flow_shift=float(shift), use_karras_sigmas=False)
+        scheduler = UniPCMultistepScheduler.from_config(scheduler.config, flow_shift=float(shift),
+                                                        use_karras_sigmas=False)
     if native_flow_schedule:
         n_train = scheduler.config.num_train_timesteps
         scheduler.set_timesteps(steps, sigmas=np.linspace(1.0 - 1.0 / n_train, 0.0, steps + 1)[:-1])
@@ -143,7 +144,8 @@ class ItemSteppers:
 
 
 def make_stepper(scheduler, *, keep_channels: int | None = None) -> "SchedulerStepper | LinearStepper":
-    """The stepper of a deterministic run: ``LinearStepper`` for UniPC without thresholding, else ``SchedulerStepper``."""
+    """The stepper of a deterministic run: ``LinearStepper`` for UniPC without thresholding, else
+    ``SchedulerStepper``."""
     from diffusers import UniPCMultistepScheduler
 
     if isinstance(scheduler, UniPCMultistepScheduler) and not scheduler.config.get("thresholding", False):

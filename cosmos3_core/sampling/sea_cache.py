@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -240,9 +241,9 @@ class SeaCache:
 
 @dataclass
 class CacheStep:
-    """One step's view of a run's ``SeaCache``, handed to ``denoise_step``: the step, its sigma, the branch names
-    of the step's rows (``Guidance.names``) and whether the vision target has noisy frames (decided by the plan, so
-    the step reads no device flag)."""
+    """One step's view of a run's ``SeaCache``, handed to ``denoise_step`` (it is the model's ``StepCache``): the
+    step, its sigma, the branch names of the step's rows (``Guidance.names``) and whether the vision target has
+    noisy frames (decided by the plan, so the step reads no device flag)."""
 
     cache: SeaCache
     step: int
@@ -250,15 +251,29 @@ class CacheStep:
     num_steps: int
     branches: tuple[str, ...]
     noisy: bool = True
-    _keys: list = field(default_factory=list)
 
-    def decide(self, latents: torch.Tensor, dtype: torch.dtype) -> list[Decision]:
-        """Every context's decision, rows branch-major as the step's batch (``latents`` ``[N, C, T, h, w]``)."""
+    def run_stack(self, latents: torch.Tensor, target: torch.Tensor, stack: Callable[[list[int]], torch.Tensor],
+                  num_branches: int, dtype: torch.dtype) -> torch.Tensor:
+        """Every row's layer-stack output over ``target`` ``[B·N, tokens, D]`` (rows branch-major): the stack runs
+        (``stack(branches)``) for the branches with a row that computes, and only those rows' residuals
+        ``norm_moe_gen(layers(x)) − x`` are recorded; a reused row is ``x + residual``. ``latents``
+        ``[N, C, T, h, w]`` give the indicator."""
         items = latents.shape[0]
+        assert target.shape[0] == num_branches * items == len(self.branches) * items
         indicators = self.cache.indicators(latents, self.noisy, self.sigma, dtype)
-        self._keys = [(name, k) for name in self.branches for k in range(items)]
-        return self.cache.decide(self.step, self.sigma, self.num_steps, self.branches, indicators, items=items)
-
-    def record(self, row: int, residual: torch.Tensor) -> None:
-        name, item = self._keys[row]
-        self.cache.record(self.step, name, item, residual)
+        decisions = self.cache.decide(self.step, self.sigma, self.num_steps, self.branches, indicators, items=items)
+        run = [j for j in range(num_branches) if any(d.compute for d in decisions[j * items:(j + 1) * items])]
+        out = target.clone()
+        if run:
+            rows = [j * items + k for j in run for k in range(items)]
+            computed = stack(run)
+            for r, row in enumerate(rows):
+                if decisions[row].compute:
+                    out[row] = computed[r]
+                    if decisions[row].record:
+                        name, item = self.branches[row // items], row % items
+                        self.cache.record(self.step, name, item, out[row] - target[row])
+        for row, d in enumerate(decisions):
+            if not d.compute:
+                out[row] = target[row] + d.residual
+        return out

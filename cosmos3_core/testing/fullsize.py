@@ -39,13 +39,21 @@ from pathlib import Path
 
 import torch
 
-from .tiny import (_LEGACY_TRANSFORMER_KEYS, SCHEDULER_CONFIG, _build_sound_tokenizer, _build_vae,
-                   build_text_tokenizer, transformer_config)
+from .tiny import (
+    _LEGACY_TRANSFORMER_KEYS,
+    SCHEDULER_CONFIG,
+    _build_sound_tokenizer,
+    _build_vae,
+    build_text_tokenizer,
+    transformer_config,
+)
 
 NANO = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
             num_key_value_heads=8, head_dim=128, vocab_size=151936, sound_gen=True, sound_dim=64,
             action_gen=True, action_dim=64,
             rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
+# Super's geometry (docs/architecture.md: hidden 5120, MLP 25600, 64 layers, 64/8 heads); not written by this module
+SUPER = dict(NANO, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64)
 EDGE = dict(hidden_size=2048, intermediate_size=9216, num_hidden_layers=28, num_attention_heads=16,
             num_key_value_heads=8, head_dim=128, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
             use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8, rope_axes_dim=[24, 20, 20],

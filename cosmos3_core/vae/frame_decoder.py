@@ -30,9 +30,9 @@ are diffusers'; only the forward is ours. Same math, fewer memory passes:
   weights it transposes the weights on every call instead. Each decoder puts the weights in its own layout when a
   clip (or tile) starts, so a compiled graph always sees the layout it was traced with, whatever a host did to the
   parameters in between (a reload, another decoder).
-* Optional ``torch.compile`` (static sizes unless ``dynamic_size``) of the steady-state frame (every frame but the first, which has its
-  own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each up block, head)
-  so that a graph's buffers are freed between stages. Each stage graph is kept on disk whole
+* Optional ``torch.compile`` (static sizes unless ``dynamic_size``) of the steady-state frame (every frame but the
+  first, which has its own shapes and ``first_chunk`` path and runs eager), one graph per stage (input + mid block, each
+  up block, head) so that a graph's buffers are freed between stages. Each stage graph is kept on disk whole
   (``precompiled.PrecompiledFunction``): a restarted process loads it instead of tracing the stage again. With
   ``dynamic_size=True`` a stage's graph has the frame's height and width dynamic: one graph for every size and tile.
 

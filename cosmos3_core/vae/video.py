@@ -15,7 +15,7 @@ the last two time steps of every causal conv in a feature cache (the first laten
 ``AutoencoderKLWan._decode`` runs that loop over the whole clip and concatenates every output frame on the device
 before returning. Here the same loop is driven chunk by chunk with a per-clip state we own, each chunk's pixels are
 post-processed and copied straight into a preallocated output on ``out_device``, and a callback runs between chunks
-(progress + cancellation by raising). Each latent frame goes through ``vae_decoder.WanFrameDecoder``: the same
+(progress + cancellation by raising). Each latent frame goes through ``frame_decoder.WanFrameDecoder``: the same
 network over the module's own parameters with fewer memory passes (and, with ``compile=True``, a
 ``torch.compile``d steady-state frame); the result equals a whole-clip ``decode`` up to float rounding.
 
@@ -23,7 +23,7 @@ Optional spatial tiling reproduces ``AutoencoderKLWan.tiled_decode`` (same tile 
 ``tile_sample_*`` attributes set by ``enable_tiling``, same ``blend_v``/``blend_h`` seams), with one feature cache
 per tile so that it can also be streamed in temporal chunks. Blending is per frame, so chunking does not change it.
 
-diffusers internals relied on (0.42.1): the ``decoder`` submodules (see vae_decoder.py), ``post_quant_conv``,
+diffusers internals relied on (0.42.1): the ``decoder`` submodules (see frame_decoder.py), ``post_quant_conv``,
 the module-level ``unpatchify``, ``blend_v``/``blend_h``, the ``tile_sample_min_*``/``tile_sample_stride_*``
 attributes, ``use_tiling``, and ``clear_cache``.
 """
@@ -36,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from .. import defaults
 from .frame_decoder import WanFrameDecoder
 
 OnChunk = Callable[[int, int], None]
@@ -79,7 +80,7 @@ class Cosmos3VAE(torch.nn.Module):
         ``compile_backend``, or ``"cached"``: only the stages already on disk; one decoder per setting, kept, so its
         compiled stages are made once).
 
-        On CUDA it keeps activations and convolution weights channels-last (vae_decoder.py): on the H200 at 720p/189f
+        On CUDA it keeps activations and convolution weights channels-last (frame_decoder.py): on the H200 at 720p/189f
         (bf16) that decodes in 5.61 s at an 8.4 GiB peak compiled against 6.42 s at 9.3 GiB with the default layout,
         and in 7.17 s at 7.5 GiB eager (docs/benchmark-log.md).
 
@@ -121,7 +122,7 @@ class Cosmos3VAE(torch.nn.Module):
 
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int, int]:
         """Latent shape ``[1, C, (F-1)//4+1, H/16, W/16]`` for a clip of ``num_frames`` x ``height`` x ``width``."""
-        t = (num_frames - 1) // self.temporal_scale + 1
+        t = defaults.latent_frames(num_frames)
         return (1, self.latent_channels, t, height // self.spatial_scale, width // self.spatial_scale)
 
     def num_pixel_frames(self, latent_frames: int) -> int:
@@ -166,12 +167,11 @@ class Cosmos3VAE(torch.nn.Module):
         latents: torch.Tensor,
         *,
         chunk_latent_frames: int = 1,
-        tile: bool = False,
+        tile: bool | None = None,
         tile_sample_size: int | None = None,
         tile_sample_stride: int | None = None,
         on_chunk: OnChunk | None = None,
         out_device="cpu",
-        tile_on_oom: bool = True,
         compile: bool | str = False,
         compile_backend: str = "inductor",
         out: torch.Tensor | None = None,
@@ -183,17 +183,17 @@ class Cosmos3VAE(torch.nn.Module):
         ``on_chunk(done_latent_frames, total_latent_frames)``; an exception raised there aborts the decode (the
         VAE is left clean). ``tile=True`` uses diffusers' spatial tiling (``tile_sample_size``/``_stride`` in
         pixels, default: the module's ``enable_tiling`` values, 256/192); it only kicks in when the latent is
-        larger than one tile, exactly as ``AutoencoderKLWan._decode``. An untiled decode that runs out of GPU memory
-        is retried tiled (``tile_on_oom``, as ComfyUI's own VAE decode does), with a logged warning: on a small
+        larger than one tile, exactly as ``AutoencoderKLWan._decode``. ``tile=None`` (the default): an untiled decode
+        that runs out of GPU memory is retried tiled (as ComfyUI's own VAE decode does), with a logged warning (a
+        ``tile=False`` decode is never tiled): on a small
         card what else is resident decides, and tiling needs about half the activations (docs/benchmark-log.md).
         ``compile=True`` runs every latent frame after the first through ``torch.compile`` (``compile_backend``; the
-        run's ``RuntimeOptions.vae_compile``): the first decode at a new size, or tile size, compiles for a while; later ones
-        reuse it, also in later processes (kept on disk). ``compile="cached"`` uses compiled stages only where they
-        are on disk already and runs the others eagerly (what ``compile="auto"`` does: compiling costs a first run
-        more than it saves). ``out``: a float32 tensor of
-        ``decoded_shape(latents)`` to decode into instead of a new one on ``out_device`` (frames
-        ``[0, num_pixel_frames(done))`` of it are final when ``on_chunk(done, total)`` is called — until an untiled
-        decode that ran out of memory starts again tiled, when the count starts again too).
+        run's ``RuntimeOptions.vae_compile``): the first decode at a new size, or tile size, compiles for a while; later
+        ones reuse it, also in later processes (kept on disk). ``compile="cached"`` uses compiled stages only where they
+        are on disk already and runs the others eagerly (what ``compile="auto"`` does: compiling costs a first run more
+        than it saves). ``out``: a float32 tensor of ``decoded_shape(latents)`` to decode into instead of a new one on
+        ``out_device`` (frames ``[0, num_pixel_frames(done))`` of it are final when ``on_chunk(done, total)`` is called
+        — until an untiled decode that ran out of memory starts again tiled, when the count starts again too).
         """
         if latents.ndim == 4:
             latents = latents.unsqueeze(0)
@@ -216,6 +216,7 @@ class Cosmos3VAE(torch.nn.Module):
             raise ValueError(f"Cosmos3VAE.decode: out must be a float32 tensor of shape {shape} for these latents, "
                              f"got {out.dtype} {tuple(out.shape)}.")
         decoder = self.frame_decoder(compile, compile_backend)
+        tile_on_oom = tile is None
         for tiled in (True,) if tile else (False, True) if tile_on_oom else (False,):
             grid = self.tile_grid(h_lat, w_lat, tile_sample_size, tile_sample_stride) if tiled else None
             try:

@@ -93,6 +93,14 @@ class Browser:
         self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
                   deviceScaleFactor=1, mobile=False)
 
+    def resize(self, width: int, height: int) -> None:
+        """The window's new size (the page sees a resize, as when a user resizes the browser window)."""
+        self.width, self.height = width, height
+        window = self.call("Browser.getWindowForTarget")["windowId"]
+        self.call("Browser.setWindowBounds", windowId=window, bounds={"width": width, "height": height})
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                  mobile=False)
+
     def close(self) -> None:
         if self.ws is not None:
             try:

@@ -178,10 +178,18 @@ class InProcessHost:
         if Path(folder_paths.base_path).resolve() != self.base_dir:
             raise RuntimeError(f"folder_paths was imported before the host was set up "
                                f"(base_path={folder_paths.base_path})")
-        import utils.extra_config  # noqa: F401  (before nodes: gotcha 10)
+        # ComfyUI's own order, not isort's: its ``utils`` package first (imported after ``execution``, ``utils`` is
+        # already a module that is not the package; gotcha 10)
+        import utils.extra_config  # noqa: F401
         import utils.install_util  # noqa: F401
+
+        # isort: split
         import server
+
+        # isort: split
         import nodes
+
+        # isort: split
         import execution
         import hook_breaker_ac10a0
         self.folder_paths = folder_paths
@@ -335,6 +343,7 @@ def _cleanup_session_home():
 
 
 import atexit  # noqa: E402
+
 atexit.register(_cleanup_session_home)
 
 
