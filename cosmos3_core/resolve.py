@@ -50,7 +50,7 @@ from .checks import (
 from .model.fp8 import asked_fp8, check_fp8_compute, run_policy
 from .model.text_kv import TextConditioning
 from .modes.action import ActionCondition
-from .modes.transfer import prepare_controls
+from .modes.transfer import check_control_frames, notice_short_controls, prepare_controls, transfer_window
 from .request import ActionRequest, CheckpointInfo, ConditionLatents, Request, Resolved, Sampling, SamplingRequest
 from .sampling.sea_cache import check_sea_cache
 
@@ -134,6 +134,9 @@ def request_mode(r: Request) -> str:
     if r.controls is not None:
         return "transfer"
     if r.frames_per_chunk is not None:
+        if r.one_pass:
+            raise ValueError(f"one_pass asks for one clip but frames_per_chunk={r.frames_per_chunk!r} asks for "
+                             "windows of that length; drop one of them (CLI: --one-pass, --frames-per-chunk).")
         return "windows"
     if isinstance(r.num_frames, int) and not isinstance(r.num_frames, bool) and r.num_frames > defaults.NUM_FRAMES:
         return "clip" if r.one_pass else "windows"
@@ -201,9 +204,10 @@ def resolve_action(checkpoint: CheckpointInfo, request: ActionRequest, prompt: s
 
 def _check_condition_matches(text: TextConditioning, condition: ConditionLatents) -> None:
     if (condition.height, condition.width) != (text.height, text.width):
+        source = "Cosmos3 First/Last Frame" if condition.num_frames is not None else "Cosmos3 VAE Encode (Condition)"
         raise ValueError(f"condition was encoded at {condition.width}x{condition.height} but the text describes "
-                         f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode "
-                         "(Condition) and Cosmos3 Text Encode.")
+                         f"{text.width}x{text.height}; set the same width and height on {source} and Cosmos3 Text "
+                         "Encode.")
     if condition.num_frames is not None and condition.num_frames != text.num_frames:
         raise ValueError(f"condition was made for num_frames={condition.num_frames} (its last keyframe is latent "
                          f"frame {max(condition.clean_frames)}) but the text describes num_frames={text.num_frames}; "
@@ -334,6 +338,7 @@ def _windows_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dic
                 defaults.TRANSFER_CONDITIONAL_FRAMES if transfer else defaults.LONG_CONDITIONAL_FRAMES)
     if transfer:
         controls, total = _transfer_controls(r, height, width)
+        chunk = transfer_window(chunk, total)
     else:
         _check_not_transfer(r)
         controls, total = None, _windows_total(r, chunk)
@@ -378,10 +383,12 @@ def _transfer_controls(r: Request, height: int, width: int) -> tuple[dict, int]:
         pair(r.control_guidance_interval, "control_guidance_interval")
     controls = prepare_controls(r.controls, height, width)
     total = next(iter(controls.values())).shape[2]
+    check_control_frames(total)
     if r.num_frames is not None:
         if isinstance(r.num_frames, bool) or not isinstance(r.num_frames, int) or r.num_frames < 1:
             raise ValueError(f"num_frames={r.num_frames!r} must be a positive integer (a cap on the control "
                              "videos' length), or unset.")
+        notice_short_controls(total, r.num_frames)
         total = min(total, r.num_frames)
     return controls, total
 
