@@ -261,6 +261,16 @@ def window_geometry(total_frames: int, chunk_frames: int, conditional_frames: in
     return WindowGeometry(total_frames, chunk_frames, conditional_frames, stride, num)
 
 
+def check_control_frames(frames: int) -> None:
+    """Refuse control videos too short to follow: a still image or a 1-frame clip would make a 1-frame video."""
+    if frames < defaults.MIN_CONTROL_FRAMES:
+        what = "1 frame (a still image?)" if frames == 1 else f"{frames} frames"
+        raise ValueError(f"the control videos have {what}; Transfer follows its control videos frame by frame, and "
+                         "the output is as long as they are — give control videos of at least "
+                         f"{defaults.MIN_CONTROL_FRAMES} frames (e.g. a video through Load Video, or several images "
+                         "as a batch).")
+
+
 # ---------------------------------------------------------------------------------------------- runtime
 def check_options(options: RuntimeOptions) -> None:
     """Refuse runtime options that cannot run on this machine (a forced kernel that is missing), before loading."""

@@ -29,6 +29,7 @@ boundaries' languages in its fixes ("CLI: --sound", "ComfyUI: Cosmos3 Long Video
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -39,6 +40,7 @@ from .checks import (
     check_action_against,
     check_action_request,
     check_clip,
+    check_control_frames,
     check_fps,
     check_negative_prompt,
     check_options,
@@ -50,9 +52,11 @@ from .checks import (
 from .model.fp8 import asked_fp8, check_fp8_compute, run_policy
 from .model.text_kv import TextConditioning
 from .modes.action import ActionCondition
-from .modes.transfer import check_control_frames, notice_short_controls, prepare_controls, transfer_window
+from .modes.transfer import prepare_controls
 from .request import ActionRequest, CheckpointInfo, ConditionLatents, Request, Resolved, Sampling, SamplingRequest
 from .sampling.sea_cache import check_sea_cache
+
+_log = logging.getLogger("cosmos3")
 
 __all__ = ["checkpoint_recipe", "request_mode", "resolve", "resolve_action", "resolve_clip", "resolve_sampler",
            "resolve_sampling"]
@@ -388,7 +392,7 @@ def _transfer_controls(r: Request, height: int, width: int) -> tuple[dict, int]:
         if isinstance(r.num_frames, bool) or not isinstance(r.num_frames, int) or r.num_frames < 1:
             raise ValueError(f"num_frames={r.num_frames!r} must be a positive integer (a cap on the control "
                              "videos' length), or unset.")
-        notice_short_controls(total, r.num_frames)
+        _notice_short_controls(total, r.num_frames)
         total = min(total, r.num_frames)
     return controls, total
 
@@ -409,6 +413,20 @@ def _action_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict
 
 
 _MODE_SHAPES = {"clip": _clip_shape, "windows": _windows_shape, "transfer": _windows_shape, "action": _action_shape}
+
+
+def transfer_window(chunk: int, total: int) -> int:
+    """The window of a Transfer video of ``total`` frames: never longer than the video rounded up to one clip
+    (4k+1), so a 9-frame control costs one 9-frame window, not a padded 189-frame one."""
+    stride = defaults.VAE_TEMPORAL_STRIDE
+    return min(chunk, max(defaults.MIN_CONTROL_FRAMES, -(-(total - 1) // stride) * stride + 1))
+
+
+def _notice_short_controls(control_frames: int, num_frames: int) -> None:
+    """The output is as long as the controls: say so when that is shorter than the ``num_frames`` asked for."""
+    if control_frames < num_frames:
+        _log.warning("Transfer: the control videos have %d frames, fewer than num_frames=%d; the video will have %d "
+                     "frames.", control_frames, num_frames, control_frames)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

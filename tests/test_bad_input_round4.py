@@ -260,7 +260,7 @@ def test_short_control_gives_a_notice_and_a_window_its_own_length(tiny_checkpoin
 
 
 def test_transfer_window_is_capped_at_the_video():
-    from cosmos3_core.modes.transfer import transfer_window
+    from cosmos3_core.resolve import transfer_window
 
     assert [transfer_window(189, n) for n in (5, 9, 10, 13, 189, 400)] == [5, 9, 13, 13, 189, 189]
     assert transfer_window(9, 100) == 9

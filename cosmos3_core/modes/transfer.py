@@ -22,7 +22,6 @@ Mirrors diffusers 0.42.1 modular Cosmos3 Transfer blocks (``modular_pipelines/co
 
 from __future__ import annotations
 
-import logging
 from typing import Callable, Mapping
 
 import torch
@@ -37,32 +36,6 @@ from ..sampling.sea_cache import SeaCache
 from .windows import reflect_pad, window_slice
 
 CONTROL_KEYS = ("edge", "blur", "depth", "seg", "wsm")  # the reference's canonical hint order
-MIN_CONTROL_FRAMES = 5  # the shortest Cosmos3 clip (4k+1): a control is followed frame by frame
-_log = logging.getLogger("cosmos3")
-
-
-def check_control_frames(frames: int, arg: str = "control") -> None:
-    """Refuse control videos too short to follow: a still image or a 1-frame clip would make a 1-frame video."""
-    if frames < MIN_CONTROL_FRAMES:
-        what = "1 frame (a still image?)" if frames == 1 else f"{frames} frames"
-        raise ValueError(f"the {arg} videos have {what}; Transfer follows its control videos frame by frame, and the "
-                         f"output is as long as they are — give control videos of at least {MIN_CONTROL_FRAMES} "
-                         "frames (e.g. a video through Load Video, or several images as a batch).")
-
-
-def notice_short_controls(control_frames: int, num_frames: int, arg: str = "control") -> None:
-    """The output is as long as the controls: say so when that is shorter than the ``num_frames`` asked for."""
-    if control_frames < num_frames:
-        _log.warning("Transfer: the %s videos have %d frames, fewer than num_frames=%d; the video will have %d "
-                     "frames.", arg, control_frames, num_frames, control_frames)
-
-
-def transfer_window(chunk: int, total: int) -> int:
-    """The window of a Transfer video of ``total`` frames: never longer than the video rounded up to one clip
-    (4k+1), so a 9-frame control costs one 9-frame window, not a padded 189-frame one."""
-    return min(chunk, max(MIN_CONTROL_FRAMES, -(-(total - 1) // 4) * 4 + 1))
-
-
 SYSTEM_PROMPT_TRANSFER = (
     "You are a helpful assistant that generates images or videos following the user's instructions"
     " and control signals (edge maps, blur, depth, or segmentation)."
@@ -72,9 +45,7 @@ SYSTEM_PROMPT_TRANSFER = (
 def transfer_prompt_ids(tokenizer, prompt: str, negative_prompt: str | None, *,
                         use_system_prompt: bool = True) -> PromptIds:
     """Token ids of both branches as ``Cosmos3TransferTextStep`` builds them."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"prompt={prompt!r} is empty; describe the video to generate (a JSON-upsampled "
-                         "caption works best).")
+    assert isinstance(prompt, str) and prompt.strip(), "resolve checks the prompt"
     eos, vision_start = _special_ids(tokenizer)
     system = SYSTEM_PROMPT_TRANSFER if use_system_prompt else None
     negative = negative_prompt or ""
