@@ -124,7 +124,7 @@ def check_action_request(request: ActionRequest, config=None) -> None:
         raise ValueError(NO_ACTION_HEAD)
     _check_action_fields(request)
     _check_action_frames(request)
-    _check_raw_actions(request)
+    _check_raw_actions(request, config)
     if config is not None:
         check_action_against(request, config)
 
@@ -141,10 +141,6 @@ def check_action_against(request: ActionRequest, config) -> None:
         raise ValueError(f"domain_name={request.domain_name!r} has {request.raw_action_dim}-dim actions, above this "
                          f"checkpoint's action_dim={config.action_dim}; it cannot represent them — pick another "
                          "embodiment.")
-    width = np.shape(request.raw_actions)[1] if request.raw_actions is not None else 0
-    if width > config.action_dim:
-        raise ValueError(f"actions are {width}-dim, above this checkpoint's action_dim={config.action_dim}; "
-                         f"domain_name={request.domain_name!r} expects {request.raw_action_dim}-dim rows.")
 
 
 def _check_action_fields(r: ActionRequest) -> None:
@@ -197,7 +193,7 @@ def _check_action_frames(r: ActionRequest) -> None:
                          f"{n}; {fix} the video to {r.chunk_size + 1} frames.")
 
 
-def _check_raw_actions(r: ActionRequest) -> None:
+def _check_raw_actions(r: ActionRequest, config=None) -> None:
     if r.mode != "forward_dynamics":
         if r.raw_actions is not None:
             raise ValueError(f"actions were given but action_mode={r.mode!r} generates them (only forward_dynamics "
@@ -210,6 +206,9 @@ def _check_raw_actions(r: ActionRequest) -> None:
     if len(shape) != 2:
         raise ValueError(f"actions have shape {shape}; expected [chunk_size, raw_action_dim] = "
                          f"[{r.chunk_size}, {r.raw_action_dim}] (one row per transition).")
+    if config is not None and shape[1] > config.action_dim:
+        raise ValueError(f"actions are {shape[1]}-dim, above this checkpoint's action_dim={config.action_dim}; "
+                         f"domain_name={r.domain_name!r} expects {r.raw_action_dim}-dim rows.")
     if shape[1] != r.raw_action_dim:
         raise ValueError(f"actions are {shape[1]}-dim but domain_name={r.domain_name!r} expects "
                          f"{r.raw_action_dim}-dim rows; pass actions of that embodiment or change domain_name.")
