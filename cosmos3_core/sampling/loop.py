@@ -15,6 +15,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from ..model.precision import StepPrecision
+from ..model.transformer import StepCache
+from ..runtime import RuntimeOptions
 from .plan import SamplePlan
 
 StepCallback = Callable[[int, int, torch.Tensor], None]
@@ -31,8 +34,9 @@ class Denoiser(Protocol):
     device: torch.device
 
     def denoise_step(self, latents: torch.Tensor, timestep: torch.Tensor, text: Sequence[Any], layout: Any,
-                     sound: torch.Tensor | None = None, action: torch.Tensor | None = None,
-                     options: Any = None, precision: str | None = None, cache: Any = None) -> Any: ...
+                     sound: torch.Tensor | None = None, action: torch.Tensor | None = None, *,
+                     options: RuntimeOptions, precision: StepPrecision | None = None,
+                     cache: StepCache | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
