@@ -15,9 +15,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from ..model.precision import StepPrecision
-from ..model.transformer import StepCache
-from ..runtime import RuntimeOptions
 from .plan import SamplePlan
 
 StepCallback = Callable[[int, int, torch.Tensor], None]
@@ -35,8 +32,7 @@ class Denoiser(Protocol):
 
     def denoise_step(self, latents: torch.Tensor, timestep: torch.Tensor, text: Sequence[Any], layout: Any,
                      sound: torch.Tensor | None = None, action: torch.Tensor | None = None, *,
-                     options: RuntimeOptions, precision: StepPrecision | None = None,
-                     cache: StepCache | None = None) -> Any: ...
+                     options: Any, precision: Any = None, cache: Any = None) -> Any: ...
 
 
 @dataclass(frozen=True)
