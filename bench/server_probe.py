@@ -128,7 +128,9 @@ class EventStream(threading.Thread):
 
 def node_times(events: list[tuple[float, str, dict]], graph: dict) -> dict[str, dict]:
     """Per executed node: ``{class_type, s}`` from its first ``running`` to its first ``finished`` state (the
-    ``executing`` message when no ``progress_state`` came); the sampler also gets ``steps`` and ``s_per_step``."""
+    ``executing`` message when no ``progress_state`` came); the sampler also gets ``steps`` and ``s_per_step``
+    (``None`` when its progress messages arrived together: ComfyUI's messages carry no server time, so a
+    CPU-starved event loop that delivers them in one burst says nothing about the step's length)."""
     start: dict[str, float] = {}
     end: dict[str, float] = {}
     steps: dict[str, list[float]] = {}
@@ -149,7 +151,8 @@ def node_times(events: list[tuple[float, str, dict]], graph: dict) -> dict[str, 
         rec = {"class_type": graph.get(nid, {}).get("class_type"), "s": round(end[nid] - t0, 3) if nid in end else None}
         ticks = steps.get(nid, [])
         if len(ticks) >= 2:
-            rec.update(steps=len(ticks), s_per_step=round((ticks[-1] - ticks[0]) / (len(ticks) - 1), 4))
+            per_step = (ticks[-1] - ticks[0]) / (len(ticks) - 1)
+            rec.update(steps=len(ticks), s_per_step=round(per_step, 4) if per_step >= 1e-3 else None)
         out[nid] = rec
     return out
 

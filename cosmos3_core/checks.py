@@ -125,7 +125,7 @@ def check_action_request(request: ActionRequest, config=None) -> None:
         raise ValueError(NO_ACTION_HEAD)
     _check_action_fields(request)
     _check_action_frames(request)
-    _check_raw_actions(request)
+    _check_raw_actions(request, config)
     if config is not None:
         check_action_against(request, config)
 
@@ -142,10 +142,6 @@ def check_action_against(request: ActionRequest, config) -> None:
         raise ValueError(f"domain_name={request.domain_name!r} has {request.raw_action_dim}-dim actions, above this "
                          f"checkpoint's action_dim={config.action_dim}; it cannot represent them — pick another "
                          "embodiment.")
-    width = np.shape(request.raw_actions)[1] if request.raw_actions is not None else 0
-    if width > config.action_dim:
-        raise ValueError(f"actions are {width}-dim, above this checkpoint's action_dim={config.action_dim}; "
-                         f"domain_name={request.domain_name!r} expects {request.raw_action_dim}-dim rows.")
 
 
 def _check_action_fields(r: ActionRequest) -> None:
@@ -198,7 +194,7 @@ def _check_action_frames(r: ActionRequest) -> None:
                          f"{n}; {fix} the video to {r.chunk_size + 1} frames.")
 
 
-def _check_raw_actions(r: ActionRequest) -> None:
+def _check_raw_actions(r: ActionRequest, config=None) -> None:
     if r.mode != "forward_dynamics":
         if r.raw_actions is not None:
             raise ValueError(f"actions were given but action_mode={r.mode!r} generates them (only forward_dynamics "
@@ -211,6 +207,9 @@ def _check_raw_actions(r: ActionRequest) -> None:
     if len(shape) != 2:
         raise ValueError(f"actions have shape {shape}; expected [chunk_size, raw_action_dim] = "
                          f"[{r.chunk_size}, {r.raw_action_dim}] (one row per transition).")
+    if config is not None and shape[1] > config.action_dim:
+        raise ValueError(f"actions are {shape[1]}-dim, above this checkpoint's action_dim={config.action_dim}; "
+                         f"domain_name={r.domain_name!r} expects {r.raw_action_dim}-dim rows.")
     if shape[1] != r.raw_action_dim:
         raise ValueError(f"actions are {shape[1]}-dim but domain_name={r.domain_name!r} expects "
                          f"{r.raw_action_dim}-dim rows; pass actions of that embodiment or change domain_name.")
@@ -260,6 +259,16 @@ def window_geometry(total_frames: int, chunk_frames: int, conditional_frames: in
     stride = chunk_frames - conditional_frames
     num = 1 + math.ceil((total_frames - chunk_frames) / stride)
     return WindowGeometry(total_frames, chunk_frames, conditional_frames, stride, num)
+
+
+def check_control_frames(frames: int) -> None:
+    """Refuse control videos too short to follow: a still image or a 1-frame clip would make a 1-frame video."""
+    if frames < defaults.MIN_CONTROL_FRAMES:
+        what = "1 frame (a still image?)" if frames == 1 else f"{frames} frames"
+        raise ValueError(f"the control videos have {what}; Transfer follows its control videos frame by frame, and "
+                         "the output is as long as they are — give control videos of at least "
+                         f"{defaults.MIN_CONTROL_FRAMES} frames (e.g. a video through Load Video, or several images "
+                         "as a batch).")
 
 
 # ---------------------------------------------------------------------------------------------- runtime

@@ -113,6 +113,7 @@ LONG_NUM_FRAMES = 721  # 30 s at 24 fps (the long-video node's default length)
 MAX_LONG_FRAMES = 24 * 60 * 10 + 1  # 10 minutes at 24 fps
 TRANSFER_CONDITIONAL_FRAMES = 1  # num_conditional_frames of the modular Transfer pipeline
 LONG_CONDITIONAL_FRAMES = 5  # windowed T2V/I2V: 2 clean latent frames, as the reference's V2V default (0, 1)
+MIN_CONTROL_FRAMES = 5  # the shortest Cosmos3 clip (4k+1): Transfer follows its controls frame by frame
 CONTROL_GUIDANCE = 1.0  # control_guidance of the modular Transfer pipeline (1: no no-control branch)
 
 

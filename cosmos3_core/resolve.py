@@ -29,6 +29,7 @@ boundaries' languages in its fixes ("CLI: --sound", "ComfyUI: Cosmos3 Long Video
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -39,6 +40,7 @@ from .checks import (
     check_action_against,
     check_action_request,
     check_clip,
+    check_control_frames,
     check_fps,
     check_negative_prompt,
     check_options,
@@ -53,6 +55,8 @@ from .modes.action import ActionCondition
 from .modes.transfer import prepare_controls
 from .request import ActionRequest, CheckpointInfo, ConditionLatents, Request, Resolved, Sampling, SamplingRequest
 from .sampling.sea_cache import check_sea_cache
+
+_log = logging.getLogger("cosmos3")
 
 __all__ = ["checkpoint_recipe", "request_mode", "resolve", "resolve_action", "resolve_clip", "resolve_sampler",
            "resolve_sampling"]
@@ -134,6 +138,9 @@ def request_mode(r: Request) -> str:
     if r.controls is not None:
         return "transfer"
     if r.frames_per_chunk is not None:
+        if r.one_pass:
+            raise ValueError(f"one_pass asks for one clip but frames_per_chunk={r.frames_per_chunk!r} asks for "
+                             "windows of that length; drop one of them (CLI: --one-pass, --frames-per-chunk).")
         return "windows"
     if isinstance(r.num_frames, int) and not isinstance(r.num_frames, bool) and r.num_frames > defaults.NUM_FRAMES:
         return "clip" if r.one_pass else "windows"
@@ -201,9 +208,10 @@ def resolve_action(checkpoint: CheckpointInfo, request: ActionRequest, prompt: s
 
 def _check_condition_matches(text: TextConditioning, condition: ConditionLatents) -> None:
     if (condition.height, condition.width) != (text.height, text.width):
+        source = "Cosmos3 First/Last Frame" if condition.num_frames is not None else "Cosmos3 VAE Encode (Condition)"
         raise ValueError(f"condition was encoded at {condition.width}x{condition.height} but the text describes "
-                         f"{text.width}x{text.height}; set the same width and height on Cosmos3 VAE Encode "
-                         "(Condition) and Cosmos3 Text Encode.")
+                         f"{text.width}x{text.height}; set the same width and height on {source} and Cosmos3 Text "
+                         "Encode.")
     if condition.num_frames is not None and condition.num_frames != text.num_frames:
         raise ValueError(f"condition was made for num_frames={condition.num_frames} (its last keyframe is latent "
                          f"frame {max(condition.clean_frames)}) but the text describes num_frames={text.num_frames}; "
@@ -334,6 +342,7 @@ def _windows_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dic
                 defaults.TRANSFER_CONDITIONAL_FRAMES if transfer else defaults.LONG_CONDITIONAL_FRAMES)
     if transfer:
         controls, total = _transfer_controls(r, height, width)
+        chunk = transfer_window(chunk, total)
     else:
         _check_not_transfer(r)
         controls, total = None, _windows_total(r, chunk)
@@ -378,10 +387,12 @@ def _transfer_controls(r: Request, height: int, width: int) -> tuple[dict, int]:
         pair(r.control_guidance_interval, "control_guidance_interval")
     controls = prepare_controls(r.controls, height, width)
     total = next(iter(controls.values())).shape[2]
+    check_control_frames(total)
     if r.num_frames is not None:
         if isinstance(r.num_frames, bool) or not isinstance(r.num_frames, int) or r.num_frames < 1:
             raise ValueError(f"num_frames={r.num_frames!r} must be a positive integer (a cap on the control "
                              "videos' length), or unset.")
+        _notice_short_controls(total, r.num_frames)
         total = min(total, r.num_frames)
     return controls, total
 
@@ -402,6 +413,20 @@ def _action_shape(r: Request, recipe: defaults.ClipRecipe | None = None) -> dict
 
 
 _MODE_SHAPES = {"clip": _clip_shape, "windows": _windows_shape, "transfer": _windows_shape, "action": _action_shape}
+
+
+def transfer_window(chunk: int, total: int) -> int:
+    """The window of a Transfer video of ``total`` frames: never longer than the video rounded up to one clip
+    (4k+1), so a 9-frame control costs one 9-frame window, not a padded 189-frame one."""
+    stride = defaults.VAE_TEMPORAL_STRIDE
+    return min(chunk, max(defaults.MIN_CONTROL_FRAMES, -(-(total - 1) // stride) * stride + 1))
+
+
+def _notice_short_controls(control_frames: int, num_frames: int) -> None:
+    """The output is as long as the controls: say so when that is shorter than the ``num_frames`` asked for."""
+    if control_frames < num_frames:
+        _log.warning("Transfer: the control videos have %d frames, fewer than num_frames=%d; the video will have %d "
+                     "frames.", control_frames, num_frames, control_frames)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -7,6 +7,7 @@ from comfy_api.latest import ComfyExtension, io
 from .action import Cosmos3ActionCondition, Cosmos3LoadActions, Cosmos3SaveActions
 from .condition import Cosmos3FirstLastFrame, Cosmos3VAEEncodeCond
 from .decode import Cosmos3AudioDecode, Cosmos3VAEDecode
+from .errors import with_out_of_memory_message
 from .loader import Cosmos3Loader, register_model_folder
 from .long_video import Cosmos3LongVideo
 from .lora import Cosmos3LoraLoader
@@ -31,6 +32,8 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3SaveActions,
     Cosmos3LoadActions,
 ]
+for _node in NODES:  # torch's multi-line out-of-memory report becomes one line naming the node and the fix
+    with_out_of_memory_message(_node)
 
 
 class Cosmos3Extension(ComfyExtension):

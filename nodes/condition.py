@@ -11,6 +11,8 @@ checks it; wire both from the same primitive to keep one source of truth).
 
 from __future__ import annotations
 
+import re
+
 import comfy.model_management as mm
 import torch
 from comfy_api.latest import io
@@ -151,6 +153,8 @@ def _parse_indexes(text: str) -> list[int] | None:
     if not body:
         return None
     try:
+        if not all(re.fullmatch(r"[+-]?\d+", v) for v in body):  # int() would read "1_0" as 10
+            raise ValueError
         return [int(v) for v in body]
     except ValueError:
         raise ValueError(f"frame_indexes {text!r} is not a list of latent frame indexes such as '0, 47' "

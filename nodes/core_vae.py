@@ -21,6 +21,17 @@ import torch
 from ..cosmos3_core.vae.wan_layout import geometry_problem, to_wan_layout
 
 _STATE = "_cosmos3_state"  # "lazy" | "building" | "built"
+MIN_ENCODE_PIXELS = 16  # Wan2.2 works in 16-pixel blocks: a smaller image reaches its convolutions empty
+
+
+def check_encode_size(pixel_samples) -> None:
+    """A core VAE Encode of an image smaller than one 16-pixel block: one message instead of PyTorch's kernel-size
+    error from deep inside the encoder."""
+    shape = tuple(getattr(pixel_samples, "shape", ()))
+    if len(shape) >= 3 and min(shape[-3], shape[-2]) < MIN_ENCODE_PIXELS:
+        raise ValueError(f"VAE Encode (Cosmos3 Load Checkpoint's vae): the image is {shape[-2]}x{shape[-3]}; Cosmos3's "
+                         f"Wan2.2 VAE needs at least {MIN_ENCODE_PIXELS}x{MIN_ENCODE_PIXELS} pixels — resize or pad "
+                         "the image first (e.g. Upscale Image).")
 
 
 class Cosmos3CoreVAE(comfy.sd.VAE):
@@ -40,6 +51,14 @@ class Cosmos3CoreVAE(comfy.sd.VAE):
             raise AttributeError(name)
         self._cosmos3_build()
         return getattr(self, name)
+
+    def encode(self, pixel_samples):
+        check_encode_size(pixel_samples)
+        return super().encode(pixel_samples)
+
+    def encode_tiled(self, pixel_samples, *args, **kwargs):
+        check_encode_size(pixel_samples)
+        return super().encode_tiled(pixel_samples, *args, **kwargs)
 
     def get_ram_usage(self):
         return super().get_ram_usage() if self.cosmos3_built else 0

@@ -1,12 +1,56 @@
-"""The nodes' user-error boundary: a core ``ValueError`` gets the node's name in front, once.
+"""The nodes' user-error boundary: a core ``ValueError`` gets the node's name in front, once; a GPU out-of-memory
+error becomes one line that names the node and the fix.
 
 The core raises plain messages that name the argument, its value and the fix (``num_frames=10 must be …``); the
 node that called it prefixes its own id, so ComfyUI's error panel says which node and which input to change.
+
+Out of memory: ``with_out_of_memory_message`` wraps a node's ``execute``; torch's multi-line allocator report becomes
+``Cosmos3OutOfMemoryError``, a subclass of ``torch.OutOfMemoryError`` so that ComfyUI 0.3.75's executor still
+treats it as one (``execution.execute``: it unloads every model, its recovery, and adds its own tip after our line).
+It is raised outside the ``except`` block, so it carries no reference to the failed call's frames (and their
+tensors) as ``__context__``.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from contextlib import contextmanager
+
+import torch
+
+_ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)")
+OUT_OF_MEMORY_FIX = ("lower width/height, num_frames or batch_size, load the checkpoint with weight_dtype "
+                     "fp8_e4m3fn (Cosmos3 Load Checkpoint), or start ComfyUI with --lowvram")
+
+
+class Cosmos3OutOfMemoryError(torch.OutOfMemoryError):
+    """A GPU out-of-memory error whose message is one line naming the node and the fix."""
+
+
+def out_of_memory_message(node_id: str, exc: BaseException) -> str:
+    asked = _ALLOCATION.search(str(exc))
+    what = f" (it asked for {asked.group(1)} more)" if asked else ""
+    return f"{node_id}: out of GPU memory{what}; {OUT_OF_MEMORY_FIX}."
+
+
+def with_out_of_memory_message(node_cls: type) -> type:
+    """Wrap ``node_cls.execute`` (a classmethod) so that a GPU out-of-memory error is one line (module docstring)."""
+    func = node_cls.execute.__func__
+    node_id = node_cls.__name__
+
+    @functools.wraps(func)
+    def execute(cls, *args, **kwargs):
+        try:
+            return func(cls, *args, **kwargs)
+        except Cosmos3OutOfMemoryError:
+            raise
+        except torch.OutOfMemoryError as exc:
+            message = out_of_memory_message(node_id, exc)
+        raise Cosmos3OutOfMemoryError(message)
+
+    node_cls.execute = classmethod(execute)
+    return node_cls
 
 
 @contextmanager

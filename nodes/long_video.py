@@ -26,6 +26,7 @@ from ..cosmos3_core.modes.transfer import CONTROL_KEYS
 from ..cosmos3_core.request import Request
 from ..cosmos3_core.resolve import resolve
 from ..cosmos3_core.runtime import RuntimeOptions
+from ..cosmos3_core.sampling.prompt import WINDOW_PROMPT_SEPARATOR, split_window_prompts
 from .errors import node_errors
 from .preview import make_previewer
 from .types import (
@@ -41,7 +42,7 @@ from .types import (
 )
 
 NODE = "Cosmos3LongVideo"
-PROMPT_SEPARATOR = "---"
+PROMPT_SEPARATOR = WINDOW_PROMPT_SEPARATOR
 
 
 class Cosmos3LongVideo(io.ComfyNode):
@@ -116,7 +117,7 @@ class Cosmos3LongVideo(io.ComfyNode):
                 sea_cache_threshold: float = 0.25, mixed_precision_format: str = "auto",
                 **control_inputs) -> io.NodeOutput:
         controls = {k: v for k, v in control_inputs.items() if k in CONTROL_KEYS and v is not None} or None
-        prompts = [p.strip() for p in prompt.split(f"\n{PROMPT_SEPARATOR}\n")]
+        prompts = split_window_prompts(prompt)
         if image is not None and image.shape[0] != 1:
             raise ValueError(f"{NODE}: image holds {image.shape[0]} frames; connect one image for image-to-video "
                              "(or connect the frames to `video`, whose first frames then seed the first window).")

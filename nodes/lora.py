@@ -17,12 +17,14 @@ FP8), so even a zero patch would move FP8-stored weights.
 from __future__ import annotations
 
 import dataclasses
+import os
 
+import comfy.utils
 import folder_paths
 import torch
 from comfy_api.latest import io
 
-from ..cosmos3_core.model.lora import LoraError, LoraPatch, check_strength, read_lora
+from ..cosmos3_core.model.lora import LoraError, LoraPatch, check_patch, check_strength, read_lora
 from .types import CATEGORY, Cosmos3Model
 
 NONE_FOUND = "(no LoRA in models/loras)"
@@ -101,6 +103,11 @@ class Cosmos3LoraLoader(io.ComfyNode):
         except LoraError as exc:
             raise ValueError(f"Cosmos3LoraLoader: {exc} Set strength between -10 and 10.") from exc
         path = folder_paths.get_full_path("loras", lora_name)
+        folder = next((p for base in folder_paths.get_folder_paths("loras")
+                       if os.path.isdir(p := os.path.join(base, lora_name))), None)
+        if path is None and folder is not None:
+            raise ValueError(f"Cosmos3LoraLoader: lora_name {lora_name!r} is a folder ({folder}), not a LoRA file; "
+                             "pick the .safetensors file inside it, or rename the folder.")
         if path is None:
             raise ValueError(f"Cosmos3LoraLoader: LoRA {lora_name!r} was not found; put the .safetensors file under "
                              f"{', '.join(folder_paths.get_folder_paths('loras'))} and refresh.")
@@ -113,6 +120,15 @@ class Cosmos3LoraLoader(io.ComfyNode):
             raise ValueError(f"Cosmos3LoraLoader: {exc}") from exc
         if strength == 0.0:  # checked, and off: the model exactly as it came in
             return io.NodeOutput(model)
+        try:  # a change that overflows the compute dtype or dwarfs its weight would wreck the output silently
+            for module, patch in lora.items():
+                patcher, key, _ = targets[module]
+                layer = comfy.utils.get_attr(patcher.model, key.rsplit(".", 1)[0])
+                scale = getattr(layer, "scale_weight", None)  # an NVIDIA FP8 checkpoint: weight · scale is the weight
+                weight = layer.weight if scale is None else layer.weight.float() * scale.float()
+                check_patch(patch, weight, module, os.path.basename(path), strength, model.dtype)
+        except LoraError as exc:
+            raise ValueError(f"Cosmos3LoraLoader: {exc}") from exc
         adapters = _adapter_classes()
         patches = {text: {}, gen: {}}
         for module, patch in lora.items():

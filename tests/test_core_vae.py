@@ -123,6 +123,21 @@ def test_rename_refuses_unknown_tensors():
 
 # -------------------------------------------------------------------------------------------- built on first use
 
+def test_core_vae_encode_of_a_tiny_image_is_one_message(host):
+    """Core VAE Encode of a 7x7 image raised PyTorch's kernel-size error from the encoder (issue 39); the size is
+    checked first (before the VAE is even built)."""
+    import nodes as comfy_nodes
+
+    _handle, vae = host.node_class_mappings["Cosmos3Loader"].execute(checkpoint=TINY_NANO, dtype="fp32",
+                                                                      device="cpu").result
+    for encode in (lambda px: comfy_nodes.VAEEncode().encode(vae, px),
+                   lambda px: comfy_nodes.VAEEncodeTiled().encode(vae, px, 512, 64)):
+        with pytest.raises(ValueError, match=r"^VAE Encode \(Cosmos3 Load Checkpoint's vae\): the image is 7x7; "
+                                             r"Cosmos3's Wan2.2 VAE needs at least 16x16 pixels"):
+            encode(torch.rand(1, 7, 7, 3))
+    assert not vae.cosmos3_built
+
+
 def test_vae_output_is_built_on_first_use_and_refuses_a_non_released_vae(host):
     import comfy.sd
 

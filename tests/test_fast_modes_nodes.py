@@ -103,3 +103,13 @@ def test_fp8_format_where_w8a8_cannot_run_names_the_node(host, fp8_checkpoint):
     _sampler(graph).update(mixed_precision_format="fp8")
     _expect_error(host, graph, "Cosmos3KSamplerUniPCDualTower", "mixed_precision_format='fp8'",
                   "needs real FP8 GEMMs", "cpu has no FP8 GEMMs")
+
+
+def test_fp8_e5m2_storage_of_an_nvidia_fp8_checkpoint_is_refused(host, fp8_checkpoint):
+    """weight_dtype fp8_e5m2 silently re-quantized the published e4m3 weights (issue 39); the CLI refuses the
+    analogous case. fp8_e4m3fn keeps them as they are."""
+    graph = t2i_graph(seed=5)
+    (ld,) = nodes_of(graph, "Cosmos3Loader")
+    graph[ld]["inputs"].update(checkpoint=fp8_checkpoint, weight_dtype="fp8_e5m2")
+    _expect_error(host, graph, "Cosmos3Loader", "already NVIDIA FP8", "weight_dtype fp8_e5m2 would re-quantize it",
+                  "weight_dtype auto")

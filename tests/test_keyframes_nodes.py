@@ -139,11 +139,22 @@ def test_num_frames_must_match_the_text_encode(host):
            "same num_frames")
 
 
+def test_size_mismatch_names_first_last_frame(host):
+    """The sampler's size check names the node that made the condition (issue 39: it named VAE Encode (Condition),
+    which was not in the graph)."""
+    g = flf_graph()
+    g["6"]["inputs"]["width"] = W + 16
+    msg = _error(host, g, "Cosmos3KSamplerUniPCDualTower", f"encoded at {W + 16}x{H}",
+                 "on Cosmos3 First/Last Frame and Cosmos3 Text Encode")
+    assert "VAE Encode" not in msg, msg
+
+
 @pytest.mark.parametrize("frame_indexes, needles", [
     ("0, 5", ("frame index 5", "0 … 4", "latent frame")),
     ("0; 4", ("'0; 4'", "'0, 47'")),
     ("4, 0", ("strictly increasing",)),
     ("0", ("1 frame indexes", "2 keyframe images")),
+    ("0, 1_0", ("'0, 1_0'", "'0, 47'")),  # int() would read 1_0 as 10 (issue 39)
 ])
 def test_bad_frame_indexes(host, frame_indexes, needles):
     _error(host, flf_graph(frame_indexes=frame_indexes), "Cosmos3FirstLastFrame", *needles)

@@ -345,7 +345,7 @@ def test_non_finite_tensors_and_alphas_are_refused(setup):
                          (True, "True \\(bool\\)")):
         meta = {"lora_adapter_metadata": json.dumps({"transformer.r": 4, "transformer.lora_alpha": alpha})}
         _refused(setup, peft, rf"LoRA bad.safetensors: lora_alpha in its lora_adapter_metadata is {shown}.*must be "
-                              "a finite number", metadata=meta)
+                              "a positive finite number", metadata=meta)
     meta = {"lora_adapter_metadata": json.dumps({"transformer.r": "4", "transformer.lora_alpha": 8})}
     _refused(setup, peft, r"r in its lora_adapter_metadata is '4' \(str\); it must be a positive integer", metadata=meta)
     meta = {"lora_adapter_metadata": json.dumps({"transformer.lora_alpha": 8, "transformer.alpha_pattern": {"x": "a"}})}
@@ -372,7 +372,7 @@ def test_peft_adapter_config_beside_the_file(host, setup):
     (folder / "adapter_config.json").write_text(json.dumps({**cfg, "lora_alpha": "8"}))
     name = "cosmos3_fmt_peft_folder/adapter_model.safetensors"
     with pytest.raises(ValueError, match=r"^Cosmos3LoraLoader: LoRA adapter_model.safetensors: lora_alpha in its "
-                                         r"adapter_config.json is '8' \(str\); it must be a finite number"):
+                                         r"adapter_config.json is '8' \(str\); it must be a positive finite number"):
         host.node_class_mappings["Cosmos3LoraLoader"].execute(model=setup["base"], lora_name=name, strength=1.0)
     shutil.rmtree(folder)
 

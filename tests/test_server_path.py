@@ -75,7 +75,8 @@ def test_tiny_server_path_reports_every_field(tmp_path):
             slack = 0.3 + abs(lag["success"] - lag["start"]) + max(lag.values())
             assert run["total_s"] - slack <= total <= run["total_s"] + slack, (name, label, total, run["total_s"], lag)
             sampler = next(n for n in nodes.values() if n["class_type"] == "Cosmos3KSamplerUniPCDualTower")
-            assert sampler["steps"] == 2 and sampler["s_per_step"] > 0, sampler
+            # None: the two steps' progress messages arrived in one burst (a CPU-starved server; no server clock)
+            assert sampler["steps"] == 2 and (sampler["s_per_step"] is None or sampler["s_per_step"] > 0), sampler
             first_of_server = label in ("first", "restart") and name == SHAPES[0]
             assert ("Cosmos3Loader" in ran) is first_of_server, (name, label, ran)
             assert (run["load_s"] > 0) is first_of_server and ("1" in run["cached"]) is not first_of_server, run

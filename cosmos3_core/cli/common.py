@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -102,7 +103,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
     video = media.read_video(args.video)[0] if args.video else None
     controls = None
     if args.control:
-        controls = {key: media.read_video(path)[0] for key, path in parse_controls(args.control).items()}
+        controls = {key: read_control(key, path) for key, path in parse_controls(args.control).items()}
     action = action_request(args, image, video) if args.action_mode is not None else None
     if action is not None:
         image = video = None  # the action request carries its frames
@@ -167,6 +168,22 @@ def parse_controls(items: list[str]) -> dict[str, Path]:
 
 
 # ---------------------------------------------------------------------------------------------- files
+def read_control(key: str, path):
+    """A ``--control KEY=FILE`` video's frames; a file that is not a video is refused naming the argument, without
+    libav's errno text."""
+    from .. import media
+
+    try:
+        return media.read_video(path)[0]
+    except ValueError as exc:
+        p = Path(path)
+        why = ("it is empty (0 bytes)" if p.is_file() and p.stat().st_size == 0
+               else str(exc).removeprefix("read_video: "))
+        why = re.sub(r"\[Errno -?\d+\] ", "", why)
+        raise ValueError(f"--control {key}={path}: not a readable video: {why}. Give an mp4 (or another video) of "
+                         "the control frames.") from None
+
+
 def check_input_paths(args: argparse.Namespace) -> Path:
     """``--checkpoint`` is a folder, ``--device`` exists, every input file exists; returns the checkpoint path (the
     prompts are the resolver's to check)."""

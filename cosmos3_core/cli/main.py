@@ -86,8 +86,8 @@ def run_command(args: argparse.Namespace) -> dict[str, float] | None:
     action.check_flags(args)
     request = common.request_from_args(args)
     OUTPUT_CHECKS[request_mode(request)](args, request)  # output paths, before anything is read from the checkpoint
+    common.show_run_notes()  # what resolving and planning say: the FP8 policy in effect, a short Transfer control
     resolved = resolve(request, args.checkpoint, fp8_compute=common.fp8_compute(args))  # files read after the checks
-    common.show_run_notes()  # e.g. the FP8 policy in effect, said when the run is planned
     if resolved.recipe_defaults:  # say where the values nobody typed came from
         values = ", ".join(f"{name} {value:g}" for name, value in resolved.recipe_defaults)
         print(f"{resolved.recipe}: {values} (the checkpoint's published defaults; a flag given wins)", file=sys.stderr)

@@ -9,6 +9,12 @@ results equal the un-captured step. A batch-1 decode step is launch-bound, so it
 How: the first call runs ``fn`` on a side stream (the warm-up: cuBLAS workspaces, compiled kernels) and returns that
 real result, then captures ``fn`` into a graph whose inputs are static copies. Later calls copy their tensor
 arguments into those buffers, replay, and return a copy of the static output. ``fn`` must do no host sync.
+
+Only under PyTorch's native caching allocator (``capture_supported``). Under ``cudaMallocAsync`` — the backend
+ComfyUI selects on CUDA builds — an allocation made during capture is a graph memory node with no device address
+yet, so Triton's launcher (the compiled decode layer, the GEMV kernel) refuses it as a "cpu tensor", and the broken
+capture then kills the process when its tensors are freed (found by ``bench/soak.py`` on an H100: the reasoner node
+crashed the server). There the call runs uncaptured.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from typing import Callable
 import torch
 
 _log = logging.getLogger(__name__)
+
+
+def capture_supported() -> bool:
+    """Whether this process's CUDA allocator can capture graphs of Triton kernels (see the module docstring)."""
+    return torch.cuda.get_allocator_backend() == "native"
 
 
 class GraphedCall:
@@ -36,6 +47,11 @@ class GraphedCall:
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         if self.failed:
             return self.fn(*args)
+        if self.graph is None and not capture_supported():
+            _log.info("CUDA-graph capture of %s skipped: the %s allocator cannot capture Triton kernels; running it "
+                      "uncaptured.", getattr(self.fn, "__qualname__", self.fn), torch.cuda.get_allocator_backend())
+            self.failed = True
+            return self.fn(*args)
         if self.graph is None:
             self.inputs = tuple(a.clone() for a in args)
             current, side = torch.cuda.current_stream(), torch.cuda.Stream()
@@ -49,7 +65,7 @@ class GraphedCall:
             try:
                 with torch.cuda.graph(self.graph):
                     self.output = self.fn(*self.inputs)
-            except RuntimeError as exc:  # e.g. a host copy inside fn: keep going uncaptured, and say so
+            except Exception as exc:  # noqa: BLE001 — e.g. a host copy inside fn: keep going uncaptured, and say so
                 _log.warning("CUDA-graph capture of %s failed (%s); running it uncaptured.",
                              getattr(self.fn, "__qualname__", self.fn), str(exc).splitlines()[0] if str(exc) else exc)
                 self.failed, self.graph, self.output = True, None, None

@@ -159,6 +159,7 @@ def load_transformer(
         raise ValueError("fp8_compute stores the linear weights in FP8 itself, in its own layers (Fp8Linear or a "
                          "subclass); leave storage_dtype unset.")
     modelopt = fp8 is not None and is_modelopt_fp8(config_values, set(files))
+    check_fp8_storage(modelopt, storage_dtype, str(folder))
     keep_fp8 = (modelopt and storage_dtype in (None, torch.float8_e4m3fn)) or fp8_compute
     if keep_fp8:
         linear = scaled_linear
@@ -299,6 +300,16 @@ def _set_w8a8_scales(model: Cosmos3Transformer, files: dict[str, Path], folder: 
         weight_amax = scalars.get(name + AMAX_SUFFIX)
         if weight_amax is not None:
             module.w8a8_weight_scale = (weight_amax / E4M3_MAX).to(device)
+
+
+def check_fp8_storage(modelopt: bool, storage_dtype: torch.dtype | None, where: str) -> None:
+    """An NVIDIA FP8 (ModelOpt, e4m3 + scales) checkpoint is kept as published: another FP8 storage dtype would
+    re-quantize its weights (fp8_e5m2: a max change of ~1.3 on the tiny checkpoint), with no word."""
+    if modelopt and storage_dtype is not None and storage_dtype.itemsize == 1 and storage_dtype != torch.float8_e4m3fn:
+        name = str(storage_dtype).removeprefix("torch.").replace("float8", "fp8")
+        raise CheckpointError(f"{where}: the checkpoint is already NVIDIA FP8 (ModelOpt, e4m3 with scales); "
+                              f"weight_dtype {name} would re-quantize it and change its weights — load it as it is "
+                              "(weight_dtype auto or fp8_e4m3fn).")
 
 
 def read_fp8_checkpoint(checkpoint_dir: str | Path, fp8_compute: bool = False) -> Fp8Checkpoint | None:

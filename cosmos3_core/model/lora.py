@@ -77,6 +77,9 @@ UNSUPPORTED = {
     "vera_lambda_b": "VeRA", "vera_lambda_d": "VeRA",
     "lambda_layer": "T-LoRA", "q_layer.weight": "T-LoRA", "p_layer.weight": "T-LoRA",
 }
+# this checkpoint's own layers that are not patchable linear layers of the towers
+UNPATCHABLE = {"lm_head": "output layer (lm_head, the reasoner's vocabulary projection)",
+               "embed_tokens": "token embedding (embed_tokens)"}
 _SUFFIXES = sorted([*PARTS, *UNSUPPORTED], key=len, reverse=True)
 
 
@@ -164,8 +167,10 @@ def _number(value, what: str, name: str, positive_int: bool = False) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and positive_int:
         ok = float(value).is_integer() and value > 0
+    elif ok:
+        ok = value > 0  # an alpha: a LoRA scales its change by alpha / r, a negative one flips it
     if not ok:
-        kind = "a positive integer" if positive_int else "a finite number"
+        kind = "a positive integer" if positive_int else "a positive finite number"
         raise LoraError(f"LoRA {name}: {what} is {value!r} ({type(value).__name__}); it must be {kind}. The file's "
                         "adapter settings are damaged — fix that value or save the LoRA again.")
     return float(value)
@@ -239,6 +244,11 @@ def _resolve(groups: dict, shapes: Mapping, name: str) -> dict[str, tuple[str, b
                             "the file is damaged.")
         else:
             out[module] = (key, flat)
+    own = [k for k in unknown if k.split(".")[-1] in UNPATCHABLE]
+    if own and len(own) == len(unknown):
+        raise LoraError(f"LoRA {name} patches {own[:3]}, the checkpoint's own {UNPATCHABLE[own[0].split('.')[-1]]}, "
+                        "which LoRAs cannot change here (only the transformer's linear layers); use a LoRA "
+                        "trained without it (PEFT: leave it out of target_modules).")
     if unknown:
         raise LoraError(
             f"LoRA {name} does not fit this checkpoint: {len(unknown)} of its {len(groups)} modules are not Cosmos3 "
@@ -253,7 +263,10 @@ def _alpha(parts: dict, key: str, name: str) -> float | None:
         return None
     if alpha.numel() != 1:
         raise LoraError(f"LoRA {name}: {key}.alpha has shape {tuple(alpha.shape)}; it must be one number.")
-    value = float(alpha.float().item())
+    value = float(alpha.double().item())
+    if not value >= 0:
+        raise LoraError(f"LoRA {name}: {key}.alpha is {value:g}; it must be a positive number (0 means alpha = rank). "
+                        "A negative alpha flips the LoRA — use a negative strength for that.")
     return value or None  # 0 means "alpha = rank", as LyCORIS and kohya read it
 
 
@@ -297,6 +310,9 @@ def _build(kind: str, parts: dict, key: str, module: str, config: dict, name: st
         if down.shape[0] != up.shape[1]:
             raise bad("lora_A/down is [r, in] and lora_B/up [out, r] with the same r")
         r = int(down.shape[0])
+        if r == 0:
+            raise LoraError(f"LoRA {name}: {key} has rank 0 (lora_A/down {tuple(down.shape)}, lora_B/up "
+                            f"{tuple(up.shape)}): it changes nothing and cannot be scaled; the file is damaged.")
         if alpha is not None:
             scale = alpha / r
         else:
@@ -313,6 +329,9 @@ def _build(kind: str, parts: dict, key: str, module: str, config: dict, name: st
             if core is not None and not (core.shape[0] == a.shape[0] and core.shape[1] == b.shape[0]):
                 raise bad(f"Tucker: hada_t{i} is [r, r], hada_w{i}_a [r, out], hada_w{i}_b [r, in]")
             ranks.append(int(b.shape[0]))
+        if 0 in ranks:
+            raise LoraError(f"LoRA {name}: {key} has rank 0; it changes nothing and cannot be scaled — the file is "
+                            "damaged.")
         if _side_shape(tensors, 1) != _side_shape(tensors, 2):
             raise bad("both Hadamard factors must have the layer's [out, in] shape")
         scale = (alpha / ranks[0]) if alpha is not None else 1.0
@@ -333,6 +352,9 @@ def _build(kind: str, parts: dict, key: str, module: str, config: dict, name: st
             raise bad("lokr_t2 goes with lokr_w2_a and lokr_w2_b, not with a full lokr_w2")
         if len(set(ranks)) > 1:
             raise bad("both factorised sides must share one rank")
+        if 0 in ranks:
+            raise LoraError(f"LoRA {name}: {key} has rank 0; it changes nothing and cannot be scaled — the file is "
+                            "damaged.")
         scale = 1.0 if not ranks or alpha is None else alpha / ranks[0]
     return LoraPatch(kind, tensors, float(scale), key)
 
@@ -342,6 +364,9 @@ def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[s
     ``shapes`` (the checkpoint's linear layers: module name → ``(out, in)``)."""
     path = Path(path)
     name = path.name
+    if path.is_dir():
+        raise LoraError(f"LoRA {name} is a folder, not a LoRA file; pick the .safetensors file inside it (or rename "
+                        "the folder).")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             raw_meta = f.metadata()
@@ -431,8 +456,68 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+MAX_RELATIVE_CHANGE = 1000.0  # ‖strength · s · ΔW‖ / ‖W‖ beyond which a patch saturates the model (issue 39)
+
+
+def _delta_norm_bound(patch: LoraPatch) -> float:
+    """An upper bound of ``‖ΔW‖_F`` (unscaled) from the factors alone, in float64 (no ``[out, in]`` product):
+    ``‖AB‖ ≤ ‖A‖‖B‖``, ``‖A ⊙ B‖ ≤ ‖A‖‖B‖``, ``‖A ⊗ B‖ = ‖A‖‖B‖``."""
+    t = {k: v.double() for k, v in patch.tensors.items()}
+
+    def side(i: int) -> float:
+        if f"w{i}" in t:
+            return float(t[f"w{i}"].norm())
+        n = float(t[f"w{i}_a"].norm()) * float(t[f"w{i}_b"].norm())
+        return n * float(t[f"t{i}"].norm()) if f"t{i}" in t else n
+
+    if patch.kind == "lora":
+        return float(t["up"].norm()) * float(t["down"].norm())
+    return side(1) * side(2)
+
+
 @torch.no_grad()
-def merge_lora(model: torch.nn.Module, patches: Mapping[str, LoraPatch], strength: float = 1.0) -> None:
+def check_patch(patch: LoraPatch, weight: torch.Tensor, module: str, name: str, strength: float = 1.0,
+                dtype: torch.dtype = torch.float32) -> None:
+    """Refuse a patch that would wreck its layer silently: ``strength · s · ΔW`` not finite in the compute ``dtype``
+    (an alpha of 1e300 passes as a Python float, then overflows), or more than ``MAX_RELATIVE_CHANGE`` times the
+    size of the weight it patches (alpha 1e30 or weights ×1e15: the model saturates and every such LoRA gives the
+    same output). ``weight`` is the layer's current weight (any device and dtype). Cheap unless the factors' bound
+    is already out of range: then the change is computed on the weight's device, in float32."""
+    coefficient = abs(float(strength) * patch.scale)
+    if coefficient == 0.0:
+        return
+    limit = torch.finfo(dtype).max if dtype.is_floating_point else torch.finfo(torch.float32).max
+    w_norm = max(float(weight.detach().float().norm()), 1e-12)
+    bound = coefficient * _delta_norm_bound(patch)
+    if math.isfinite(bound) and bound <= MAX_RELATIVE_CHANGE * w_norm and bound < limit / 2:
+        return
+    delta = patch.delta(torch.float32, device=weight.device) * float(strength)
+    amax = float(delta.abs().max()) if delta.numel() else 0.0
+    if not math.isfinite(amax) or amax + float(weight.detach().float().abs().max()) >= limit:
+        raise LoraError(f"LoRA {name}: its change to {module} ({patch.key}, scale {patch.scale:g}) does not fit "
+                        f"{str(dtype).removeprefix('torch.')} (it overflows to inf/NaN); its alpha or weights are "
+                        "absurd — the file is damaged or was saved with a wrong alpha.")
+    ratio = float(delta.norm()) / w_norm
+    if not math.isfinite(ratio) or ratio > MAX_RELATIVE_CHANGE:
+        raise LoraError(f"LoRA {name}: at strength {strength:g} it changes {module} ({patch.key}, scale "
+                        f"{patch.scale:g}) by {ratio:.3g} times that weight's own size (more than "
+                        f"{MAX_RELATIVE_CHANGE:g}×): the model would saturate and ignore the LoRA. Its alpha or "
+                        "weights are absurd — use a sane file, or a far smaller strength.")
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel parameter gathered whole (to compare a patch with the whole weight), or the tensor itself."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    return weight.dtype if weight.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) \
+        else torch.bfloat16  # FP8 storage computes in bf16
+
+
+@torch.no_grad()
+def merge_lora(model: torch.nn.Module, patches: Mapping[str, LoraPatch], strength: float = 1.0,
+               name: str = "file") -> None:
     """``W += strength · s · ΔW`` in place for every patched layer of ``model`` (computed in fp32, stored back in the
     weight's dtype; a ModelOpt ``scale_weight`` is honoured). Strength 0 leaves the weights untouched. Reload the
     checkpoint to undo. A tensor-parallel model merges each rank's slice of ``ΔW`` into its shard; a GGUF-quantized
@@ -440,6 +525,9 @@ def merge_lora(model: torch.nn.Module, patches: Mapping[str, LoraPatch], strengt
     strength = check_strength(strength)
     if strength == 0.0:
         return
+    for module_name, patch in patches.items():  # all checked before the first weight changes
+        check_patch(patch, _whole(model.get_submodule(module_name).weight), module_name, name, strength,
+                    _compute_dtype(model.get_submodule(module_name).weight))
     sharding = getattr(model, "weight_sharding", None)
     for module_name, patch in patches.items():
         layer = model.get_submodule(module_name)

@@ -285,7 +285,7 @@ class Cosmos3Transformer(nn.Module):
         return StepOutput(vision, sound, action)
 
 
-def generation_layer_fn(options: RuntimeOptions = DEFAULT) -> Callable:
+def generation_layer_fn(options: RuntimeOptions) -> Callable:
     """``generation_layer``, or where ``options.compiles`` its ``torch.compile``d version (kernels/compile.py): one
     graph shared by every layer (the layer's weights are graph inputs) that fuses the norms, RoPE and activations — same
     math, other rounding of the intermediates. Shapes are static except the prompt lengths (the text K/V's length

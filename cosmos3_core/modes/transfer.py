@@ -45,9 +45,7 @@ SYSTEM_PROMPT_TRANSFER = (
 def transfer_prompt_ids(tokenizer, prompt: str, negative_prompt: str | None, *,
                         use_system_prompt: bool = True) -> PromptIds:
     """Token ids of both branches as ``Cosmos3TransferTextStep`` builds them."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"prompt={prompt!r} is empty; describe the video to generate (a JSON-upsampled "
-                         "caption works best).")
+    assert isinstance(prompt, str) and prompt.strip(), "resolve checks the prompt"
     eos, vision_start = _special_ids(tokenizer)
     system = SYSTEM_PROMPT_TRANSFER if use_system_prompt else None
     negative = negative_prompt or ""

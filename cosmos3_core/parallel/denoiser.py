@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..model.layout import GenLayout, select_branch
 from ..model.text_kv import TextKV
 from ..model.transformer import Cosmos3Transformer, StepOutput
-from ..runtime import DEFAULT, RuntimeOptions
+from ..runtime import RuntimeOptions
 from .mesh import ParallelMesh, guarded
 from .ulysses import SequenceParallel
 
@@ -99,7 +99,8 @@ class ParallelDenoiser:
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
-        options: RuntimeOptions = DEFAULT,
+        *,
+        options: RuntimeOptions,
     ) -> StepOutput:
         sp = self.sequence_parallel
         if self.mesh.cfg == 1:

@@ -20,10 +20,11 @@ from typing import Sequence
 import torch
 
 from ..model.layout import GenLayout, select_branch
+from ..model.precision import StepPrecision
 from ..model.text_kv import TextKV
 from ..model.towers import tower_module
 from ..model.transformer import Cosmos3Transformer, StepOutput
-from ..runtime import DEFAULT, RuntimeOptions
+from ..runtime import RuntimeOptions
 from .mesh import check_same_devices, device_description
 
 
@@ -92,8 +93,9 @@ class BranchDevices:
         layout: GenLayout,
         sound: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
-        options: RuntimeOptions = DEFAULT,
-        precision: str | None = None,
+        *,
+        options: RuntimeOptions,
+        precision: StepPrecision | None = None,
     ) -> StepOutput:
         if layout.num_branches == 1:  # a cond-only step (guidance 1, or outside the guidance interval)
             return self.model.denoise_step(latents, timestep, text, layout, sound=sound, action=action,

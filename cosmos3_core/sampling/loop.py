@@ -31,8 +31,8 @@ class Denoiser(Protocol):
     device: torch.device
 
     def denoise_step(self, latents: torch.Tensor, timestep: torch.Tensor, text: Sequence[Any], layout: Any,
-                     sound: torch.Tensor | None = None, action: torch.Tensor | None = None,
-                     options: Any = None, precision: str | None = None, cache: Any = None) -> Any: ...
+                     sound: torch.Tensor | None = None, action: torch.Tensor | None = None, *,
+                     options: Any, precision: Any = None, cache: Any = None) -> Any: ...
 
 
 @dataclass(frozen=True)

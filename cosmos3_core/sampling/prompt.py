@@ -71,6 +71,22 @@ class PromptIds:
 # Checkpoint helpers
 
 
+WINDOW_PROMPT_SEPARATOR = "---"  # a line holding only this separates a long video's per-window prompts
+
+
+def split_window_prompts(text: str) -> list[str]:
+    """A long video's per-window prompts: ``text`` split at lines that hold only ``---`` (spaces or tabs around it
+    allowed; ``\n``, ``\r\n`` and ``\r`` line endings alike), each part stripped. A leading, trailing or doubled
+    separator gives an empty prompt (refused by the resolver, naming the window), never a separator inside a prompt."""
+    parts: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if line.strip() == WINDOW_PROMPT_SEPARATOR:
+            parts.append([])
+        else:
+            parts[-1].append(line)
+    return ["\n".join(lines).strip() for lines in parts]
+
+
 def load_tokenizer(checkpoint_dir):
     """Load ``<checkpoint_dir>/text_tokenizer`` with ``AutoTokenizer`` (offline, no remote code)."""
     from transformers import AutoTokenizer  # deferred: importing transformers is slow
