@@ -20,8 +20,9 @@ from contextlib import contextmanager
 import torch
 
 _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)")
-OUT_OF_MEMORY_FIX = ("lower width/height, num_frames or batch_size, load the checkpoint with weight_dtype "
-                     "fp8_e4m3fn (Cosmos3 Load Checkpoint), or start ComfyUI with --lowvram")
+OUT_OF_MEMORY_FIX = ("lower width, height, num_frames or batch_size; load the checkpoint smaller (weight_dtype "
+                     "fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 Checkpoint's gguf input); or start "
+                     "ComfyUI with --lowvram")
 
 
 class Cosmos3OutOfMemoryError(torch.OutOfMemoryError):
@@ -31,7 +32,7 @@ class Cosmos3OutOfMemoryError(torch.OutOfMemoryError):
 def out_of_memory_message(node_id: str, exc: BaseException) -> str:
     asked = _ALLOCATION.search(str(exc))
     what = f" (it asked for {asked.group(1)} more)" if asked else ""
-    return f"{node_id}: out of GPU memory{what}; {OUT_OF_MEMORY_FIX}."
+    return f"{node_id}: out of GPU memory{what}. To fit, {OUT_OF_MEMORY_FIX}."
 
 
 def with_out_of_memory_message(node_cls: type) -> type:

@@ -14,7 +14,7 @@ import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core import defaults
-from ..cosmos3_core.checks import CARD_FIX, check_options
+from ..cosmos3_core.checks import check_options
 from ..cosmos3_core.modes import action as action_mode
 from ..cosmos3_core.request import SamplingRequest
 from ..cosmos3_core.resolve import resolve_sampler
@@ -127,13 +127,10 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
 
         # Cosmos3GuidanceOnTwoGPUs: the negative branch runs on the handle's second GPU (None: one device)
         denoiser = model.branch_denoiser() if sampling.use_cfg else None
-        with node_errors(who):  # SeaCache with the two-GPU guidance split, a failed compile: one message
-            try:
-                result = pipe.run(plan, callback=on_step, denoiser=denoiser)
-            except torch.OutOfMemoryError as exc:  # what check_card_memory could not foresee: the fix, once
-                mm.soft_empty_cache()
-                raise ValueError(f"the GPU ran out of memory in the denoising steps ({str(exc).splitlines()[0][:160]})."
-                                 f" To fit, {CARD_FIX}.") from exc
+        # SeaCache with the two-GPU guidance split, a failed compile: one message; out of memory (what
+        # check_card_memory could not foresee): one line from errors.with_out_of_memory_message
+        with node_errors(who):
+            result = pipe.run(plan, callback=on_step, denoiser=denoiser)
         out = mm.intermediate_device()
         latent = {"samples": pipe.vae.denormalize(result.latents).to(out)}
         sound_latent = None

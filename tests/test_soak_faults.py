@@ -45,9 +45,10 @@ def test_out_of_memory_is_one_line_naming_the_fix(host, monkeypatch):
     err = error_of(messages)
     assert err["node_type"] == "Cosmos3KSamplerUniPCDualTower", err
     first, *rest = err["exception_message"].split("\n")
-    assert first == ("Cosmos3KSamplerUniPCDualTower: out of GPU memory (it asked for 20.00 GiB more); lower "
-                     "width/height, num_frames or batch_size, load the checkpoint with weight_dtype fp8_e4m3fn "
-                     "(Cosmos3 Load Checkpoint), or start ComfyUI with --lowvram."), first
+    assert first == ("Cosmos3KSamplerUniPCDualTower: out of GPU memory (it asked for 20.00 GiB more). To fit, lower "
+                     "width, height, num_frames or batch_size; load the checkpoint smaller (weight_dtype fp8_e4m3fn, "
+                     "or a GGUF Q8_0/Q4_0 file in Load Cosmos3 Checkpoint's gguf input); or start ComfyUI with "
+                     "--lowvram."), first
     assert "PYTORCH_CUDA_ALLOC_CONF" not in err["exception_message"]  # torch's report is not repeated
     assert "ran out of memory on your GPU" in "\n".join(rest)  # ComfyUI's own OOM path ran (it unloads the models)
     assert_next_run_succeeds(host)
@@ -69,7 +70,7 @@ def test_out_of_memory_error_keeps_no_frames(host):
         Node.execute(n=1)
     assert isinstance(info.value, torch.OutOfMemoryError)
     assert info.value.__context__ is None and info.value.__cause__ is None
-    assert str(info.value).startswith("Node: out of GPU memory (it asked for 20.00 GiB more); lower width/height")
+    assert str(info.value).startswith("Node: out of GPU memory (it asked for 20.00 GiB more). To fit, lower width,")
 
 
 def test_graphed_call_runs_uncaptured_under_cuda_malloc_async(monkeypatch):
