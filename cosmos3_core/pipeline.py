@@ -33,7 +33,7 @@ from . import defaults
 from .config import CheckpointError, Cosmos3Config
 from .kernels.compile import prepared
 from .model.fp8 import fp8_steps
-from .model.loader import load_transformer
+from .model.loader import LinearOps, load_transformer
 from .model.precision import W8A16, StepPrecision
 from .model.text_kv import TextConditioning, TextKV
 from .model.towers import step_memory_required
@@ -96,19 +96,18 @@ class Cosmos3Pipeline:
         device: torch.device | str = "cpu",
         vae_dtype: torch.dtype | None = None,
         with_sound: bool = True,
-        linear: type[torch.nn.Linear] = torch.nn.Linear,
+        ops: LinearOps = LinearOps(),
         storage_dtype: torch.dtype | None = None,
-        scaled_linear: type[torch.nn.Linear] | None = None,
         fp8_compute: bool = False,
         sharding=None,
         gguf_file: str | Path | None = None,
-        quantized_linear: type[torch.nn.Linear] | None = None,
     ) -> "Cosmos3Pipeline":
-        """``storage_dtype``/``scaled_linear``: how the transformer's linear weights are stored (``weights.py``);
+        """``ops``: the transformer's linear-layer classes (``model.loader.LinearOps``, a host's seam);
+        ``storage_dtype``: how the transformer's linear weights are stored (``weights.py``);
         ``fp8_compute``: approximate FP8 compute for a bf16 checkpoint (the CLI's ``--weight-dtype fp8_e4m3fn_fast``,
         ``model/fp8.py``); ``sharding``: this rank's part of a tensor-parallel load (``model.loader.WeightSharding``,
         ``parallel.tensor.TensorParallel``); ``gguf_file``: the transformer's weights from a GGUF file, the rest of the
-        checkpoint from ``checkpoint_dir`` (``model/gguf_file.py``), its linear layers ``quantized_linear``.
+        checkpoint from ``checkpoint_dir`` (``model/gguf_file.py``), its linear layers ``ops.quantized_linear``.
 
         Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
         holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
@@ -126,10 +125,8 @@ class Cosmos3Pipeline:
         if with_sound and config.sound_gen and (root / "sound_tokenizer").is_dir():
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
         transformer = load_transformer(
-            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, linear=linear,
-            storage_dtype=storage_dtype, fp8_compute=fp8_compute, sharding=sharding,
-            gguf_file=gguf_file, **({"scaled_linear": scaled_linear} if scaled_linear else {}),
-            **({"quantized_linear": quantized_linear} if quantized_linear else {}),
+            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, ops=ops,
+            storage_dtype=storage_dtype, fp8_compute=fp8_compute, sharding=sharding, gguf_file=gguf_file,
         )
         return cls(root, transformer, vae, tokenizer, sound)
 

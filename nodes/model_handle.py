@@ -25,6 +25,7 @@ import torch
 from ..cosmos3_core.checks import check_card_memory
 from ..cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
 from ..cosmos3_core.model.gguf_quants import GgufLinear, dequant_workspace_bytes
+from ..cosmos3_core.model.loader import LinearOps
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
 from ..cosmos3_core.model.weights import cast_linear
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
@@ -252,9 +253,9 @@ class Cosmos3ModelHandle:
         linear = CastStreamingLinear if cast else StreamingLinear
         # A GGUF file: every linear layer keeps its GGML blocks and streams them (StreamingGgufLinear); the rest of
         # the checkpoint comes from the folder.
-        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), linear=linear,
-                                    storage_dtype=storage_dtype, scaled_linear=StreamingFp8Linear,
-                                    fp8_compute=fp8_compute, gguf_file=gguf_file, quantized_linear=StreamingGgufLinear)
+        ops = LinearOps(linear=linear, scaled_linear=StreamingFp8Linear, quantized_linear=StreamingGgufLinear)
+        pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), ops=ops,
+                                    storage_dtype=storage_dtype, fp8_compute=fp8_compute, gguf_file=gguf_file)
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod

@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -120,34 +121,45 @@ def _skipped(name: str, skip_modules: Sequence[str]) -> bool:
     return any(name == m or name.startswith(m + ".") for m in skip_modules)
 
 
+@dataclass(frozen=True)
+class LinearOps:
+    """The linear-layer classes a load builds, by how the weights are stored: the one seam where a host plugs in
+    its own layers (as ComfyUI's ``operations`` and ComfyUI-GGUF's ops do).
+
+    ``linear``: weights in the compute dtype, or cast per call (a subclass of ``nn.Linear`` with the same
+    parameters, e.g. ComfyUI's ``comfy.ops.disable_weight_init.Linear``, which can stream its weights from the
+    offload device when VRAM is short; a plain ``nn.Linear`` becomes ``CastLinear`` when the storage dtype differs).
+    ``scaled_linear``: FP8 weights kept with their ModelOpt scale (a linear layer with an fp32 ``scale_weight``
+    parameter, e.g. ``CastLinear`` or ComfyUI's ``comfy.ops.scaled_fp8_ops().Linear``; ``Fp8Linear`` and its
+    subclasses also get their W8A8 scales). ``quantized_linear``: GGUF weights kept as GGML blocks (``GgufLinear``
+    or a host's subclass)."""
+
+    linear: type[torch.nn.Linear] = torch.nn.Linear
+    scaled_linear: type[torch.nn.Linear] = Fp8Linear
+    quantized_linear: type[torch.nn.Linear] = GgufLinear
+
+
 def load_transformer(
     checkpoint_dir: str | Path,
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str = "cpu",
     skip_modules: Sequence[str] = (),
     config: Cosmos3Config | None = None,
-    linear: type[torch.nn.Linear] = torch.nn.Linear,
+    ops: LinearOps = LinearOps(),
     storage_dtype: torch.dtype | None = None,
-    scaled_linear: type[torch.nn.Linear] = Fp8Linear,
     fp8_compute: bool = False,
     sharding: WeightSharding | None = None,
     gguf_file: str | Path | None = None,
-    quantized_linear: type[torch.nn.Linear] = GgufLinear,
 ) -> Cosmos3Transformer:
     """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
 
-    ``linear`` is the class of every linear layer: a host may pass a subclass of ``nn.Linear`` with the same
-    parameters (e.g. ComfyUI's ``comfy.ops.disable_weight_init.Linear``, which can stream its weights from the
-    offload device when VRAM is short). ``storage_dtype`` (None: the compute dtype, or FP8 as an FP8 checkpoint
-    stores it) is the dtype of the linear weights; a ``linear`` that cannot compute in another dtype than its
-    weight's is then replaced by ``CastLinear``. FP8 weights kept with their ModelOpt scale are built with
-    ``scaled_linear`` (a linear layer with an fp32 ``scale_weight`` parameter, e.g. ``CastLinear`` or ComfyUI's
-    ``comfy.ops.scaled_fp8_ops().Linear``); with ``Fp8Linear`` (the default) they also get their W8A8 scales.
-    ``fp8_compute``: quantize a bf16 checkpoint's decoder-layer linears to FP8 with per-tensor scales at load
-    (approximate FP8 compute; W8A8 with dynamic activation scales). ``sharding``: this rank's part of a
-    distributed load (module docstring). ``gguf_file``: the weights come from this GGUF file (``gguf_file.py``),
-    every linear layer is a ``quantized_linear`` (``GgufLinear`` or a host's subclass) and the quantized ones keep
-    their GGML blocks; tensors the file lacks come from ``transformer/`` as usual."""
+    ``ops``: the linear-layer classes, by how the weights are stored (``LinearOps``). ``storage_dtype`` (None: the
+    compute dtype, or FP8 as an FP8 checkpoint stores it) is the dtype of the linear weights. ``fp8_compute``:
+    quantize a bf16 checkpoint's decoder-layer linears to FP8 with per-tensor scales at load (approximate FP8
+    compute; W8A8 with dynamic activation scales). ``sharding``: this rank's part of a distributed load (module
+    docstring). ``gguf_file``: the weights come from this GGUF file (``gguf_file.py``), every linear layer is an
+    ``ops.quantized_linear`` and the quantized ones keep their GGML blocks; tensors the file lacks come from
+    ``transformer/`` as usual."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
     folder = _transformer_dir(checkpoint_dir)
     config_values = _config_values(folder)
@@ -155,21 +167,11 @@ def load_transformer(
     files = weight_files(checkpoint_dir) if gguf is None else _companion_files(checkpoint_dir, config_values)
     fp8 = None if gguf is not None else fp8_checkpoint(config_values, files, fp8_compute=fp8_compute,
                                                         where=str(folder))
-    if fp8_compute and (storage_dtype is not None or not issubclass(scaled_linear, Fp8Linear)):
-        raise ValueError("fp8_compute stores the linear weights in FP8 itself, in its own layers (Fp8Linear or a "
-                         "subclass); leave storage_dtype unset.")
+    _check_fp8_compute(fp8_compute, storage_dtype, ops, sharding)
     modelopt = fp8 is not None and is_modelopt_fp8(config_values, set(files))
     check_fp8_storage(modelopt, storage_dtype, str(folder))
     keep_fp8 = (modelopt and storage_dtype in (None, torch.float8_e4m3fn)) or fp8_compute
-    if keep_fp8:
-        linear = scaled_linear
-    elif linear is torch.nn.Linear and storage_dtype not in (None, dtype):
-        linear = CastLinear
-    if gguf is not None:
-        linear = quantized_linear
-    if fp8_compute and sharding is not None:
-        raise ValueError("fp8_compute rounds each weight with one scale of the whole tensor, which a sharded load "
-                         "never reads whole; load the bf16 checkpoint without it for a tensor-parallel run.")
+    linear = _layer_class(ops, keep_fp8=keep_fp8, gguf=gguf is not None, storage_dtype=storage_dtype, dtype=dtype)
     with torch.device("meta"):
         model = Cosmos3Transformer(config, skip_modules=skip_modules, linear=linear)
     if sharding is not None:
@@ -180,45 +182,10 @@ def load_transformer(
     expected = {name: shape for name, (shape, _) in slices.items()}
     linear_weights = {f"{name}.weight" for name, m in model.named_modules()
                       if isinstance(m, torch.nn.Linear) and name.split(".")[0] not in KEEP_FP32}
-    scales = {name for name in expected if name.endswith(".scale_weight")}
-    wanted = {name: path for name, path in files.items()  # scales are read with their weight, below
-              if not _skipped(name, skip_modules) and not is_dropped(name) and not name.endswith(WEIGHT_SCALE_SUFFIXES)}
     from_gguf = set() if gguf is None else {name for name in gguf.tensors if not _skipped(name, skip_modules)}
-    wanted = {name: path for name, path in wanted.items() if name not in from_gguf}
-
-    missing = sorted(set(expected) - set(wanted) - from_gguf - scales)
-    unexpected = sorted((set(wanted) | from_gguf) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{folder}: weights do not match config.json — "
-            f"{len(missing)} missing (e.g. {missing[:4]}), {len(unexpected)} unexpected (e.g. {unexpected[:4]}). "
-            "The config and the weights belong to different models, or the download is incomplete."
-        )
-
-    state: dict[str, torch.Tensor] = {name: torch.ones((), dtype=torch.float32, device=device) for name in scales}
-    by_file: dict[Path, list[str]] = {}
-    for name, path in wanted.items():
-        by_file.setdefault(path, []).append(name)
-    for path, names in by_file.items():
-        with _open(path) as f:
-            for name in names:
-                tensor = _read(f, path, name, expected[name], slices[name][1])
-                if name in linear_weights:
-                    scale = _scale_of(name, files, folder) if modelopt else None
-                    if fp8_compute and name.startswith("layers."):
-                        tensor, scale = quantize_weight(tensor)
-                    if tensor.dtype in FP8_DTYPES and scale is None and modelopt:
-                        raise missing_scale_error(name, tensor.dtype, str(folder))
-                    tensor, scale = stored_linear_weight(tensor, scale, dtype, storage_dtype)
-                    state[name] = tensor.to(device=device)
-                    scale_name = name[: -len(".weight")] + ".scale_weight"
-                    if scale_name in scales:
-                        state[scale_name] = scale.to(device)
-                    elif float(scale) != 1.0:  # a host class without scale_weight: never drop the scale
-                        state[name] = (tensor.float() * scale).to(device=device, dtype=dtype)
-                    continue
-                target = torch.float32 if name.split(".")[0] in KEEP_FP32 else dtype
-                state[name] = tensor.to(device=device, dtype=target)
+    wanted = _wanted_files(files, from_gguf, expected, skip_modules, folder)
+    storage = _Storage(folder, files, dtype, storage_dtype, device, modelopt, fp8_compute)
+    state = _read_files(wanted, slices, linear_weights, storage)
     if gguf is not None:
         state.update(_read_gguf(model, gguf, sorted(from_gguf), expected, linear_weights, dtype, device))
     if sharding is not None:
@@ -228,6 +195,100 @@ def load_transformer(
     if model.fp8_checkpoint is not None:
         _set_w8a8_scales(model, files, folder, approximate=fp8.approximate, device=device)
     return model.eval().requires_grad_(False)
+
+
+def _check_fp8_compute(fp8_compute: bool, storage_dtype, ops: LinearOps, sharding) -> None:
+    if fp8_compute and (storage_dtype is not None or not issubclass(ops.scaled_linear, Fp8Linear)):
+        raise ValueError("fp8_compute stores the linear weights in FP8 itself, in its own layers (Fp8Linear or a "
+                         "subclass); leave storage_dtype unset.")
+    if fp8_compute and sharding is not None:
+        raise ValueError("fp8_compute rounds each weight with one scale of the whole tensor, which a sharded load "
+                         "never reads whole; load the bf16 checkpoint without it for a tensor-parallel run.")
+
+
+def _layer_class(ops: LinearOps, *, keep_fp8: bool, gguf: bool, storage_dtype, dtype) -> type[torch.nn.Linear]:
+    """The class of every linear layer of this load: GGML blocks, FP8 kept with its scale, or dense (cast per
+    call when a plain ``nn.Linear`` would hold weights stored in another dtype than the compute dtype)."""
+    if gguf:
+        return ops.quantized_linear
+    if keep_fp8:
+        return ops.scaled_linear
+    if ops.linear is torch.nn.Linear and storage_dtype not in (None, dtype):
+        return CastLinear
+    return ops.linear
+
+
+def _wanted_files(files: dict[str, Path], from_gguf: set[str], expected: dict, skip_modules: Sequence[str],
+                  folder: Path) -> dict[str, Path]:
+    """The safetensors tensors to read (by name, with their file), once every key is accounted for: the model's
+    keys less the GGUF's and the scales (read with their weight), against the files' less the skipped and dropped
+    ones. A mismatch is one error naming the first few offenders."""
+    scales = {name for name in expected if name.endswith(".scale_weight")}
+    wanted = {name: path for name, path in files.items()
+              if not _skipped(name, skip_modules) and not is_dropped(name)
+              and not name.endswith(WEIGHT_SCALE_SUFFIXES) and name not in from_gguf}
+    missing = sorted(set(expected) - set(wanted) - from_gguf - scales)
+    unexpected = sorted((set(wanted) | from_gguf) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{folder}: weights do not match config.json — "
+            f"{len(missing)} missing (e.g. {missing[:4]}), {len(unexpected)} unexpected (e.g. {unexpected[:4]}). "
+            "The config and the weights belong to different models, or the download is incomplete."
+        )
+    return wanted
+
+
+@dataclass(frozen=True)
+class _Storage:
+    """How one load keeps what it reads: the compute dtype, the linear weights' storage dtype, the device, and
+    whether the FP8 scales come with the weights (a ModelOpt checkpoint) or are made at load (``fp8_compute``)."""
+
+    folder: Path
+    files: dict[str, Path]
+    dtype: torch.dtype
+    storage_dtype: torch.dtype | None
+    device: torch.device | str
+    modelopt: bool
+    fp8_compute: bool
+
+
+def _read_files(wanted: dict[str, Path], slices: dict, linear_weights: set[str],
+                storage: _Storage) -> dict[str, torch.Tensor]:
+    """The state of the ``wanted`` tensors, read file by file (each tensor, or this rank's slice of it, memory-
+    mapped); a layer's ``scale_weight`` starts at 1 and is set with its weight."""
+    state = {name: torch.ones((), dtype=torch.float32, device=storage.device)
+             for name in slices if name.endswith(".scale_weight")}
+    by_file: dict[Path, list[str]] = {}
+    for name, path in wanted.items():
+        by_file.setdefault(path, []).append(name)
+    for path, names in by_file.items():
+        with _open(path) as f:
+            for name in names:
+                shape, part = slices[name]
+                tensor = _read(f, path, name, shape, part)
+                if name in linear_weights:
+                    _store_linear_weight(state, name, tensor, storage)
+                else:
+                    target = torch.float32 if name.split(".")[0] in KEEP_FP32 else storage.dtype
+                    state[name] = tensor.to(device=storage.device, dtype=target)
+    return state
+
+
+def _store_linear_weight(state: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, storage: _Storage) -> None:
+    """A linear weight into ``state`` as its layer keeps it: stored dtype plus ``scale_weight`` where the layer
+    has one, else dequantized (never a dropped scale)."""
+    scale = _scale_of(name, storage.files, storage.folder) if storage.modelopt else None
+    if storage.fp8_compute and name.startswith("layers."):
+        tensor, scale = quantize_weight(tensor)
+    if tensor.dtype in FP8_DTYPES and scale is None and storage.modelopt:
+        raise missing_scale_error(name, tensor.dtype, str(storage.folder))
+    tensor, scale = stored_linear_weight(tensor, scale, storage.dtype, storage.storage_dtype)
+    state[name] = tensor.to(device=storage.device)
+    scale_name = name[: -len(".weight")] + ".scale_weight"
+    if scale_name in state:
+        state[scale_name] = scale.to(storage.device)
+    elif float(scale) != 1.0:  # a host class without scale_weight: never drop the scale
+        state[name] = (tensor.float() * scale).to(device=storage.device, dtype=storage.dtype)
 
 
 def _open_gguf(path, config: Cosmos3Config, folder: Path, fp8_compute: bool, storage_dtype, sharding) -> GgufFile:
