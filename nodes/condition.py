@@ -49,27 +49,20 @@ class Cosmos3VAEEncodeCond(io.ComfyNode):
     @classmethod
     def execute(cls, model, image: torch.Tensor, width: int, height: int, keep: str = "first",
                 clean_latent_frames: int = 2) -> io.NodeOutput:
-        if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (3, 4):
-            shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-            raise ValueError(
-                f"Cosmos3VAEEncodeCond: image has shape {shape}; expected a ComfyUI IMAGE [frames, H, W, 3]."
-            )
-        stride = defaults.VAE_SPATIAL_STRIDE
-        if width % stride or height % stride:
-            raise ValueError(f"Cosmos3VAEEncodeCond: {width}x{height} is not a multiple of {stride}; use e.g. "
-                             f"{width // stride * stride}x{height // stride * stride} (and the same on "
-                             "Cosmos3TextEncode).")
-        frames = image[..., :3]
-        is_video = frames.shape[0] > 1
-        pipe = model.pipeline
-        model.load_vae(pipe.condition_latent_shape(is_video, clean_latent_frames, height, width))
-        try:
+        with node_errors("Cosmos3VAEEncodeCond"):
+            frames = _check_image_batch(image, "image", items="frames")
+            stride = defaults.VAE_SPATIAL_STRIDE
+            if width % stride or height % stride:
+                raise ValueError(f"{width}x{height} is not a multiple of {stride}; use e.g. "
+                                 f"{width // stride * stride}x{height // stride * stride} (and the same on "
+                                 "Cosmos3TextEncode).")
+            is_video = frames.shape[0] > 1
+            pipe = model.pipeline
+            model.load_vae(pipe.condition_latent_shape(is_video, clean_latent_frames, height, width))
             x0, clean = pipe.vae_encode_condition(
                 image=None if is_video else frames[0], video=frames if is_video else None,
                 height=height, width=width, condition_latent_frames=clean_latent_frames, keep=keep,
             )
-        except ValueError as exc:
-            raise ValueError(f"Cosmos3VAEEncodeCond: {exc}") from exc
         cond = ConditionLatents(x0.to(mm.intermediate_device()), tuple(clean), height, width,
                                 "video-to-video" if is_video else "image-to-video")
         return io.NodeOutput(cond)
@@ -133,10 +126,12 @@ class Cosmos3FirstLastFrame(io.ComfyNode):
                                               "keyframes", num_frames=num_frames))
 
 
-def _check_image_batch(image, name: str) -> None:
+def _check_image_batch(image, name: str, items: str = "images") -> torch.Tensor:
+    """The RGB channels of a ComfyUI IMAGE batch [images, H, W, 3 or 4]; anything else is refused by name."""
     if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (3, 4) or not image.shape[0]:
         shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-        raise ValueError(f"{name} has shape {shape}; expected a ComfyUI IMAGE [images, H, W, 3].")
+        raise ValueError(f"{name} has shape {shape}; expected a ComfyUI IMAGE [{items}, H, W, 3].")
+    return image[..., :3]
 
 
 def _one_image(image, name: str) -> torch.Tensor:

@@ -20,10 +20,12 @@ from ..cosmos3_core.model.loader import checkpoint_fingerprint
 from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
 from ..cosmos3_core.sampling.distilled import read_distilled
 from .core_vae import Cosmos3CoreVAE
+from .errors import node_errors
 from .hub_cache import HUB_KEY, cache_roots, download_fix, hub_revision, hub_snapshots, missing_files
 from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 
+NODE = "Cosmos3Loader"
 FOLDER_KEYS = ("cosmos3", "diffusers")
 GGUF_KEY = "cosmos3_gguf"  # the .gguf files of ComfyUI's diffusion_models folders (register_model_folder)
 GGUF_NONE = "none"
@@ -64,7 +66,7 @@ def gguf_path(gguf: str) -> Path | None:
     path = folder_paths.get_full_path(GGUF_KEY, gguf) if GGUF_KEY in folder_paths.folder_names_and_paths else None
     if path is None:
         folders = ", ".join(folder_paths.get_folder_paths("diffusion_models"))
-        raise ValueError(f"Cosmos3Loader: gguf file {gguf!r} was not found in {folders}; put the .gguf file there "
+        raise ValueError(f"gguf file {gguf!r} was not found in {folders}; put the .gguf file there "
                          "(python -m cosmos3_core.gguf writes one from a checkpoint), press r to refresh, then pick "
                          "it — or set gguf to none.")
     return Path(path)
@@ -195,7 +197,7 @@ def check_snapshot_complete(name: str, path: Path) -> None:
         return
     missing = missing_files(path)
     if missing:
-        raise ValueError(f"Cosmos3Loader: checkpoint {name!r} ({path}) lacks {', '.join(missing[:4])}"
+        raise ValueError(f"checkpoint {name!r} ({path}) lacks {', '.join(missing[:4])}"
                          f"{' …' if len(missing) > 4 else ''}: its download stopped before it finished. Complete it "
                          f"with: {download_fix(path, missing)}")
 
@@ -205,7 +207,7 @@ class Cosmos3Loader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         names = list(find_checkpoints()) or [NONE_FOUND]
         return io.Schema(
-            node_id="Cosmos3Loader",
+            node_id=NODE,
             display_name="Load Cosmos3 Checkpoint",
             category=CATEGORY,
             description="Loads a Cosmos3 (Nano/Edge/Super) checkpoint folder in the Hugging Face layout; a distilled "
@@ -272,47 +274,62 @@ class Cosmos3Loader(io.ComfyNode):
     @classmethod
     def execute(cls, checkpoint: str, dtype: str = "auto", device: str = "default",
                 weight_dtype: str = "auto", gguf: str = GGUF_NONE) -> io.NodeOutput:
-        if dtype not in ("auto", *DTYPES):
-            raise ValueError(f"Cosmos3Loader: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}.")
-        if device not in ("default", "cpu"):
-            raise ValueError(f"Cosmos3Loader: device {device!r} is not one of default, cpu.")
-        if weight_dtype not in WEIGHT_DTYPE_CHOICES:
-            raise ValueError(f"Cosmos3Loader: weight_dtype {weight_dtype!r} is not one of "
-                             f"{', '.join(WEIGHT_DTYPE_CHOICES)}.")
-        gguf_file = gguf_path(gguf)
-        if gguf_file is not None and weight_dtype != "auto":
-            raise ValueError(f"Cosmos3Loader: weight_dtype {weight_dtype!r} does not apply to a GGUF file, whose "
-                             f"weights stay in their GGML types; set weight_dtype to auto (or gguf to none).")
-        resolved = resolve_checkpoint(checkpoint)
-        if resolved is None:
-            raise ValueError(missing_checkpoint_message(checkpoint))
-        name, path = resolved
-        check_snapshot_complete(name, path)
-        if name != checkpoint:
-            _log.info("Cosmos3Loader: no checkpoint folder is named %r; loading %r (%s), the only %s checkpoint "
-                      "found (%s to change it).", checkpoint, name, path, checkpoint_kind(path), PICK)
-        if dtype == "auto":
-            gpu = device == "default" and mm.get_torch_device().type != "cpu"
-            torch_dtype = torch.bfloat16 if gpu and mm.should_use_bf16(mm.get_torch_device()) else torch.float32
-        else:
-            torch_dtype = DTYPES[dtype]
-        load_device = mm.get_torch_device() if device == "default" else torch.device("cpu")
-        weight_dtype, fp8_compute = fp8_compute_choice(weight_dtype, load_device)
-        storage = WEIGHT_DTYPES[weight_dtype]
-        if storage is not None:
+        with node_errors(NODE):
+            name, path, gguf_file = _checked_sources(checkpoint, gguf, dtype, device, weight_dtype)
+            torch_dtype, load_device = _compute_dtype(dtype, device), _load_device(device)
+            weight_dtype, fp8_compute = fp8_compute_choice(weight_dtype, load_device)
+            storage = WEIGHT_DTYPES[weight_dtype]
+            if storage is not None:
+                _check_storage(weight_dtype, storage, load_device)
             try:
-                if not mm.supports_cast(load_device, storage):
-                    raise ValueError(f"ComfyUI cannot cast {weight_dtype} on this device")
-                check_storage_device(storage, load_device)
-            except ValueError as exc:
-                raise ValueError(
-                    f"Cosmos3Loader: weight_dtype {weight_dtype!r} is not supported on {load_device} ({exc}); set "
-                    "weight_dtype to bf16 or fp16 (or auto), or device to cpu."
-                ) from exc
-        try:
-            handle = Cosmos3ModelHandle.load(name, path, torch_dtype, device, storage, gguf_file=gguf_file,
-                                             fp8_compute=fp8_compute)
-        except (ValueError, FileNotFoundError) as exc:
-            what = f"checkpoint {name!r}" + (f" with gguf {gguf!r}" if gguf_file is not None else "")
-            raise ValueError(f"Cosmos3Loader: {what} cannot be loaded: {exc}") from exc
+                handle = Cosmos3ModelHandle.load(name, path, torch_dtype, device, storage, gguf_file=gguf_file,
+                                                 fp8_compute=fp8_compute)
+            except (ValueError, FileNotFoundError) as exc:
+                what = f"checkpoint {name!r}" + (f" with gguf {gguf!r}" if gguf_file is not None else "")
+                raise ValueError(f"{what} cannot be loaded: {exc}") from exc
         return io.NodeOutput(handle, Cosmos3CoreVAE(handle.pipeline.vae, handle.vae_patcher.load_device, name))
+
+
+def _checked_sources(checkpoint: str, gguf: str, dtype: str, device: str, weight_dtype: str):
+    """(name, folder, GGUF file or None) of a load, once every widget value is one the loader knows."""
+    if dtype not in ("auto", *DTYPES):
+        raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}.")
+    if device not in ("default", "cpu"):
+        raise ValueError(f"device {device!r} is not one of default, cpu.")
+    if weight_dtype not in WEIGHT_DTYPE_CHOICES:
+        raise ValueError(f"weight_dtype {weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPE_CHOICES)}.")
+    gguf_file = gguf_path(gguf)
+    if gguf_file is not None and weight_dtype != "auto":
+        raise ValueError(f"weight_dtype {weight_dtype!r} does not apply to a GGUF file, whose weights stay in their "
+                         "GGML types; set weight_dtype to auto (or gguf to none).")
+    resolved = resolve_checkpoint(checkpoint)
+    if resolved is None:
+        raise ValueError(missing_checkpoint_message(checkpoint))
+    name, path = resolved
+    check_snapshot_complete(name, path)
+    if name != checkpoint:
+        _log.info("Cosmos3Loader: no checkpoint folder is named %r; loading %r (%s), the only %s checkpoint "
+                  "found (%s to change it).", checkpoint, name, path, checkpoint_kind(path), PICK)
+    return name, path, gguf_file
+
+
+def _compute_dtype(dtype: str, device: str) -> torch.dtype:
+    """``auto``: bf16 on a GPU that computes it well (ComfyUI's own test), else fp32."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    gpu = device == "default" and mm.get_torch_device().type != "cpu"
+    return torch.bfloat16 if gpu and mm.should_use_bf16(mm.get_torch_device()) else torch.float32
+
+
+def _load_device(device: str) -> torch.device:
+    return mm.get_torch_device() if device == "default" else torch.device("cpu")
+
+
+def _check_storage(weight_dtype: str, storage: torch.dtype, load_device: torch.device) -> None:
+    try:
+        if not mm.supports_cast(load_device, storage):
+            raise ValueError(f"ComfyUI cannot cast {weight_dtype} on this device")
+        check_storage_device(storage, load_device)
+    except ValueError as exc:
+        raise ValueError(f"weight_dtype {weight_dtype!r} is not supported on {load_device} ({exc}); set "
+                         "weight_dtype to bf16 or fp16 (or auto), or device to cpu.") from exc

@@ -118,10 +118,10 @@ class Cosmos3LongVideo(io.ComfyNode):
                 **control_inputs) -> io.NodeOutput:
         controls = {k: v for k, v in control_inputs.items() if k in CONTROL_KEYS and v is not None} or None
         prompts = split_window_prompts(prompt)
-        if image is not None and image.shape[0] != 1:
-            raise ValueError(f"{NODE}: image holds {image.shape[0]} frames; connect one image for image-to-video "
-                             "(or connect the frames to `video`, whose first frames then seed the first window).")
         with node_errors(NODE):
+            if image is not None and image.shape[0] != 1:
+                raise ValueError(f"image holds {image.shape[0]} frames; connect one image for image-to-video (or "
+                                 "connect the frames to `video`, whose first frames then seed the first window).")
             fast = fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format)
         request = Request(
             prompt=prompts[0] if len(prompts) == 1 else prompts,

@@ -25,8 +25,10 @@ import torch
 from comfy_api.latest import io
 
 from ..cosmos3_core.model.lora import LoraError, LoraPatch, check_patch, check_strength, read_lora
+from .errors import node_errors
 from .types import CATEGORY, Cosmos3Model
 
+NODE = "Cosmos3LoraLoader"
 NONE_FOUND = "(no LoRA in models/loras)"
 
 
@@ -79,7 +81,7 @@ class Cosmos3LoraLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         names = folder_paths.get_filename_list("loras") or [NONE_FOUND]
         return io.Schema(
-            node_id="Cosmos3LoraLoader",
+            node_id=NODE,
             display_name="Cosmos3 LoRA Loader",
             category=CATEGORY,
             description="Applies a Cosmos3 LoRA — PEFT/diffusers or kohya LoRA, LyCORIS LoKr (SimpleTuner) or LoHa — "
@@ -98,37 +100,25 @@ class Cosmos3LoraLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, lora_name: str, strength: float = 1.0) -> io.NodeOutput:
-        try:
-            strength = check_strength(strength)
-        except LoraError as exc:
-            raise ValueError(f"Cosmos3LoraLoader: {exc} Set strength between -10 and 10.") from exc
-        path = folder_paths.get_full_path("loras", lora_name)
-        folder = next((p for base in folder_paths.get_folder_paths("loras")
-                       if os.path.isdir(p := os.path.join(base, lora_name))), None)
-        if path is None and folder is not None:
-            raise ValueError(f"Cosmos3LoraLoader: lora_name {lora_name!r} is a folder ({folder}), not a LoRA file; "
-                             "pick the .safetensors file inside it, or rename the folder.")
-        if path is None:
-            raise ValueError(f"Cosmos3LoraLoader: LoRA {lora_name!r} was not found; put the .safetensors file under "
-                             f"{', '.join(folder_paths.get_folder_paths('loras'))} and refresh.")
         text, gen = model.text_patcher.clone(), model.generation_patcher.clone()
         targets = {**{m: (text, *v) for m, v in _linear_layers(text).items()},
                    **{m: (gen, *v) for m, v in _linear_layers(gen).items()}}
-        try:
+        with node_errors(NODE):
+            try:
+                strength = check_strength(strength)
+            except LoraError as exc:
+                raise ValueError(f"{exc} Set strength between -10 and 10.") from exc
+            path = _lora_file(lora_name)
             lora = read_lora(path, {m: shape for m, (_, _, shape) in targets.items()})
-        except LoraError as exc:
-            raise ValueError(f"Cosmos3LoraLoader: {exc}") from exc
-        if strength == 0.0:  # checked, and off: the model exactly as it came in
-            return io.NodeOutput(model)
-        try:  # a change that overflows the compute dtype or dwarfs its weight would wreck the output silently
+            if strength == 0.0:  # checked, and off: the model exactly as it came in
+                return io.NodeOutput(model)
+            # a change that overflows the compute dtype or dwarfs its weight would wreck the output silently
             for module, patch in lora.items():
                 patcher, key, _ = targets[module]
                 layer = comfy.utils.get_attr(patcher.model, key.rsplit(".", 1)[0])
                 scale = getattr(layer, "scale_weight", None)  # an NVIDIA FP8 checkpoint: weight · scale is the weight
                 weight = layer.weight if scale is None else layer.weight.float() * scale.float()
                 check_patch(patch, weight, module, os.path.basename(path), strength, model.dtype)
-        except LoraError as exc:
-            raise ValueError(f"Cosmos3LoraLoader: {exc}") from exc
         adapters = _adapter_classes()
         patches = {text: {}, gen: {}}
         for module, patch in lora.items():
@@ -138,3 +128,17 @@ class Cosmos3LoraLoader(io.ComfyNode):
             if patch:
                 patcher.add_patches(patch, strength)
         return io.NodeOutput(dataclasses.replace(model, text_patcher=text, generation_patcher=gen))
+
+
+def _lora_file(lora_name: str) -> str:
+    """The file ``lora_name`` stands for under ComfyUI's loras folders; a folder or a missing name is refused."""
+    path = folder_paths.get_full_path("loras", lora_name)
+    if path is not None:
+        return path
+    folder = next((p for base in folder_paths.get_folder_paths("loras")
+                   if os.path.isdir(p := os.path.join(base, lora_name))), None)
+    if folder is not None:
+        raise ValueError(f"lora_name {lora_name!r} is a folder ({folder}), not a LoRA file; pick the .safetensors "
+                         "file inside it, or rename the folder.")
+    raise ValueError(f"LoRA {lora_name!r} was not found; put the .safetensors file under "
+                     f"{', '.join(folder_paths.get_folder_paths('loras'))} and refresh.")
