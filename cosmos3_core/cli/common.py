@@ -25,7 +25,7 @@ from ..request import Request, Resolved
 from ..runtime import COMPILE_MODES, RuntimeOptions
 from ..sampling.sea_cache import DEFAULTS as SEA_CACHE_DEFAULTS
 from ..sampling.sea_cache import SeaCacheConfig
-from .interrupt import end_status_line, interrupted, status_line
+from .interrupt import end_status_line, raise_if_interrupted, status_line
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -254,6 +254,7 @@ def removed_if_unfinished(path):
     """Deletes ``path`` when the block fails or is interrupted, so no half-written file is left behind."""
     try:
         yield
+        raise_if_interrupted()  # a Ctrl-C that Python dropped while the file was written (interrupt.py)
     except BaseException:
         Path(path).unlink(missing_ok=True)
         raise
@@ -377,16 +378,17 @@ def decode_while_encoding(args: argparse.Namespace, pipe, resolved: Resolved, ou
 
 def run_reporting_user_errors(run_fn, args: argparse.Namespace):
     """``(True, run_fn(args))``, or ``(False, None)`` after printing one ``error:`` line for a user mistake
-    (bad argument, missing or damaged file) — never a traceback for those. Ctrl-C prints one line and exits with
-    status 130 (the shell's convention for SIGINT). Shared by the package's CLIs."""
+    (bad argument, missing or damaged file) — never a traceback for those. Ctrl-C is ``KeyboardInterrupt``, also
+    when Python lost its first one (``interrupt.py``; ``run_cli`` prints its line). Shared by the package's CLIs."""
     try:
-        return True, run_fn(args)
+        result = run_fn(args)
+        raise_if_interrupted()  # before the caller prints the result
+        return True, result
     except (ValueError, FileNotFoundError, CheckpointError) as exc:
+        raise_if_interrupted()  # a Ctrl-C that surfaced as another error
         end_status_line()
         print(f"error: {exc}", file=sys.stderr)
         return False, None
-    except KeyboardInterrupt:
-        raise SystemExit(interrupted()) from None
 
 
 def print_timings(timings: dict[str, float], out: str) -> None:
