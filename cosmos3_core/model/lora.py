@@ -280,90 +280,111 @@ def _matrix(parts: dict, part: str, key: str, name: str, allow_4d: bool = False)
     return t
 
 
-def _build(kind: str, parts: dict, key: str, module: str, config: dict, name: str) -> LoraPatch:
-    alpha = _alpha(parts, key, name)
+def _check_parts(kind: str, parts: dict, key: str, name: str) -> None:
+    """Every tensor a ``kind`` adapter needs is there (LoKr: each side whole or as a pair; LoHa: Tucker cores both
+    or none)."""
     if kind == "lokr":
         for side in ("1", "2"):
             full, pair = f"w{side}" in parts, f"w{side}_a" in parts or f"w{side}_b" in parts
             if full == pair or (pair and not {f"w{side}_a", f"w{side}_b"} <= set(parts)):
                 raise LoraError(f"LoRA {name}: {key} needs lokr_w{side} or both lokr_w{side}_a and lokr_w{side}_b "
                                 f"(it has {sorted('lokr_' + p for p in parts)}); the file is incomplete.")
-    else:
-        names = ({"down": "lora_A/lora_down", "up": "lora_B/lora_up"} if kind == "lora"
-                 else {p: "hada_" + p for p in ("w1_a", "w1_b", "w2_a", "w2_b", "t1", "t2")})
-        missing = [p for p in (("down", "up") if kind == "lora" else ("w1_a", "w1_b", "w2_a", "w2_b"))
-                   if p not in parts]
-        if kind == "loha" and ("t1" in parts) != ("t2" in parts):
-            missing.append("t2" if "t1" in parts else "t1")
-        if missing:
-            raise LoraError(f"LoRA {name}: {key} has no {', '.join(names[p] for p in missing)} weight; the file is "
-                            "incomplete.")
+        return
+    names = ({"down": "lora_A/lora_down", "up": "lora_B/lora_up"} if kind == "lora"
+             else {p: "hada_" + p for p in ("w1_a", "w1_b", "w2_a", "w2_b", "t1", "t2")})
+    missing = [p for p in (("down", "up") if kind == "lora" else ("w1_a", "w1_b", "w2_a", "w2_b")) if p not in parts]
+    if kind == "loha" and ("t1" in parts) != ("t2" in parts):
+        missing.append("t2" if "t1" in parts else "t1")
+    if missing:
+        raise LoraError(f"LoRA {name}: {key} has no {', '.join(names[p] for p in missing)} weight; the file is "
+                        "incomplete.")
+
+
+@dataclass(frozen=True)
+class _Adapter:
+    """One layer's adapter tensors as read, with what the messages about them name."""
+
+    tensors: dict
+    key: str  # the layer's key in the file
+    name: str  # the file's name
+
+    def mismatch(self, detail: str) -> LoraError:
+        shapes = ", ".join(f"{p} {tuple(v.shape)}" for p, v in sorted(self.tensors.items()))
+        return LoraError(f"LoRA {self.name}: rank mismatch at {self.key}: {shapes} ({detail}); the file is damaged "
+                         "or not made for linear layers.")
+
+    def rank_zero(self) -> LoraError:
+        return LoraError(f"LoRA {self.name}: {self.key} has rank 0; it changes nothing and cannot be scaled — the "
+                         "file is damaged.")
+
+
+def _lora_scale(adapter: _Adapter, alpha: float | None, module: str, config: dict) -> float:
+    """``alpha / r`` (PEFT's ``rank_pattern``/``alpha_pattern``/``use_rslora`` where the file has no alpha)."""
+    down, up = adapter.tensors["down"], adapter.tensors["up"]
+    if down.shape[0] != up.shape[1]:
+        raise adapter.mismatch("lora_A/down is [r, in] and lora_B/up [out, r] with the same r")
+    r = int(down.shape[0])
+    if r == 0:
+        raise LoraError(f"LoRA {adapter.name}: {adapter.key} has rank 0 (lora_A/down {tuple(down.shape)}, "
+                        f"lora_B/up {tuple(up.shape)}): it changes nothing and cannot be scaled; the file is damaged.")
+    if alpha is not None:
+        return alpha / r
+    rank = _pattern_value(config.get("rank_pattern"), module, config.get("r", r))
+    alpha = _pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank))
+    return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+
+
+def _factor_rank(adapter: _Adapter, side: str, prefix: str, roles: tuple[str, str]) -> int:
+    """The rank of one factorised side (``w{side}_a @ w{side}_b``, or Tucker with core ``t{side}``)."""
+    a, b, core = adapter.tensors[f"w{side}_a"], adapter.tensors[f"w{side}_b"], adapter.tensors.get(f"t{side}")
+    if core is None and a.shape[1] != b.shape[0]:
+        raise adapter.mismatch(f"{prefix}_w{side}_a is [{roles[0]}, r] and {prefix}_w{side}_b [r, {roles[1]}]")
+    if core is not None and not (core.shape[0] == a.shape[0] and core.shape[1] == b.shape[0]):
+        raise adapter.mismatch(f"Tucker: {prefix}_t{side} is [r, r], {prefix}_w{side}_a [r, {roles[0]}], "
+                               f"{prefix}_w{side}_b [r, {roles[1]}]")
+    return int(b.shape[0])
+
+
+def _loha_scale(adapter: _Adapter, alpha: float | None, _module: str, _config: dict) -> float:
+    ranks = [_factor_rank(adapter, side, "hada", ("out", "in")) for side in ("1", "2")]
+    if 0 in ranks:
+        raise adapter.rank_zero()
+    if _side_shape(adapter.tensors, 1) != _side_shape(adapter.tensors, 2):
+        raise adapter.mismatch("both Hadamard factors must have the layer's [out, in] shape")
+    return (alpha / ranks[0]) if alpha is not None else 1.0
+
+
+def _lokr_scale(adapter: _Adapter, alpha: float | None, _module: str, _config: dict) -> float:
+    tensors, ranks = adapter.tensors, []
+    if "w1_a" in tensors:
+        if tensors["w1_a"].shape[1] != tensors["w1_b"].shape[0]:
+            raise adapter.mismatch("lokr_w1_a is [a, r] and lokr_w1_b [r, c]")
+        ranks.append(int(tensors["w1_b"].shape[0]))
+    if "w2_a" in tensors:
+        ranks.append(_factor_rank(adapter, "2", "lokr", ("b", "d")))
+    elif "t2" in tensors:
+        raise adapter.mismatch("lokr_t2 goes with lokr_w2_a and lokr_w2_b, not with a full lokr_w2")
+    if len(set(ranks)) > 1:
+        raise adapter.mismatch("both factorised sides must share one rank")
+    if 0 in ranks:
+        raise adapter.rank_zero()
+    return 1.0 if not ranks or alpha is None else alpha / ranks[0]
+
+
+_SCALES = {"lora": _lora_scale, "loha": _loha_scale, "lokr": _lokr_scale}
+
+
+def _build(kind: str, parts: dict, key: str, module: str, config: dict, name: str) -> LoraPatch:
+    """One layer's patch: its tensors checked (present, 2-D, ranks that agree) and its scale."""
+    alpha = _alpha(parts, key, name)
+    _check_parts(kind, parts, key, name)
     tensors = {p: _matrix(parts, p, key, name, allow_4d=p.startswith("t")) for p in parts}
-
-    def bad(detail: str):
-        shapes = ", ".join(f"{p} {tuple(v.shape)}" for p, v in sorted(tensors.items()))
-        return LoraError(f"LoRA {name}: rank mismatch at {key}: {shapes} ({detail}); the file is damaged or not "
-                         "made for linear layers.")
-
-    if kind == "lora":
-        down, up = tensors["down"], tensors["up"]
-        if down.shape[0] != up.shape[1]:
-            raise bad("lora_A/down is [r, in] and lora_B/up [out, r] with the same r")
-        r = int(down.shape[0])
-        if r == 0:
-            raise LoraError(f"LoRA {name}: {key} has rank 0 (lora_A/down {tuple(down.shape)}, lora_B/up "
-                            f"{tuple(up.shape)}): it changes nothing and cannot be scaled; the file is damaged.")
-        if alpha is not None:
-            scale = alpha / r
-        else:
-            rank = _pattern_value(config.get("rank_pattern"), module, config.get("r", r))
-            alpha = _pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", rank))
-            scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
-    elif kind == "loha":
-        ranks = []
-        for i in ("1", "2"):
-            a, b = tensors[f"w{i}_a"], tensors[f"w{i}_b"]
-            core = tensors.get(f"t{i}")
-            if core is None and a.shape[1] != b.shape[0]:
-                raise bad(f"hada_w{i}_a is [out, r] and hada_w{i}_b [r, in]")
-            if core is not None and not (core.shape[0] == a.shape[0] and core.shape[1] == b.shape[0]):
-                raise bad(f"Tucker: hada_t{i} is [r, r], hada_w{i}_a [r, out], hada_w{i}_b [r, in]")
-            ranks.append(int(b.shape[0]))
-        if 0 in ranks:
-            raise LoraError(f"LoRA {name}: {key} has rank 0; it changes nothing and cannot be scaled — the file is "
-                            "damaged.")
-        if _side_shape(tensors, 1) != _side_shape(tensors, 2):
-            raise bad("both Hadamard factors must have the layer's [out, in] shape")
-        scale = (alpha / ranks[0]) if alpha is not None else 1.0
-    else:
-        ranks = []
-        if "w1_a" in tensors:
-            if tensors["w1_a"].shape[1] != tensors["w1_b"].shape[0]:
-                raise bad("lokr_w1_a is [a, r] and lokr_w1_b [r, c]")
-            ranks.append(int(tensors["w1_b"].shape[0]))
-        if "w2_a" in tensors:
-            a, b, core = tensors["w2_a"], tensors["w2_b"], tensors.get("t2")
-            if core is None and a.shape[1] != b.shape[0]:
-                raise bad("lokr_w2_a is [b, r] and lokr_w2_b [r, d]")
-            if core is not None and not (core.shape[0] == a.shape[0] and core.shape[1] == b.shape[0]):
-                raise bad("Tucker: lokr_t2 is [r, r], lokr_w2_a [r, b], lokr_w2_b [r, d]")
-            ranks.append(int(b.shape[0]))
-        elif "t2" in tensors:
-            raise bad("lokr_t2 goes with lokr_w2_a and lokr_w2_b, not with a full lokr_w2")
-        if len(set(ranks)) > 1:
-            raise bad("both factorised sides must share one rank")
-        if 0 in ranks:
-            raise LoraError(f"LoRA {name}: {key} has rank 0; it changes nothing and cannot be scaled — the file is "
-                            "damaged.")
-        scale = 1.0 if not ranks or alpha is None else alpha / ranks[0]
+    scale = _SCALES[kind](_Adapter(tensors, key, name), alpha, module, config)
     return LoraPatch(kind, tensors, float(scale), key)
 
 
-def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[str, LoraPatch]:
-    """module name → ``LoraPatch`` for every adapted layer of a LoRA/LoKr/LoHa safetensors file, checked against
-    ``shapes`` (the checkpoint's linear layers: module name → ``(out, in)``)."""
-    path = Path(path)
-    name = path.name
+def _read_tensors(path: Path, name: str) -> tuple[dict | None, dict[str, torch.Tensor]]:
+    """The file's metadata and tensors, all finite."""
     if path.is_dir():
         raise LoraError(f"LoRA {name} is a folder, not a LoRA file; pick the .safetensors file inside it (or rename "
                         "the folder).")
@@ -379,7 +400,11 @@ def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[s
             bad = int((~torch.isfinite(tensor)).sum())
             raise LoraError(f"LoRA {name}: tensor {key} holds {bad} NaN/inf values; the file is damaged (or its "
                             "training diverged) — download it again or use an earlier checkpoint of that training.")
-    config = _peft_config(raw_meta, path, name)
+    return raw_meta, tensors
+
+
+def _group(tensors: dict[str, torch.Tensor], name: str) -> tuple[dict, dict]:
+    """``(module, flat)`` → its parts, and → its one adapter kind; every key in a layout this loader reads."""
     groups: dict[tuple[str, bool], dict[str, torch.Tensor]] = {}
     kinds: dict[tuple[str, bool], set[str]] = {}
     refused, other = {}, []
@@ -406,6 +431,12 @@ def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[s
     if other:
         raise LoraError(f"LoRA {name}: {len(other)} keys are in no LoRA layout this loader reads (e.g. {other[:3]}); "
                         f"supported: {SUPPORTED}.")
+    _check_kinds(groups, kinds, name)
+    return groups, kinds
+
+
+def _check_kinds(groups: dict, kinds: dict, name: str) -> None:
+    """Some adapter weights, none without a kind (an alpha alone), none of two kinds."""
     if not kinds:
         raise LoraError(f"LoRA {name} holds no adapter weights; it is not a LoRA file (supported: {SUPPORTED}).")
     lonely = [m for m in groups if m not in kinds]
@@ -416,6 +447,16 @@ def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[s
     if mixed:
         raise LoraError(f"LoRA {name}: {mixed[0][0]} mixes {' and '.join(sorted(kinds[mixed[0]]))} tensors; "
                         "the file is damaged.")
+
+
+def read_lora(path: str | Path, shapes: Mapping[str, tuple[int, int]]) -> dict[str, LoraPatch]:
+    """module name → ``LoraPatch`` for every adapted layer of a LoRA/LoKr/LoHa safetensors file, checked against
+    ``shapes`` (the checkpoint's linear layers: module name → ``(out, in)``)."""
+    path = Path(path)
+    name = path.name
+    raw_meta, tensors = _read_tensors(path, name)
+    config = _peft_config(raw_meta, path, name)
+    groups, kinds = _group(tensors, name)
     out = {}
     for module, group in _resolve(groups, shapes, name).items():
         (kind,) = kinds[group]
