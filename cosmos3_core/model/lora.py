@@ -356,10 +356,8 @@ def _loha_scale(adapter: _Adapter, alpha: float | None, _module: str, _config: d
 
 def _lokr_scale(adapter: _Adapter, alpha: float | None, _module: str, _config: dict) -> float:
     tensors, ranks = adapter.tensors, []
-    if "w1_a" in tensors:
-        if tensors["w1_a"].shape[1] != tensors["w1_b"].shape[0]:
-            raise adapter.mismatch("lokr_w1_a is [a, r] and lokr_w1_b [r, c]")
-        ranks.append(int(tensors["w1_b"].shape[0]))
+    if "w1_a" in tensors:  # no core on this side (lokr_t1 is refused when the file is read)
+        ranks.append(_factor_rank(adapter, "1", "lokr", ("a", "c")))
     if "w2_a" in tensors:
         ranks.append(_factor_rank(adapter, "2", "lokr", ("b", "d")))
     elif "t2" in tensors:
