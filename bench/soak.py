@@ -770,7 +770,9 @@ def stage_soak(args, res: Results) -> None:
                     soak.concurrent(phase, PLAN[phase], extra=[("C", [drop])])
                 else:
                     soak.concurrent(phase, PLAN[phase])
-                res.data.setdefault("phase_s", {})[phase] = round(time.monotonic() - p0, 1)
+                times = res.data.setdefault("phase_s", {})
+                key = phase if phase not in times else f"{phase}#{sum(k.split('#')[0] == phase for k in times) + 1}"
+                times[key] = round(time.monotonic() - p0, 1)
                 res.save()
         finally:
             res.data["soak_s"] = round(time.monotonic() - t0, 1)
