@@ -63,18 +63,32 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])  # ModelPatcher.backup's entries
 
 
-class StreamingLinear(comfy.ops.disable_weight_init.Linear):
+class _OwnHostState:
+    """``comfy.ops`` layer state held by each layer from the start: ``comfy_cast_weights`` (its class's value),
+    ``weight_function`` and ``bias_function`` (empty lists of its own). ComfyUI's unpatch after a partial load
+    writes them onto the layer (``wipe_lowvram_weight``); a compiled generation layer guards on whether the layer's
+    ``__dict__`` holds them, so a layer that started with only its class's values had every compiled graph made
+    again after a small-card episode, and the graph kept on disk replaced by that variant."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.comfy_cast_weights = type(self).comfy_cast_weights
+        self.weight_function = []
+        self.bias_function = []
+
+
+class StreamingLinear(_OwnHostState, comfy.ops.disable_weight_init.Linear):
     """ComfyUI's weight-streaming Linear, defined at a module's top level: a compiled generation layer is saved to
     disk whole (kernels/precompiled.py) with the classes of its modules, and torch saves only top-level classes
     (``comfy.ops.disable_weight_init.Linear`` is nested in a class), so with ComfyUI's own class every new server
     process would trace and compile the layer again."""
 
 
-class CastStreamingLinear(comfy.ops.manual_cast.Linear):
+class CastStreamingLinear(_OwnHostState, comfy.ops.manual_cast.Linear):
     """ComfyUI's cast-at-each-call Linear (weights stored in another dtype), at top level for the same reason."""
 
 
-class StreamingGgufLinear(GgufLinear, comfy.ops.CastWeightBiasOp):
+class StreamingGgufLinear(_OwnHostState, GgufLinear, comfy.ops.CastWeightBiasOp):
     """The core's GGUF linear (``gguf_quants.GgufLinear``: GGML blocks dequantized at each call) as a ComfyUI layer:
     its bytes stream from the offload device when the tower is partially loaded (``comfy_cast_weights``), and
     ComfyUI's weight patches (LoRA) apply to the dequantized float32 weight at each call (``weight_function``,
@@ -91,7 +105,7 @@ class StreamingGgufLinear(GgufLinear, comfy.ops.CastWeightBiasOp):
         return self.forward_with(x, weight, bias, self.weight_function)
 
 
-class StreamingFp8Linear(Fp8Linear, comfy.ops.CastWeightBiasOp):
+class StreamingFp8Linear(_OwnHostState, Fp8Linear, comfy.ops.CastWeightBiasOp):
     """The core's FP8 linear (``fp8.Fp8Linear``: an NVIDIA ModelOpt FP8 layer, or a bf16 checkpoint's weight
     quantized at load for ``fp8_e4m3fn_fast``) as a ComfyUI layer, so that its W8A16 and W8A8 forwards (the step
     policy picks, ``fp8.run_linear``) also run with ComfyUI's streaming and LoRA.

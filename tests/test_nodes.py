@@ -493,6 +493,36 @@ def test_partially_loaded_generation_tower_streams_weights_and_matches(host):
     assert torch.allclose(partial.latents, full.latents, rtol=1e-5, atol=1e-6)
 
 
+def test_compiled_layer_survives_a_partial_load(host, monkeypatch, tmp_path):
+    """A compiled generation layer is reused after a lowvram episode. ComfyUI's unpatch after a partial load leaves
+    ``comfy_cast_weights`` / ``weight_function`` / ``bias_function`` as instance attributes where the layer had only
+    its class's; the graph's guards read them (``comfy.ops`` forward), so without the pack's layers holding them from
+    the start every kind of job compiled its graph again after a small-card episode, and the file kept on disk was
+    overwritten with that variant, which the next server then compiled again (found by the soak on an H100:
+    "does not fit this call's inputs ... ___dict_contains('comfy_cast_weights', ...)")."""
+    import sys
+
+    from cosmos3_core.runtime import RuntimeOptions
+
+    monkeypatch.setenv("COSMOS3_CACHE_DIR", str(tmp_path))
+    handle = host.node_class_mappings["Cosmos3Loader"].execute(checkpoint=TINY_NANO, dtype="fp32",
+                                                               device="default").args[0]
+    pipe = handle.pipeline
+    core = type(pipe).__module__.rsplit(".", 1)[0]  # the pack's copy of the core, which the pipeline runs
+    options = RuntimeOptions(compile="on", compile_backend="aot_eager", device_type="cpu")
+    layer = sys.modules[f"{core}.model.transformer"].generation_layer_fn(options)
+    text = pipe.encode_text("a red robot", None, num_frames=9, height=64, width=96, fps=24.0)
+    first = pipe.run(api.plan(pipe, text, seed=3, steps=2, options=options)).latents
+    graphs = sum(len(v) for v in layer._by_key.values())
+    made = layer.compiled + layer.loaded
+    patcher = handle.generation_patcher
+    patcher.patch_model(device_to=patcher.load_device, lowvram_model_memory=1, load_weights=True)
+    patcher.unpatch_model(patcher.offload_device)
+    again = pipe.run(api.plan(pipe, text, seed=3, steps=2, options=options)).latents
+    assert (layer.compiled + layer.loaded, sum(len(v) for v in layer._by_key.values())) == (made, graphs)
+    assert torch.equal(again, first)
+
+
 def test_partial_load_brings_unstreamable_modules_along(host):
     """ComfyUI's partial load leaves whatever does not fit on the offload device; only comfy.ops layers can stream
     from there. The handle picks the rest (norms, embeddings, loose parameters) to follow the tower to the load
