@@ -485,7 +485,7 @@ def compact_probe(p: dict | None) -> dict | None:
         c, pr = s.get("cuda") or {}, s.get("proc") or {}
         return dict(gpu_allocated=c.get("allocated"), gpu_reserved=c.get("reserved"), gpu_active=c.get("active"),
                     gpu_peak=c.get("peak_allocated"), device_used=(c["device_total"] - c["device_free"]) if c else None,
-                    rss=pr.get("VmRSS"), vm_lck=pr.get("VmLck"), vm_pin=pr.get("VmPin"), threads=pr.get("Threads"),
+                    rss=pr.get("VmRSS"), heap=s.get("heap"), vm_lck=pr.get("VmLck"), vm_pin=pr.get("VmPin"), threads=pr.get("Threads"),
                     fds=s.get("fds"), pinned=s.get("pinned"), compiled=s.get("compiled"), models=s.get("models"))
     return dict(started=p["started"], ended=p["ended"], raw=one(p["raw"]), after=one(p["after"]))
 
@@ -534,7 +534,8 @@ def job_line(r: dict) -> str:
     where = f" @{r.get('node_type')}" if r.get("status") in ("interrupted", "error") else ""
     return (f"[job {r['n']:3d}] {r['phase']:6s} {r['client']} {r['name']:12s} {r['status']:11s}{where} "
             f"{'ok ' if r.get('ok') else 'BAD'} {r.get('seconds')}s alloc {mb(a.get('gpu_allocated'))}MB "
-            f"res {mb(a.get('gpu_reserved'))}MB rss {mb(a.get('rss'))}MB fds {fds.get('total')} "
+            f"res {mb(a.get('gpu_reserved'))}MB rss {mb(a.get('rss'))}MB heap {mb((a.get('heap') or {}).get('in_use'))}MB "
+            f"fds {fds.get('total')} "
             f"pinned {mb((a.get('pinned') or {}).get('comfy_pinned'))}MB graphs {comp.get('pack_graphs')}/"
             f"{comp.get('dynamo_unique_graphs')}" + (f" | {r.get('error_first_line') or r.get('error', '')[:200]}"
                                                      if r.get("status") == "error" else ""))

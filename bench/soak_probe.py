@@ -4,7 +4,7 @@ its server's ``custom_nodes/`` (never part of the pack).
 It wraps ``execution.PromptExecutor.execute`` (ComfyUI 0.3.75's prompt worker calls it once per prompt, on its own
 thread) and, when a prompt ends, before the worker takes the next one, records what the process holds: GPU memory
 as torch's allocator counts it (``memory_stats``: allocated / active / reserved bytes, the peak during the prompt)
-and as the device reports it (``mem_get_info``: every process), host RSS, open file descriptors (by kind), pinned
+and as the device reports it (``mem_get_info``: every process), host RSS, the C heap in use and kept free (glibc ``mallinfo2``), open file descriptors (by kind), pinned
 host memory (ComfyUI's own pin registry ``TOTAL_PINNED_MEMORY``, torch's caching host allocator, the kernel's
 ``VmLck``/``VmPin``), the number of compiled graphs (Dynamo's ``unique_graphs`` counter and the graphs the pack's
 ``kernels.compile`` keeps), and ComfyUI's loaded models. Each is taken twice: right after the prompt (``raw``) and
@@ -16,6 +16,7 @@ no collect).
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import sys
@@ -44,6 +45,24 @@ def _proc_status() -> dict:
     except OSError:
         pass
     return out
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap() -> dict:
+    """glibc's own count of the C heap (``mallinfo2``, glibc ≥ 2.33): bytes in use (``uordblks`` + ``hblkhd``: small
+    blocks and mmapped ones) and bytes free but kept (``fordblks``). RSS that grows while ``in_use`` does not is the
+    allocator keeping freed memory, not something still referenced."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _MallInfo2
+    m = fn()
+    return {"in_use": m.uordblks + m.hblkhd, "free_kept": m.fordblks, "arena": m.arena, "mmapped": m.hblkhd}
 
 
 def _fds() -> dict:
@@ -114,7 +133,7 @@ def _models() -> dict:
 
 
 def snapshot() -> dict:
-    return dict(t=time.time(), cuda=_cuda(), proc=_proc_status(), fds=_fds(), pinned=_pinned(),
+    return dict(t=time.time(), cuda=_cuda(), proc=_proc_status(), heap=_heap(), fds=_fds(), pinned=_pinned(),
                 compiled=_compiled(), models=_models())
 
 
