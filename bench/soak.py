@@ -14,7 +14,8 @@ Phases (each job's graph is a shipped API workflow at a small size; ``--tiny``: 
 * ``oom`` (one client): ``POST /free`` (ComfyUI unloads every model), a helper process holds all of the GPU but
   ``--card-gib`` (a simulated 24 GiB card), a job far too large for it (must fail with the pack's one-line
   out-of-memory message), the next job on the same card (must succeed), then the memory is given back.
-* ``main2`` (A and B at once): the mix with its interrupts again (≥ 40 jobs: the window of the RSS criterion).
+* ``main2`` (A and B at once, and client C): the mix with its interrupts and the websocket cut again (≥ 40 jobs: the
+  window of the RSS criterion).
 
 Per job (``--out`` JSON, rewritten after every job and copied to ``--copy-to``; one printed line per job): status,
 expected status, server seconds (``/history`` timestamps), wall seconds, where an interrupt landed, the error
@@ -766,7 +767,7 @@ def stage_soak(args, res: Results) -> None:
                 res.note(f"phase {phase} starts")
                 if phase == "oom":
                     soak.oom_phase()
-                elif phase == "main1":
+                elif phase in ("main1", "main2"):
                     drop = Job("ws_drop", soak.kinds["t2v"], drop_ws=True)
                     soak.concurrent(phase, PLAN[phase], extra=[("C", [drop])])
                 else:
