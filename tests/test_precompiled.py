@@ -194,6 +194,35 @@ def test_without_aot_compile_it_is_plain_torch_compile(cache, monkeypatch, caplo
     assert not (cache / "aot").exists()
 
 
+class _HostFlagged(torch.nn.Linear):
+    cast = False  # a host's flag: its class's value until a host writes it onto the layer (as ComfyUI's unpatch does)
+
+
+def _twice_flagged(m, x):
+    return torch.nn.functional.linear(x, m.weight.double().float() if m.cast else m.weight, m.bias) * 2
+
+
+def test_graphs_whose_guards_differ_are_kept_side_by_side(cache, caplog):
+    """Two calls of one signature whose graphs' guards differ on state the signature does not describe (one layer
+    holds the host's flag in its ``__dict__``, the other only its class's): each graph gets its own file, and a new
+    process loads each of them without compiling. Before, the second graph replaced the first on disk, so a server
+    that had met both compiled again at every start (the soak's small-card episode)."""
+    plain, written = _HostFlagged(4, 4), _HostFlagged(4, 4)
+    written.cast = False
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        first = precompiled.PrecompiledFunction(_twice_flagged, backend="aot_eager")
+        first(plain, x)
+        second = precompiled.PrecompiledFunction(_twice_flagged, backend="aot_eager")  # a new process
+        second(written, x)
+        assert (first.compiled, second.compiled, second.loaded) == (1, 1, 0)
+        assert "no graph kept on disk for this call fits its inputs" in caplog.text
+        assert len(list((cache / "aot").iterdir())) == 2
+        third = precompiled.PrecompiledFunction(_twice_flagged, backend="aot_eager")
+        assert torch.equal(third(written, x), written(x) * 2) and torch.equal(third(plain, x), plain(x) * 2)
+    assert (third.compiled, third.loaded) == (0, 2)
+
+
 def test_a_call_with_weight_hooks_goes_through_plain_torch_compile(cache):
     """``aot_allowed`` false (a host's per-call weight hook, which a saved artifact's guards cannot follow): the call
     runs through plain ``torch.compile`` and nothing is saved; the hook's effect is in the result."""

@@ -20,7 +20,9 @@ scalar) it keeps one full graph, static but for ``dynamic_dims``:
 * on disk as ``<cache root>/aot/<function>-<digest>.bin``; the digest covers the signature, the grad / inference
   mode, the caller's ``key_extra()`` (process settings the graph bakes in, such as the attention route), this
   package's source files, the backend, the versions of torch, Triton and diffusers, and the GPU. A new signature
-  compiles and saves its file; an existing file is loaded.
+  compiles and saves its file; an existing file is loaded. A graph whose guards differ from those on disk for the
+  same digest (state the signature cannot describe, such as which attributes a host wrote onto a module) is kept
+  beside them (``<function>-<digest>.<i>.bin``, up to ``VARIANTS`` per digest), never in their place.
 
 ``dynamic_dims(args)`` names ``(tensor, dim)`` pairs compiled as dynamic sizes (a prompt's length, a frame's height
 and width): they are left out of the signature (but for sizes 0 and 1, which Dynamo specializes), so one graph
@@ -54,6 +56,7 @@ import torch
 from .caches import cache_root, prepare_compile
 
 _log = logging.getLogger(__name__)
+VARIANTS = 4  # graphs kept on disk per call signature whose guards differ (see ``PrecompiledFunction.variants``)
 
 
 class CompileError(ValueError):
@@ -223,28 +226,55 @@ class PrecompiledFunction:
         digest = hashlib.sha256(text.encode()).hexdigest()[:24]
         return cache_root() / "aot" / f"{self.name}-{digest}.bin"
 
+    def variants(self, args: tuple, dynamic: frozenset = frozenset()) -> list[Path]:
+        """The files that may hold a graph for a call with ``args``: ``path()`` and up to ``VARIANTS - 1`` more
+        (``<name>-<digest>.<i>.bin``) for graphs whose guards differ on state the signature cannot see (which
+        attributes a host wrote onto a module, say), so that neither one replaces the other on disk."""
+        first = self.path(args, dynamic)
+        return [first] + [first.with_name(f"{first.stem}.{i}{first.suffix}") for i in range(1, VARIANTS)]
+
     def _get(self, args: tuple, dynamic: frozenset) -> Callable:
         prepare_compile()
         unavailable = self._aot_failed or not aot_supported()
-        if not self.compile_missing and (unavailable or not self.path(args, dynamic).exists()):
+        paths = [] if unavailable else self.variants(args, dynamic)
+        if not self.compile_missing and not any(p.exists() for p in paths):
             self.eager += 1
             return self.fn
-        if self._aot_failed or not aot_supported():
+        if unavailable:
             return self._plain_call
-        path = self.path(args, dynamic)
-        if path.exists():
-            try:
-                with open(path, "rb") as f:
-                    loaded = torch.compiler.load_compiled_function(f, f_globals=self.fn.__globals__)
-                loaded.disable_guard_check()  # checked in __call__ before every call instead (no double check)
-                if loaded.guard_check(*args):
-                    self.loaded += 1
+        misfits: list[str] = []  # why each graph on disk does not fit this call
+        free = [p for p in paths if not p.exists()]
+        for path in paths:
+            if path.exists():
+                loaded, misfit = self._load(path, args)
+                if loaded is not None:
                     return loaded
-                _log.warning("%s: %s does not fit this call's inputs (%s); compiling it again.", self.name, path,
-                             _guard_failure(loaded, args))
-            except Exception as e:  # noqa: BLE001 — another torch's file, or one cut short: rebuilt below
-                _log.warning("%s: could not load %s (%s: %s); compiling it again.", self.name, path,
-                             type(e).__name__, e)
+                if misfit is None:  # unreadable: its slot is taken again
+                    free.insert(0, path)
+                else:
+                    misfits.append(misfit)
+        target = free[0] if free else paths[-1]
+        if misfits:
+            _log.warning("%s: no graph kept on disk for this call fits its inputs (%s); compiling another, kept as %s.",
+                         self.name, misfits[0], target.name)
+        return self._compile(args, dynamic, target)
+
+    def _load(self, path: Path, args: tuple) -> tuple[Callable | None, str | None]:
+        """``(graph, None)``: the graph in ``path``, whose guards pass ``args``; ``(None, why)``: it loaded but does
+        not fit them; ``(None, None)``: the file does not load (logged)."""
+        try:
+            with open(path, "rb") as f:
+                loaded = torch.compiler.load_compiled_function(f, f_globals=self.fn.__globals__)
+            loaded.disable_guard_check()  # checked in __call__ before every call instead (no double check)
+        except Exception as e:  # noqa: BLE001 — another torch's file, or one cut short: rebuilt by the caller
+            _log.warning("%s: could not load %s (%s: %s); compiling it again.", self.name, path, type(e).__name__, e)
+            return None, None
+        if loaded.guard_check(*args):
+            self.loaded += 1
+            return loaded, None
+        return None, f"{path.name}: {_guard_failure(loaded, args)}"
+
+    def _compile(self, args: tuple, dynamic: frozenset, path: Path) -> Callable:
         try:
             # ``dynamic=False`` would specialize the marked sizes too. Exactly the marked sizes are dynamic: no
             # automatic dynamic shapes (which would follow what this process compiled before), and no duck sizing
