@@ -486,7 +486,8 @@ def compact_probe(p: dict | None) -> dict | None:
         c, pr = s.get("cuda") or {}, s.get("proc") or {}
         return dict(gpu_allocated=c.get("allocated"), gpu_reserved=c.get("reserved"), gpu_active=c.get("active"),
                     gpu_peak=c.get("peak_allocated"), device_used=(c["device_total"] - c["device_free"]) if c else None,
-                    rss=pr.get("VmRSS"), heap=s.get("heap"), vm_lck=pr.get("VmLck"), vm_pin=pr.get("VmPin"), threads=pr.get("Threads"),
+                    rss=pr.get("VmRSS"), heap=s.get("heap"), vm_lck=pr.get("VmLck"), vm_pin=pr.get("VmPin"),
+                    threads=pr.get("Threads"),
                     fds=s.get("fds"), pinned=s.get("pinned"), compiled=s.get("compiled"), models=s.get("models"))
     return dict(started=p["started"], ended=p["ended"], raw=one(p["raw"]), after=one(p["after"]))
 
@@ -535,8 +536,8 @@ def job_line(r: dict) -> str:
     where = f" @{r.get('node_type')}" if r.get("status") in ("interrupted", "error") else ""
     return (f"[job {r['n']:3d}] {r['phase']:6s} {r['client']} {r['name']:12s} {r['status']:11s}{where} "
             f"{'ok ' if r.get('ok') else 'BAD'} {r.get('seconds')}s alloc {mb(a.get('gpu_allocated'))}MB "
-            f"res {mb(a.get('gpu_reserved'))}MB rss {mb(a.get('rss'))}MB heap {mb((a.get('heap') or {}).get('in_use'))}MB "
-            f"fds {fds.get('total')} "
+            f"res {mb(a.get('gpu_reserved'))}MB rss {mb(a.get('rss'))}MB "
+            f"heap {mb((a.get('heap') or {}).get('in_use'))}MB fds {fds.get('total')} "
             f"pinned {mb((a.get('pinned') or {}).get('comfy_pinned'))}MB graphs {comp.get('pack_graphs')}/"
             f"{comp.get('dynamo_unique_graphs')}" + (f" | {r.get('error_first_line') or r.get('error', '')[:200]}"
                                                      if r.get("status") == "error" else ""))
@@ -762,7 +763,7 @@ def stage_soak(args, res: Results) -> None:
         soak = Soak(args, srv, home, res)
         t0 = time.monotonic()
         try:
-            for phase in args.phases:
+            for i, phase in enumerate(args.phases):
                 p0 = time.monotonic()
                 res.note(f"phase {phase} starts")
                 if phase == "oom":
@@ -772,9 +773,9 @@ def stage_soak(args, res: Results) -> None:
                     soak.concurrent(phase, PLAN[phase], extra=[("C", [drop])])
                 else:
                     soak.concurrent(phase, PLAN[phase])
-                times = res.data.setdefault("phase_s", {})
-                key = phase if phase not in times else f"{phase}#{sum(k.split('#')[0] == phase for k in times) + 1}"
-                times[key] = round(time.monotonic() - p0, 1)
+                nth = args.phases[:i + 1].count(phase)  # a phase that repeats: main2, main2#2, …
+                key = phase if nth == 1 else f"{phase}#{nth}"
+                res.data.setdefault("phase_s", {})[key] = round(time.monotonic() - p0, 1)
                 res.save()
         finally:
             res.data["soak_s"] = round(time.monotonic() - t0, 1)

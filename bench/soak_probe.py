@@ -4,10 +4,11 @@ its server's ``custom_nodes/`` (never part of the pack).
 It wraps ``execution.PromptExecutor.execute`` (ComfyUI 0.3.75's prompt worker calls it once per prompt, on its own
 thread) and, when a prompt ends, before the worker takes the next one, records what the process holds: GPU memory
 as torch's allocator counts it (``memory_stats``: allocated / active / reserved bytes, the peak during the prompt)
-and as the device reports it (``mem_get_info``: every process), host RSS, the C heap in use and kept free (glibc ``mallinfo2``), open file descriptors (by kind), pinned
-host memory (ComfyUI's own pin registry ``TOTAL_PINNED_MEMORY``, torch's caching host allocator, the kernel's
-``VmLck``/``VmPin``), the number of compiled graphs (Dynamo's ``unique_graphs`` counter and the graphs the pack's
-``kernels.compile`` keeps), and ComfyUI's loaded models. Each is taken twice: right after the prompt (``raw``) and
+and as the device reports it (``mem_get_info``: every process), host RSS, the C heap in use and kept free (glibc
+``mallinfo2``), open file descriptors (by kind), pinned host memory (ComfyUI's own pin registry
+``TOTAL_PINNED_MEMORY``, torch's caching host allocator, the kernel's ``VmLck``/``VmPin``), the number of compiled
+graphs (Dynamo's ``unique_graphs`` counter and the graphs the pack's ``kernels.compile`` keeps), and ComfyUI's
+loaded models. Each is taken twice: right after the prompt (``raw``) and
 after a ``gc.collect()`` (``after``: what is still referenced; ComfyUI's own worker collects every 10 s).
 
 Routes: ``GET /cosmos3_soak/record/{prompt_id}`` (404 until that prompt ended), ``GET /cosmos3_soak/stats`` (now,

@@ -237,22 +237,22 @@ class PrecompiledFunction:
         prepare_compile()
         unavailable = self._aot_failed or not aot_supported()
         paths = [] if unavailable else self.variants(args, dynamic)
-        if not self.compile_missing and not any(p.exists() for p in paths):
+        on_disk = [p for p in paths if p.exists()]
+        if not self.compile_missing and not on_disk:
             self.eager += 1
             return self.fn
         if unavailable:
             return self._plain_call
         misfits: list[str] = []  # why each graph on disk does not fit this call
-        free = [p for p in paths if not p.exists()]
-        for path in paths:
-            if path.exists():
-                loaded, misfit = self._load(path, args)
-                if loaded is not None:
-                    return loaded
-                if misfit is None:  # unreadable: its slot is taken again
-                    free.insert(0, path)
-                else:
-                    misfits.append(misfit)
+        free = [p for p in paths if p not in on_disk]
+        for path in on_disk:
+            loaded, misfit = self._load(path, args)
+            if loaded is not None:
+                return loaded
+            if misfit is None:  # unreadable: its slot is taken again
+                free.insert(0, path)
+            else:
+                misfits.append(misfit)
         target = free[0] if free else paths[-1]
         if misfits:
             _log.warning("%s: no graph kept on disk for this call fits its inputs (%s); compiling another, kept as %s.",
