@@ -404,7 +404,8 @@ def random_fullsize_pipeline(files: Path, model: str, weights: str):
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):
         tf = _pack("cosmos3_core.model.transformer").Cosmos3Transformer(config, skip_modules=skip, linear=linear)
-    g, cpu_g = torch.Generator("cuda").manual_seed(0), torch.Generator().manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a check of this builder, shrunk
+    g, cpu_g = torch.Generator(device).manual_seed(0), torch.Generator().manual_seed(0)
     qtype = quants.BY_NAME.get(weights[len("gguf_"):].upper()) if weights.startswith("gguf_") else None
     with torch.no_grad():
         for mname, module in tf.named_modules():
@@ -419,13 +420,13 @@ def random_fullsize_pipeline(files: Path, model: str, weights: str):
                     module.weight = torch.nn.Parameter(blocks.reshape(module.weight.shape), requires_grad=False)
                     continue
                 if p.ndim == 1 and "norm" in pname + mname:
-                    value = 1.0 + 0.05 * torch.randn(p.shape, generator=g, device="cuda")
+                    value = 1.0 + 0.05 * torch.randn(p.shape, generator=g, device=device)
                 else:
-                    value = 0.02 * torch.randn(p.shape, generator=g, device="cuda")
+                    value = 0.02 * torch.randn(p.shape, generator=g, device=device)
                 value = value.float() if mname.startswith("time_embedder") or pname == "scale_weight" \
                     else value.to(torch.bfloat16)
                 if pname == "scale_weight":
-                    value = torch.ones((), device="cuda")
+                    value = torch.ones((), device=device)
                 if layer_weight and weights == "fp8":
                     w8, scale = fp8.quantize_weight(value)
                     module.weight = torch.nn.Parameter(w8.cpu(), requires_grad=False)
