@@ -505,8 +505,10 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
             sync = torch.cuda.synchronize if cuda else (lambda: None)
             return pipe.run(plan, callback=lambda *_: (sync(), stamps.append(time.perf_counter())))
 
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         result = phase("sample", sample)
-        out["sample"].update(steps=steps, **step_times(stamps, out["sample"]["seconds"], out["fp8"] is not None))
+        out["sample"].update(steps=steps, **step_times(stamps, out["sample"]["seconds"], out["fp8"] is not None),
+                             graphs_compiled=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)
 
         def decode():
             handle.load_vae(result.latents.shape)
@@ -536,21 +538,23 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
 
 def step_times(stamps: list[float], seconds: float, fp8: bool) -> dict:
     """Per-step seconds from the callback's ``stamps`` (the first: before the plan) and the 35-step projection. The
-    first step (the compile, warm-ups) counts as it ran; FP8 runs under NVIDIA's policy (steps 1–3 and the last 3
-    W8A16, the rest W8A8): each kind's mean, and 35 steps = 6 W8A16 + 29 W8A8 (else 35 of the one mean)."""
+    first step of each kind may compile its graph: it counts as it ran in the projection and is left out of the
+    kind's mean. FP8 runs under NVIDIA's policy (steps 1–3 and the last 3 W8A16, the rest W8A8; the first W8A8 step
+    compiles the W8A8 graph): each kind's mean, and 35 steps = the first of each kind + 5 W8A16 + 28 W8A8 (else the
+    first + 34 of the one mean)."""
     d = [b - a for a, b in zip(stamps, stamps[1:])]
     if len(d) < 3:
         return {}
-    later = d[1:]
-    if not fp8 or len(d) < 8:
-        mean = sum(later) / len(later)
+    if not fp8 or len(d) < 9:
+        mean = sum(d[1:]) / len(d[1:])
         return dict(step_s=round(mean, 3), first_step_s=round(d[0], 2),
                     projected_35_steps_s=round(seconds - sum(d) + d[0] + 34 * mean, 1))
     a16 = [x for i, x in enumerate(d) if i < 3 or i >= len(d) - 3][1:]
-    a8 = [x for i, x in enumerate(d) if 3 <= i < len(d) - 3]
+    a8 = d[4:len(d) - 3]
     t16, t8 = sum(a16) / len(a16), sum(a8) / len(a8)
     return dict(step_s_w8a16=round(t16, 3), step_s_w8a8=round(t8, 3), first_step_s=round(d[0], 2),
-                projected_35_steps_s=round(seconds - sum(d) + d[0] + 5 * t16 + 29 * t8, 1))
+                first_w8a8_step_s=round(d[3], 2),
+                projected_35_steps_s=round(seconds - sum(d) + d[0] + d[3] + 5 * t16 + 28 * t8, 1))
 
 
 def tiny_card_handle(handle_cls, tmp: Path, model: str, weights: str):
@@ -594,7 +598,7 @@ def card_sizes_main(args) -> None:
         raise SystemExit(f"--cases: unknown {unknown}; choose from {list(CARD_CASES)}")
     options = runtime.RuntimeOptions(compile="off" if args.tiny else "auto")
     results = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu",
-                   host_link=None, runs=[])
+                   date=time.strftime("%Y-%m-%d"), commit=_commit(), host_link=None, runs=[])
     if cuda:
         results["host_link"] = host_to_device_gib_s()
     by_weights: dict[tuple[str, str], list[str]] = {}
@@ -625,6 +629,17 @@ def card_sizes_main(args) -> None:
             gc.collect()
 
 
+def _commit() -> str | None:
+    """The pack's git commit (None outside a checkout: a copy made with ``git archive``)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def host_to_device_gib_s() -> float:
     """GiB/s of a pinned 1 GiB host→GPU copy on this machine (the card-size runs stream weights over it)."""
     src = torch.empty(2**30, dtype=torch.uint8).pin_memory()
@@ -649,8 +664,8 @@ def main() -> None:
                    help=f"every card size users have (issue 37), --cases of {list(CARD_CASES)} (default all)")
     p.add_argument("--cases", default=",".join(CASES), help=f"--weight-storage: comma separated, of {list(CASES)}")
     p.add_argument("--steps", type=int, default=None,
-                   help="denoising steps run (default 4; --weight-storage: 3; --card-sizes: 8, so that NVIDIA's FP8 "
-                        "policy has W8A8 steps)")
+                   help="denoising steps run (default 4; --weight-storage: 3; --card-sizes: 10, so that NVIDIA's "
+                        "FP8 policy has W8A8 steps after the one that compiles)")
     p.add_argument("--tiny", action="store_true",
                    help="--weight-storage / --card-sizes: CPU check of the script, tiny checkpoints")
     p.add_argument("--out", required=True, help="results JSON")
@@ -660,7 +675,7 @@ def main() -> None:
     if not args.tiny and not torch.cuda.is_available():
         p.error("the simulated cards, --weight-storage and --card-sizes need a CUDA GPU; add --tiny for a CPU check "
                 "of the script")
-    args.steps = args.steps or (8 if args.card_sizes else 3 if args.weight_storage else 4)
+    args.steps = args.steps or (10 if args.card_sizes else 3 if args.weight_storage else 4)
 
     sys.path.insert(0, str(Path(args.comfyui).resolve()))
     sys.argv = sys.argv[:1]  # ComfyUI's argument parser reads sys.argv at import

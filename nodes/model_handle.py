@@ -24,10 +24,10 @@ import torch
 
 from ..cosmos3_core.checks import check_card_memory
 from ..cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
-from ..cosmos3_core.model.gguf_quants import GgufLinear, dequant_workspace_bytes
+from ..cosmos3_core.model.gguf_quants import GgufLinear
 from ..cosmos3_core.model.loader import LinearOps
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
-from ..cosmos3_core.model.weights import cast_linear
+from ..cosmos3_core.model.weights import cast_linear, linear_call_workspace
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
 
 
@@ -302,8 +302,19 @@ class Cosmos3ModelHandle:
 
     # ------------------------------------------------------------------ placement
     def load_text_tower(self, text_length: int) -> None:
-        _load(self.text_patcher, prefill_memory_required(self.pipeline.config, text_length, self.dtype)
-              + dequant_workspace_bytes(self.pipeline.transformer))
+        working = prefill_memory_required(self.pipeline.config, text_length, self.dtype) + self._linear_workspace()
+        self._check_card(self.text_patcher, working)
+        _load(self.text_patcher, working)
+
+    def _linear_workspace(self) -> int:
+        """Room for the dense weight a quantized layer builds at each call (GGUF, FP8, a cast weight)."""
+        return linear_call_workspace(self.pipeline.transformer, self.dtype)
+
+    def _check_card(self, patcher, working: int) -> None:
+        """A card too small for ``patcher``'s tower: one message with the fix, before any CUDA out-of-memory error."""
+        card = card_memory(patcher.load_device)
+        if card is not None:
+            check_card_memory(self.least_memory(patcher, working), *card)
 
     @property
     def generation_device(self) -> torch.device:
@@ -311,12 +322,9 @@ class Cosmos3ModelHandle:
         return self.generation_patcher.load_device
 
     def load_generation_tower(self, memory_required: int) -> None:
-        # a GGUF layer's call dequantizes its weight: room for the largest one beside the step's own
-        workspace = dequant_workspace_bytes(self.pipeline.transformer)
-        card = card_memory(self.generation_patcher.load_device)
-        if card is not None:  # a card too small: one message with the fix, before any CUDA out-of-memory error
-            check_card_memory(self.least_memory(self.generation_patcher, memory_required + workspace), *card)
-        _load(self.generation_patcher, memory_required + workspace)
+        working = memory_required + self._linear_workspace()
+        self._check_card(self.generation_patcher, working)
+        _load(self.generation_patcher, working)
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
 

@@ -70,25 +70,24 @@ def _nibbles(qs: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _high_bits(qh: torch.Tensor) -> torch.Tensor:
-    """The 32 bits of a little-endian uint32 per block (``[n, 4]`` bytes) as ``[n, 32]`` uint8 0/1."""
-    words = qh.to(torch.int64)
-    word = words[:, 0] | words[:, 1] << 8 | words[:, 2] << 16 | words[:, 3] << 24
-    bits = torch.arange(32, device=qh.device, dtype=torch.int64)
-    return ((word.unsqueeze(1) >> bits) & 1).to(torch.uint8)
+    """The 32 bits of a little-endian uint32 per block (``[n, 4]`` bytes) as ``[n, 32]`` uint8 0/1: bit ``j`` is bit
+    ``j % 8`` of byte ``j // 8`` (worked in bytes: no wider integer per value)."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=qh.device)
+    return ((qh.unsqueeze(2) >> shifts) & 1).reshape(qh.shape[0], 32)
 
 
 def _q8_0(b):
-    return b[:, 2:].contiguous().view(torch.int8).float() * _half(b[:, :2])
+    return b[:, 2:].contiguous().view(torch.int8).float().mul_(_half(b[:, :2]))
 
 
 def _q4_0(b):
     q = _nibbles(b[:, 2:], 16).reshape(b.shape[0], -1).to(torch.int8) - 8
-    return _half(b[:, :2]) * q.float()
+    return q.float().mul_(_half(b[:, :2]))
 
 
 def _q4_1(b):
     q = _nibbles(b[:, 4:], 16).reshape(b.shape[0], -1).float()
-    return _half(b[:, :2]) * q + _half(b[:, 2:4])
+    return q.mul_(_half(b[:, :2])).add_(_half(b[:, 2:4]))
 
 
 def _q5(b, offset: int):
@@ -97,11 +96,11 @@ def _q5(b, offset: int):
 
 
 def _q5_0(b):
-    return _half(b[:, :2]) * (_q5(b, 2).to(torch.int8) - 16).float()
+    return (_q5(b, 2).to(torch.int8) - 16).float().mul_(_half(b[:, :2]))
 
 
 def _q5_1(b):
-    return _half(b[:, :2]) * _q5(b, 4).float() + _half(b[:, 2:4])
+    return _q5(b, 4).float().mul_(_half(b[:, :2])).add_(_half(b[:, 2:4]))
 
 
 def _scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +124,7 @@ def _q4_k(b):
     n = b.shape[0]
     d, dm = _k_scales(b)
     q = _nibbles(b[:, 16:], 32).reshape(n, -1, 32).float()
-    return (d * q - dm).reshape(n, QK_K)
+    return q.mul_(d).sub_(dm).reshape(n, QK_K)
 
 
 def _q5_k(b):
@@ -134,7 +133,7 @@ def _q5_k(b):
     low = _nibbles(b[:, 48:], 32).reshape(n, -1, 32)
     bits = torch.arange(8, dtype=torch.uint8, device=b.device).view(1, 1, 8, 1)
     high = ((b[:, 16:48].reshape(n, -1, 1, 32) >> bits) & 1).reshape(n, -1, 32)
-    return (d * (low | (high << 4)).float() - dm).reshape(n, QK_K)
+    return (low | (high << 4)).float().mul_(d).sub_(dm).reshape(n, QK_K)
 
 
 def _q6_k(b):
@@ -145,7 +144,7 @@ def _q6_k(b):
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(1, 1, 4, 1)
     high = ((b[:, 128:192].reshape(n, -1, 1, 32) >> shifts) & 0x03).reshape(n, -1, 32)
     q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, QK_K // 16, -1).float()
-    return (d * q).reshape(n, QK_K)
+    return q.mul_(d).reshape(n, QK_K)
 
 
 _BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
@@ -203,6 +202,14 @@ class GgufLinear(nn.Linear):
             dense = dense + strength * patch.delta(device=dense.device)
         return dense
 
+    def call_workspace_bytes(self, dtype: torch.dtype) -> int:
+        """The most memory a call adds beyond the stored bytes, input and output (``weights.linear_call_workspace``):
+        per value the float32 weight, at most 2 bytes more while the blocks unpack (the unpacking works in bytes and
+        in place: tests/test_linear_workspace.py measures each type), and its copy in ``dtype``."""
+        if self.qtype is None and not self.patches:
+            return 0
+        return (4 + 2 + torch.empty((), dtype=dtype).element_size()) * self.in_features * self.out_features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qtype is None and not self.patches:
             return super().forward(x)
@@ -218,9 +225,3 @@ class GgufLinear(nn.Linear):
         for fn in weight_functions:
             dense = fn(dense)
         return F.linear(x, dense.to(x.dtype), None if bias is None else bias.to(x.dtype))
-
-
-def dequant_workspace_bytes(model: nn.Module) -> int:
-    """The most memory one ``GgufLinear`` call adds: its float32 weight and as much again for the unpacking."""
-    return max((8 * m.in_features * m.out_features for m in model.modules()
-                if isinstance(m, GgufLinear) and m.qtype is not None), default=0)

@@ -63,6 +63,24 @@ class CastLinear(nn.Linear):
         return cast_linear(x, self.weight, self.scale_weight, self.bias)
 
 
+def linear_call_workspace(model: nn.Module, dtype: torch.dtype) -> int:
+    """The most memory one linear call of ``model`` adds while it runs in ``dtype``, beyond its stored weight, its
+    input and its output: the dense weight it builds before the product. A layer that says its own
+    (``call_workspace_bytes``: ``GgufLinear``'s dequantized weight) counts that; a layer storing another dtype (an FP8
+    or cast weight: ``cast_linear``'s cast and its product with the scale) two weights in ``dtype``; a
+    ``CastLinear`` storing ``dtype`` one (the product with the scale). A host reserves it beside a run's working
+    memory: the largest layer's, as layers run one at a time."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    most = 0
+    for m in model.modules():
+        if hasattr(m, "call_workspace_bytes"):
+            most = max(most, m.call_workspace_bytes(dtype))
+        elif isinstance(m, nn.Linear) and (m.weight.dtype != dtype or isinstance(m, CastLinear)):
+            copies = 2 if m.weight.dtype != dtype else 1
+            most = max(most, copies * m.in_features * m.out_features * elem)
+    return most
+
+
 def cast_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` of ``x`` with ``weight`` cast to ``x``'s dtype and multiplied by its ``scale`` in that dtype
     (diffusers' ``_w8a16_linear``: an FP8 checkpoint's W8A16 forward)."""
