@@ -29,10 +29,24 @@ class Cosmos3OutOfMemoryError(torch.OutOfMemoryError):
     """A GPU out-of-memory error whose message is one line naming the node and the fix."""
 
 
-def out_of_memory_message(node_id: str, exc: BaseException) -> str:
+def out_of_memory_message(node_id: str, exc: BaseException, card: tuple[str, int] | None = None) -> str:
+    """The one line for ``exc``; ``card`` (the GPU's name and its bytes, ``comfy_card()``) names the card that ran
+    out, so a user sees its size beside the fix."""
     asked = _ALLOCATION.search(str(exc))
     what = f" (it asked for {asked.group(1)} more)" if asked else ""
-    return f"{node_id}: out of GPU memory{what}. To fit, {OUT_OF_MEMORY_FIX}."
+    where = f" on {card[0]}, which has {card[1] / 2**30:.1f} GiB" if card else ""
+    return f"{node_id}: out of GPU memory{where}{what}. To fit, {OUT_OF_MEMORY_FIX}."
+
+
+def comfy_card() -> tuple[str, int] | None:
+    """(name, total bytes as ComfyUI counts them) of ComfyUI's GPU; None when ComfyUI runs on the CPU."""
+    import comfy.model_management as mm
+
+    device = mm.get_torch_device()
+    if not isinstance(device, torch.device) or device.type == "cpu":
+        return None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    return f"{device} ({name})", mm.get_total_memory(device)  # as model_handle.card_memory names it
 
 
 def with_out_of_memory_message(node_cls: type) -> type:
@@ -47,7 +61,7 @@ def with_out_of_memory_message(node_cls: type) -> type:
         except Cosmos3OutOfMemoryError:
             raise
         except torch.OutOfMemoryError as exc:
-            message = out_of_memory_message(node_id, exc)
+            message = out_of_memory_message(node_id, exc, comfy_card())
         raise Cosmos3OutOfMemoryError(message)
 
     node_cls.execute = classmethod(execute)
