@@ -30,12 +30,18 @@ from torch import nn
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # not FP8 storage
 
 
+def host_changes_weights(m: nn.Module) -> bool:
+    """Whether a host changes ``m``'s weight or bias at each call: ComfyUI's ``comfy.ops`` layers flag a per-call cast
+    or weight streaming with ``comfy_cast_weights`` and per-call patches (on-the-fly LoRA) with ``weight_function`` /
+    ``bias_function``."""
+    return bool(getattr(m, "comfy_cast_weights", False) or getattr(m, "weight_function", None)
+                or getattr(m, "bias_function", None))
+
+
 def _plain(m: nn.Module) -> bool:
-    """An ``nn.Linear`` computing exactly ``F.linear(x, m.weight)``: no bias, no per-call cast or weight hooks
-    (ComfyUI's ``comfy.ops`` layers flag those with ``comfy_cast_weights`` / ``weight_function``)."""
+    """An ``nn.Linear`` computing exactly ``F.linear(x, m.weight)``: no bias, no per-call cast or weight hooks."""
     return (isinstance(m, nn.Linear) and m.bias is None and m.weight.dtype in _COMPUTE_DTYPES
-            and not getattr(m, "comfy_cast_weights", False) and not getattr(m, "weight_function", None)
-            and not getattr(m, "bias_function", None))
+            and not host_changes_weights(m))
 
 
 def _adjacent(weights: Sequence[torch.Tensor]) -> bool:

@@ -32,7 +32,7 @@ from ..config import Cosmos3Config
 from ..kernels.attention import attention, flash4_available
 from ..kernels.compile import compiled
 from ..kernels.gemv import gemv
-from ..kernels.packed import LayerWeights
+from ..kernels.packed import LayerWeights, host_changes_weights
 from ..runtime import DEFAULT, RuntimeOptions
 from .fp8 import run_linear
 from .layers import DecoderLayer, DomainAwareLinear, RMSNorm, TimestepEmbedder, module_rms_norm, project
@@ -308,9 +308,7 @@ def _no_weight_hooks(args: tuple) -> bool:
     """Whether a ``generation_layer`` call's layer computes with its parameters as they are: no host per-call cast
     or weight function (``comfy.ops`` weight streaming, on-the-fly LoRA) and no forward hooks (a tensor-parallel
     layer's, which exchange partial sums), which only plain ``torch.compile``'s in-process guards can follow."""
-    return not any(getattr(m, "comfy_cast_weights", False) or getattr(m, "weight_function", None)
-                   or getattr(m, "bias_function", None) or m._forward_pre_hooks or m._forward_hooks
-                   for m in args[0].modules())
+    return not any(host_changes_weights(m) or m._forward_pre_hooks or m._forward_hooks for m in args[0].modules())
 
 
 def text_qkv(layer: DecoderLayer, h: torch.Tensor, norm=module_rms_norm, weights: LayerWeights | None = None,
