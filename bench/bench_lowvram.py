@@ -469,7 +469,8 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
         hold = max(int(free - (vram_gib - CONTEXT_GIB) * 2**30), 0)
         block = torch.empty(hold, dtype=torch.uint8, device="cuda")
     out = dict(height=h, width=w, frames=frames, vram_gib=vram_gib,
-               generation_tower_gib=gib3(handle.generation_patcher.model_size()))
+               generation_tower_gib=gib3(handle.generation_patcher.model_size()),
+               text_tower_gib=gib3(handle.text_patcher.model_size()))
     text_shape = dict(num_frames=frames, height=h, width=w, fps=24.0)
     stamps: list[float] = []
 

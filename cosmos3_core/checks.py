@@ -299,15 +299,18 @@ CARD_FIX = ("lower width, height or num_frames (Cosmos3 Text Encode; CLI: --heig
             "step's working memory grows with the latent tokens, ≈3 GiB at 480p/93f and ≈13 GiB at 720p/189f for "
             "Nano; if the weights that stay on the GPU are the large part, load them smaller (weight_dtype "
             "fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 Checkpoint's gguf input)")
+# the text tower's prefill: its working memory grows with the prompt, not the video
+TEXT_CARD_FIX = ("load the weights smaller (weight_dtype fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 "
+                 "Checkpoint's gguf input) or shorten the prompt")
 
 
-def check_card_memory(needed: dict[str, int], card_bytes: int, card: str = "the GPU") -> None:
+def check_card_memory(needed: dict[str, int], card_bytes: int, card: str = "the GPU", fix: str = CARD_FIX) -> None:
     """Refuse a run whose least GPU memory — ``needed``, by part, with every streamable weight left on the CPU —
-    exceeds the card's ``card_bytes``: one message naming the card size, the parts and the fix."""
+    exceeds the card's ``card_bytes``: one message naming the card size, the parts and ``fix``."""
     total = sum(needed.values())
     if total <= card_bytes:
         return
     parts = ", ".join(f"{what} {size / GIB:.1f} GiB" for what, size in needed.items() if size)
     raise ValueError(f"{card} has {card_bytes / GIB:.1f} GiB, but this run needs at least {total / GIB:.1f} GiB on it "
-                     f"even with the weights streamed from the CPU ({parts}). To fit, {CARD_FIX}.")
+                     f"even with the weights streamed from the CPU ({parts}). To fit, {fix}.")
 

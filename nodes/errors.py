@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 
 _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)")
+_DEVICE = re.compile(r"\b(?:GPU|device) (\d+)\b")  # torch's allocators name the GPU that ran out
 OUT_OF_MEMORY_FIX = ("lower width, height, num_frames or batch_size; load the checkpoint smaller (weight_dtype "
                      "fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 Checkpoint's gguf input); or start "
                      "ComfyUI with --lowvram")
@@ -29,24 +30,29 @@ class Cosmos3OutOfMemoryError(torch.OutOfMemoryError):
     """A GPU out-of-memory error whose message is one line naming the node and the fix."""
 
 
-def out_of_memory_message(node_id: str, exc: BaseException, card: tuple[str, int] | None = None) -> str:
-    """The one line for ``exc``; ``card`` (the GPU's name and its bytes, ``comfy_card()``) names the card that ran
-    out, so a user sees its size beside the fix."""
+def out_of_memory_message(node_id: str, exc: BaseException, card: tuple[int, str] | None = None) -> str:
+    """The one line for ``exc``; ``card`` (the bytes and name of the GPU that ran out, ``card_of``) names it, so a
+    user sees its size beside the fix."""
     asked = _ALLOCATION.search(str(exc))
     what = f" (it asked for {asked.group(1)} more)" if asked else ""
-    where = f" on {card[0]}, which has {card[1] / 2**30:.1f} GiB" if card else ""
+    where = f" on {card[1]}, which has {card[0] / 2**30:.1f} GiB" if card else ""
     return f"{node_id}: out of GPU memory{where}{what}. To fit, {OUT_OF_MEMORY_FIX}."
 
 
-def comfy_card() -> tuple[str, int] | None:
-    """(name, total bytes as ComfyUI counts them) of ComfyUI's GPU; None when ComfyUI runs on the CPU."""
+def card_of(exc: BaseException) -> tuple[int, str] | None:
+    """(total bytes as ComfyUI counts them, name) of the GPU ``exc`` ran out on — the one torch's message names
+    ("GPU 1 has a total capacity …", "Allocation on device 1 …"), else ComfyUI's own — as
+    ``model_handle.card_memory`` names a card; None when ComfyUI runs on the CPU."""
     import comfy.model_management as mm
 
     device = mm.get_torch_device()
     if not isinstance(device, torch.device) or device.type == "cpu":
         return None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-    return f"{device} ({name})", mm.get_total_memory(device)  # as model_handle.card_memory names it
+    named = _DEVICE.search(str(exc))
+    if named and device.type == "cuda":
+        device = torch.device("cuda", int(named.group(1)))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return mm.get_total_memory(device), f"{device} ({name})"
 
 
 def with_out_of_memory_message(node_cls: type) -> type:
@@ -61,7 +67,7 @@ def with_out_of_memory_message(node_cls: type) -> type:
         except Cosmos3OutOfMemoryError:
             raise
         except torch.OutOfMemoryError as exc:
-            message = out_of_memory_message(node_id, exc, comfy_card())
+            message = out_of_memory_message(node_id, exc, card_of(exc))
         raise Cosmos3OutOfMemoryError(message)
 
     node_cls.execute = classmethod(execute)

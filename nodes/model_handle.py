@@ -22,7 +22,7 @@ import comfy.model_patcher
 import comfy.ops
 import torch
 
-from ..cosmos3_core.checks import check_card_memory
+from ..cosmos3_core.checks import CARD_FIX, TEXT_CARD_FIX, check_card_memory
 from ..cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
 from ..cosmos3_core.model.gguf_quants import GgufLinear
 from ..cosmos3_core.model.loader import LinearOps
@@ -302,19 +302,16 @@ class Cosmos3ModelHandle:
 
     # ------------------------------------------------------------------ placement
     def load_text_tower(self, text_length: int) -> None:
-        working = prefill_memory_required(self.pipeline.config, text_length, self.dtype) + self._linear_workspace()
-        self._check_card(self.text_patcher, working)
+        working = (prefill_memory_required(self.pipeline.config, text_length, self.dtype)
+                   + linear_call_workspace(self.text_patcher.model, self.dtype))
+        self._check_card(self.text_patcher, working, TEXT_CARD_FIX)
         _load(self.text_patcher, working)
 
-    def _linear_workspace(self) -> int:
-        """Room for the dense weight a quantized layer builds at each call (GGUF, FP8, a cast weight)."""
-        return linear_call_workspace(self.pipeline.transformer, self.dtype)
-
-    def _check_card(self, patcher, working: int) -> None:
+    def _check_card(self, patcher, working: int, fix: str = CARD_FIX) -> None:
         """A card too small for ``patcher``'s tower: one message with the fix, before any CUDA out-of-memory error."""
         card = card_memory(patcher.load_device)
         if card is not None:
-            check_card_memory(self.least_memory(patcher, working), *card)
+            check_card_memory(self.least_memory(patcher, working), *card, fix=fix)
 
     @property
     def generation_device(self) -> torch.device:
@@ -322,7 +319,8 @@ class Cosmos3ModelHandle:
         return self.generation_patcher.load_device
 
     def load_generation_tower(self, memory_required: int) -> None:
-        working = memory_required + self._linear_workspace()
+        # room beside the step for the dense weight a quantized layer builds at each call (GGUF, FP8, a cast weight)
+        working = memory_required + linear_call_workspace(self.generation_patcher.model, self.dtype)
         self._check_card(self.generation_patcher, working)
         _load(self.generation_patcher, working)
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs

@@ -1,7 +1,9 @@
 """The room a host keeps for a quantized linear layer's call (``weights.linear_call_workspace``) covers what the call
 really allocates: measured with PyTorch's own memory profiler (the CPU allocator's events, in time order) on one
 call of each kind of layer the loader builds — an NVIDIA FP8 layer's W8A16 forward, an FP8- or bf16-stored cast
-weight, GGML blocks of each family (Q8_0, Q4_0, Q5_1, Q4_K, Q6_K) — at a layer size where the weight dominates.
+weight, every GGML type the loader reads, a GGUF layer with a LoRA on top — at a layer size where the weight
+dominates. These are eager calls on the CPU allocator; a compiled GPU step may fuse the dense weight away or hold
+it differently: the card-size benchmark on a GPU checks that.
 
 The node reserves this beside a run's working memory when it asks ComfyUI to load a tower (text and generation):
 an estimate below the real allocation lets ComfyUI fill the card with weights and the call then runs out of memory.
@@ -16,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
 from cosmos3_core.model.gguf_quants import BY_NAME, GgufLinear
+from cosmos3_core.model.lora import LoraPatch
 from cosmos3_core.model.weights import CastLinear, linear_call_workspace
 
 OUT, IN, ROWS = 512, 1024, 4  # the weight (512 K values) dwarfs the input and output (4 rows)
@@ -59,11 +62,20 @@ def gguf_layer(kind, dtype):
     return layer
 
 
+def gguf_lora_layer(dtype):
+    layer = gguf_layer("Q8_0", dtype)
+    lora = LoraPatch("lora", {"up": torch.randn(OUT, 8), "down": torch.randn(8, IN)}, 0.5, "test")
+    layer.add_patch(lora, 0.8)
+    return layer
+
+
 LAYERS = {
     "fp8_w8a16": lambda dtype: fp8_layer(dtype),
     "cast_fp8_e4m3fn": lambda dtype: cast_layer(torch.float8_e4m3fn, dtype),
     "cast_same_dtype": lambda dtype: cast_layer(dtype, dtype),
-    **{f"gguf_{k.lower()}": (lambda dtype, k=k: gguf_layer(k, dtype)) for k in ("Q8_0", "Q4_0", "Q5_1", "Q4_K", "Q6_K")},
+    **{f"gguf_{k.lower()}": (lambda dtype, k=k: gguf_layer(k, dtype))
+       for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")},
+    "gguf_q8_0_lora": gguf_lora_layer,
 }
 
 
@@ -85,4 +97,3 @@ def test_a_model_reserves_for_its_largest_quantized_layer():
     # a bf16 layer in a bf16 run builds no other weight; the FP8 layer's cast weight and its product with the scale
     assert linear_call_workspace(model, torch.bfloat16) == 2 * OUT * IN * 2
     assert linear_call_workspace(torch.nn.Linear(IN, OUT, dtype=torch.bfloat16), torch.bfloat16) == 0
-

@@ -73,17 +73,17 @@ def test_out_of_memory_error_keeps_no_frames(host):
     assert str(info.value).startswith("Node: out of GPU memory (it asked for 20.00 GiB more). To fit, lower width,")
 
 
-
 @pytest.mark.comfy
 def test_out_of_memory_names_the_card(host):
     """On a GPU the line names the card and its size beside the fix (issue 37: a card too small says which card);
     ComfyUI on the CPU has no card to name."""
     errors = _pack(host, "nodes.errors")
-    card = ("cuda:0 (NVIDIA GeForce RTX 5090)", 32 * 2**30 - 2**29)
+    card = (32 * 2**30 - 2**29, "cuda:0 (NVIDIA GeForce RTX 5090)")
     line = errors.out_of_memory_message("Cosmos3TextEncode", torch.OutOfMemoryError(TORCH_OOM), card)
     assert line.startswith("Cosmos3TextEncode: out of GPU memory on cuda:0 (NVIDIA GeForce RTX 5090), which has "
                            "31.5 GiB (it asked for 20.00 GiB more). To fit, lower width,"), line
-    assert errors.comfy_card() is None  # the test host runs ComfyUI with --cpu
+    assert errors.card_of(torch.OutOfMemoryError(TORCH_OOM)) is None  # the test host runs ComfyUI with --cpu
+
 
 def test_graphed_call_runs_uncaptured_under_cuda_malloc_async(monkeypatch):
     from cosmos3_core.kernels import cuda_graph

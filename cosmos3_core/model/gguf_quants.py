@@ -194,21 +194,23 @@ class GgufLinear(nn.Linear):
         """The float32 weight (``weight``: these bytes instead of ``self.weight``, e.g. streamed to the device),
         LoRA patches added."""
         weight = self.weight if weight is None else weight
-        if self.qtype is None:
-            dense = weight.float()
+        if self.qtype is None:  # a copy where patches are added in place: never the stored weight itself
+            dense = weight.to(torch.float32, copy=bool(self.patches))
         else:
             dense = dequantize(weight, self.qtype, (self.out_features, self.in_features))
-        for patch, strength in self.patches:
-            dense = dense + strength * patch.delta(device=dense.device)
+        for patch, strength in self.patches:  # one delta at a time, scaled and added in place
+            dense.add_(patch.delta(device=dense.device).mul_(strength))
         return dense
 
     def call_workspace_bytes(self, dtype: torch.dtype) -> int:
         """The most memory a call adds beyond the stored bytes, input and output (``weights.linear_call_workspace``):
         per value the float32 weight, at most 2 bytes more while the blocks unpack (the unpacking works in bytes and
-        in place: tests/test_linear_workspace.py measures each type), and its copy in ``dtype``."""
+        in place: tests/test_linear_workspace.py measures each type) or 4 while a LoRA delta is added, and the
+        weight's copy in ``dtype``."""
         if self.qtype is None and not self.patches:
             return 0
-        return (4 + 2 + torch.empty((), dtype=dtype).element_size()) * self.in_features * self.out_features
+        extra = 4 if self.patches else 2
+        return (4 + extra + torch.empty((), dtype=dtype).element_size()) * self.in_features * self.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qtype is None and not self.patches:

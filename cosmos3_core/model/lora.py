@@ -122,7 +122,7 @@ class LoraPatch:
             up, down = t["up"], t["down"]
             if index is not None:
                 up, down = up[index[0]], down[:, index[1]]
-            return (up @ down) * self.scale
+            return (up @ down).mul_(self.scale)
         if self.kind == "loha":
             dw = _side(t, 1) * _side(t, 2)
         else:
