@@ -40,19 +40,17 @@ def out_of_memory_message(node_id: str, exc: BaseException, card: tuple[int, str
 
 
 def card_of(exc: BaseException) -> tuple[int, str] | None:
-    """(total bytes as ComfyUI counts them, name) of the GPU ``exc`` ran out on — the one torch's message names
-    ("GPU 1 has a total capacity …", "Allocation on device 1 …"), else ComfyUI's own — as
-    ``model_handle.card_memory`` names a card; None when ComfyUI runs on the CPU."""
+    """``model_handle.card_memory`` of the GPU ``exc`` ran out on — the one torch's message names ("GPU 1 has a total
+    capacity …", "Allocation on device 1 …"), else ComfyUI's own; None when ComfyUI runs on the CPU."""
     import comfy.model_management as mm
 
+    from .model_handle import card_memory
+
     device = mm.get_torch_device()
-    if not isinstance(device, torch.device) or device.type == "cpu":
-        return None
     named = _DEVICE.search(str(exc))
-    if named and device.type == "cuda":
+    if named and isinstance(device, torch.device) and device.type == "cuda":
         device = torch.device("cuda", int(named.group(1)))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return mm.get_total_memory(device), f"{device} ({name})"
+    return card_memory(device) if isinstance(device, torch.device) else None
 
 
 def with_out_of_memory_message(node_cls: type) -> type:
