@@ -49,7 +49,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import LONG_PROMPT, NANO, RESOLUTIONS, WAN22_VAE, gib  # noqa: E402
+from common import LONG_PROMPT, NANO, RESOLUTIONS, WAN22_VAE, gib, git_commit  # noqa: E402
 
 CONTEXT_GIB = 0.5  # what a real card's CUDA context and driver keep of its nominal size
 CASES = {"h200_480p": ("480p", None), "h200_720p": ("720p", None), "card16_480p": ("480p", 16.0)}
@@ -599,7 +599,7 @@ def card_sizes_main(args) -> None:
         raise SystemExit(f"--cases: unknown {unknown}; choose from {list(CARD_CASES)}")
     options = runtime.RuntimeOptions(compile="off" if args.tiny else "auto")
     results = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu",
-                   date=time.strftime("%Y-%m-%d"), commit=_commit(), host_link=None, runs=[])
+                   date=time.strftime("%Y-%m-%d"), commit=git_commit(), host_link=None, runs=[])
     if cuda:
         results["host_link"] = host_to_device_gib_s()
     by_weights: dict[tuple[str, str], list[str]] = {}
@@ -628,17 +628,6 @@ def card_sizes_main(args) -> None:
                 Path(args.out).write_text(json.dumps(results, indent=1))
             del handle
             gc.collect()
-
-
-def _commit() -> str | None:
-    """The pack's git commit (None outside a checkout: a copy made with ``git archive``)."""
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def host_to_device_gib_s() -> float:

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -164,6 +163,7 @@ def main() -> None:
 
 def result_row(args, mesh, pipe, out, total: float, build_s: float) -> dict:
     """The run's result (the same on every rank; the per-rank lists gathered)."""
+    from common import git_commit
     from cosmos3_core.parallel.mesh import all_gather_strings
     from cosmos3_core.parallel.sizing import GIB, per_rank_parameters
     from cosmos3_core.parallel.tensor import local_parameter_bytes
@@ -188,7 +188,7 @@ def result_row(args, mesh, pipe, out, total: float, build_s: float) -> dict:
         weights_gib_per_rank=[float(x) for x in weight_gib], peak_gib_per_rank=[float(x) for x in peaks],
         whole_model_gib_bf16=round(whole, 1), card_gib=round(card_gib, 1),
         one_card_holds_the_weights=bool(cuda and whole < card_gib), frames_shape=list(out.frames.shape),
-        torch=torch.__version__, commit=_commit(), date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__, commit=git_commit(), date=time.strftime("%Y-%m-%d"),
     )
     if args.compare:
         row["vs_reference"] = compare(out.latents, Path(args.compare))
@@ -204,14 +204,6 @@ def compare(latents: torch.Tensor, path: Path) -> dict:
     rel = float((got - ref).norm() / ref.norm())
     cosine = float(torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0))
     return dict(reference=path.name, rel=float(f"{rel:.3g}"), cosine=float(f"{cosine:.9f}"))
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def add_result(path: Path, row: dict) -> None:

@@ -203,6 +203,15 @@ def compile_stats() -> dict:
         graphs=counters["stats"]["unique_graphs"], **times)
 
 
+def git_commit() -> str:
+    """This checkout's short commit, for a results file ("unknown" outside a git checkout, e.g. a copied tree)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def fresh_processes(argv: list[str], count: int, results: dict, out_path: str) -> None:
     """Run ``python argv… --out <file>`` ``count`` times, one fresh process after another, on one new, empty
     ``COSMOS3_CACHE_DIR`` (the compile settings the environment held are dropped so that every cache lands there);
