@@ -42,6 +42,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 import types
 from pathlib import Path
 
@@ -527,13 +528,28 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
         out["fits"] = True
     except Exception as exc:  # an out-of-memory error, or the pack's card-too-small message: the finding
         out["fits"] = False
-        out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
+        out.update(failure(exc, handle, hold if cuda else None))
     finally:
         del block
         mm.unload_all_models()
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+    return out
+
+
+def failure(exc: Exception, handle, hold: int | None) -> dict:
+    """What a failed case leaves to read: the error, the innermost frames it came from and, on a GPU, the memory
+    allocated at that moment and how much of each tower was resident."""
+    frames = traceback.extract_tb(exc.__traceback__)[-5:]
+    out = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}",
+               where=[f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames])
+    if hold is not None:
+        out["at_failure"] = dict(
+            allocated_gib=gib3(torch.cuda.memory_allocated() - hold),
+            generation_resident_gib=gib3(handle.generation_patcher.model_size()
+                                         - streamed_bytes(handle.generation_patcher)),
+            text_resident_gib=gib3(handle.text_patcher.model_size() - streamed_bytes(handle.text_patcher)))
     return out
 
 

@@ -57,3 +57,17 @@ def test_tiny_card_sizes_run_every_weights_kind(tmp_path):
     assert [r["case"] for r in runs] == cases.split(",")
     assert all(r["fits"] and r["sample"]["steps"] == 10 and r["frames_shape"][0] == 9 for r in runs)
     assert "step_s_w8a8" in runs[1]["sample"] and "step_s" in runs[0]["sample"]
+
+
+def test_a_failed_case_records_where_it_failed():
+    def load_generation_tower():
+        raise RuntimeError("Allocation on device 0 would exceed allowed memory. (out of memory)\nmore")
+
+    try:
+        load_generation_tower()
+    except RuntimeError as exc:
+        record = bench_module().failure(exc, handle=None, hold=None)
+    assert record["error"] == "RuntimeError: Allocation on device 0 would exceed allowed memory. (out of memory)"
+    assert record["where"][-1].startswith("test_lowvram_bench.py:") and record["where"][-1].endswith(
+        " load_generation_tower")
+    assert "at_failure" not in record
