@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -682,6 +683,8 @@ def main() -> None:
         p.error("the simulated cards, --weight-storage and --card-sizes need a CUDA GPU; add --tiny for a CPU check "
                 "of the script")
     args.steps = args.steps or (10 if args.card_sizes else 3 if args.weight_storage else 4)
+    # ComfyUI's model manager says at INFO what it loads and how much of a tower it leaves to stream
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     sys.path.insert(0, str(Path(args.comfyui).resolve()))
     sys.argv = sys.argv[:1]  # ComfyUI's argument parser reads sys.argv at import
