@@ -501,7 +501,7 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
         def sample():
             stamps.append(time.perf_counter())
             plan = pack_api().plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=pipe.info.has_sound,
-                                   device=handle.generation_device, options=options)
+                                   device=handle.generation_device, options=options, prepare=handle.prepare)
             handle.load_generation_tower(plan.memory_required)
             out["streamed_gib_per_step"] = gib3(streamed_bytes(handle.generation_patcher))
             out["fp8"] = plan.fp8

@@ -29,7 +29,7 @@ from .pipeline import Cosmos3Pipeline, GenerationOutput
 from .request import ConditionLatents, Request, Resolved, SamplingRequest
 from .resolve import resolve, resolve_sampler
 from .runtime import DEFAULT, RuntimeOptions
-from .sampling.plan import SamplePlan
+from .sampling.plan import Prepare, SamplePlan, no_prepare
 
 __all__ = ["GENERATORS", "generate", "plan"]
 
@@ -66,12 +66,13 @@ _SAMPLING_ARGS = frozenset(f.name for f in fields(SamplingRequest))
 
 
 def plan(pipe: Cosmos3Pipeline, text, *, x0=None, clean_frames=(), action: ActionCondition | None = None,
-         generator=None, device=None, options: RuntimeOptions = DEFAULT, **sampling_args) -> SamplePlan:
+         generator=None, device=None, options: RuntimeOptions = DEFAULT, prepare: Prepare = no_prepare,
+         **sampling_args) -> SamplePlan:
     """The plan of one run on encoded ``text`` (a ``TextConditioning``): the sampling arguments (``seed``,
     ``steps``, ``guidance``, …, the fields of ``SamplingRequest``) resolved for the sampler's stage, then
     ``Cosmos3Pipeline.plan`` — the stages a Python user chains by hand, with the checks a sampler node gets.
     ``x0``/``clean_frames``: clean latents of the clip ``text`` describes; ``action``: an action run's condition
-    (``modes.action.encode_action_condition``)."""
+    (``modes.action.encode_action_condition``); ``prepare``: a model manager's hook (``Cosmos3Pipeline.plan``)."""
     unknown = sorted(set(sampling_args) - _SAMPLING_ARGS)
     if unknown:
         raise TypeError(f"plan: unknown arguments {unknown}; the sampling arguments are {sorted(_SAMPLING_ARGS)}.")
@@ -79,6 +80,6 @@ def plan(pipe: Cosmos3Pipeline, text, *, x0=None, clean_frames=(), action: Actio
     sampling = resolve_sampler(pipe.info, text, SamplingRequest(**sampling_args), condition=condition,
                                action=action)
     if action is not None:
-        return action_plan(pipe, text, action, sampling, device=device, options=options)
+        return action_plan(pipe, text, action, sampling, device=device, options=options, prepare=prepare)
     return pipe.plan(text, sampling, x0=x0, clean_frames=clean_frames, generator=generator, device=device,
-                     options=options)
+                     options=options, prepare=prepare)

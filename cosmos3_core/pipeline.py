@@ -42,7 +42,16 @@ from .request import CheckpointInfo, Sampling
 from .runtime import DEFAULT, RuntimeOptions
 from .sampling.conditioning import encode_condition
 from .sampling.loop import SampleResult, StepCallback, run
-from .sampling.plan import ActionInput, FastModes, PlanInputs, SamplePlan, generation_tokens, make_plan
+from .sampling.plan import (
+    ActionInput,
+    FastModes,
+    PlanInputs,
+    Prepare,
+    SamplePlan,
+    generation_tokens,
+    make_plan,
+    no_prepare,
+)
 from .sampling.prompt import PromptIds, encode_prompts, load_tokenizer
 from .sampling.schedulers import Stepper, load_scheduler_config, make_scheduler, make_stepper
 from .vae.audio import Cosmos3SoundDecoder, load_sound_decoder, num_audio_samples, sound_latent_length
@@ -230,14 +239,17 @@ class Cosmos3Pipeline:
     # ------------------------------------------------------------------ 3. sampling
     def plan(self, text: TextConditioning, sampling: Sampling, *, options: RuntimeOptions,
              x0: torch.Tensor | None = None, clean_frames: Sequence[int] = (), action: ActionInput | None = None,
-             generator: torch.Generator | None = None, device: torch.device | str | None = None) -> SamplePlan:
+             generator: torch.Generator | None = None, device: torch.device | str | None = None,
+             prepare: Prepare = no_prepare) -> SamplePlan:
         """The ``SamplePlan`` of a run with resolved ``sampling`` (``resolve.resolve_sampler``); nothing is computed
         on the model yet.
 
         ``device``: where the run's latents live (default: where the generation tower runs now); a caller that moves
         the tower afterwards (ComfyUI's model management) passes the device it will run on. ``generator``: draw the
         noise from it instead of a fresh generator seeded with ``seed`` (a long video's windows share one, as the
-        reference's chunk loop). ``options``: the run's kernels, carried by the plan."""
+        reference's chunk loop). ``options``: the run's kernels, carried by the plan. ``prepare(part, need)``: a
+        model manager's hook (ComfyUI's), called before the plan runs the text tower (``"text"``, its token count:
+        NVIDIA's FP8 policy re-runs it in the W8A8 steps' modes)."""
         assert not sampling.use_cfg or text.uncond is not None, "resolve_sampler refuses guidance without uncond"
         assert action is None or self.transformer.has_action, "resolve_sampler refuses a checkpoint without actions"
         assert generator is None or not (sampling.distilled or sampling.batch_size != 1)
@@ -259,7 +271,8 @@ class Cosmos3Pipeline:
         inputs = PlanInputs(
             text.cond, text.uncond, tuple(latent_shape), text.fps, stepper, sampling.guidance, options,
             guidance_interval=sampling.guidance_interval, x0=x0, clean_frames=tuple(clean_frames), device=device,
-            dtype=self.transformer.dtype, fast=self.fast_modes(text, sampling, len(stepper.timesteps), device, options),
+            dtype=self.transformer.dtype, fast=self.fast_modes(text, sampling, len(stepper.timesteps), device, options,
+                                                                     prepare),
         )
         return make_plan(self.config, inputs, seed=sampling.seed, batch_size=sampling.batch_size,
                          sound_len=sound_len, action=action, reanchor_vision=sampling.distilled,
@@ -274,35 +287,36 @@ class Cosmos3Pipeline:
         return make_stepper(scheduler)
 
     def fast_modes(self, text: TextConditioning, sampling: Sampling, steps: int, device: torch.device,
-                   options: RuntimeOptions) -> FastModes:
+                   options: RuntimeOptions, prepare: Prepare = no_prepare) -> FastModes:
         """The plan's fast modes for a run of ``steps`` on ``device``: each step's FP8 modes on the loaded layers
         (``fp8.fp8_steps``; a notice is logged where the checkpoint's W8A8 steps cannot run) with the text K/V in
-        those modes, and the run's SeaCache."""
+        those modes, and the run's SeaCache. ``prepare``: as in ``plan``."""
         fp8 = fp8_steps(self.transformer, sampling.mixed_precision, steps, device, options.fp8_gemm)
         if fp8 is None:
             return FastModes(sea_cache=sampling.sea_cache)
         (_log.warning if fp8.fallback else _log.info)("FP8: %s", fp8.note)
         if fp8.modes is None:
             return FastModes(sea_cache=sampling.sea_cache, fp8=fp8.note)
-        return FastModes(fp8.modes, self.text_in_precision(text, options), sampling.sea_cache, fp8.note)
+        return FastModes(fp8.modes, self.text_in_precision(text, options, prepare), sampling.sea_cache, fp8.note)
 
-    def text_in_precision(self, text: TextConditioning, options: RuntimeOptions):
+    def text_in_precision(self, text: TextConditioning, options: RuntimeOptions, prepare: Prepare = no_prepare):
         """``modes → (cond, uncond)`` text K/V computed in the FP8 modes ``modes`` (the reference re-runs the text
         tower in each step's modes): the text tower's linears are the reference's "generation" (``to_q/k/v/out``)
         and "reasoner" (``mlp``) paths; their W8A16 modes are the conditioning as encoded, other modes re-run the
-        tower from the prompts' token ids, once per mode and run."""
-        done: dict[tuple[str, str], tuple[TextKV, TextKV | None]] = {}
+        tower from the prompts' token ids — once per conditioning and modes (kept in ``text.in_precision``, where
+        the conditioning lives), after ``prepare("text", tokens)``."""
 
         def text_for(modes: StepPrecision):
             tower = (modes.generation, modes.reasoner)
             if tower == (W8A16, W8A16):
                 return text.cond, text.uncond
-            if tower not in done:
+            if tower not in text.in_precision:
                 ids = [text.cond.token_ids] + ([] if text.uncond is None else [text.uncond.token_ids])
+                prepare("text", sum(len(i) for i in ids))
                 self.prefill_count += len(ids)
-                kvs = self.transformer.prefill_many(ids, options.attention, modes)
-                done[tower] = (kvs[0], kvs[1] if len(kvs) > 1 else None)
-            return done[tower]
+                kvs = [kv.to(text.cond.device) for kv in self.transformer.prefill_many(ids, options.attention, modes)]
+                text.in_precision[tower] = (kvs[0], kvs[1] if len(kvs) > 1 else None)
+            return text.in_precision[tower]
 
         return text_for
 

@@ -140,16 +140,6 @@ class Cosmos3LongVideo(io.ComfyNode):
         with node_errors(NODE):
             resolved = resolve(request, pipe.info)
 
-        def prepare(part: str, need) -> None:
-            if part == "text":
-                model.load_text_tower(text_length=need)
-            elif part == "generation":
-                model.load_generation_tower(need.memory_required)
-            elif part == "vae":
-                model.load_vae(need)
-            elif part == "sound":
-                model.load_sound_decoder()
-
         bar = comfy.utils.ProgressBar(1)
         latent_preview = make_previewer(model)
 
@@ -165,7 +155,7 @@ class Cosmos3LongVideo(io.ComfyNode):
             try:  # closed (playable) on a cancel too; a full disk keeps the windows written whole (fragmented)
                 with VideoWriter(path, fps, width, height, audio=sound, fragmented=True) as writer:
                     generate_long(pipe, resolved, [writer.append, _window_preview(bar)], progress=progress,
-                                  device=model.generation_device, prepare=prepare)
+                                  device=model.generation_device, prepare=model.prepare)
             except OutputError as exc:
                 raise ValueError(f"could not write {exc.path} (filename_prefix={filename_prefix!r}): "
                                  f"{stopped_writing(exc, resolved.windows)}") from None

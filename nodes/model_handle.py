@@ -341,6 +341,18 @@ class Cosmos3ModelHandle:
         return {"working memory": working, "weights that cannot stream": fixed,
                 "the largest streamed layer": streamed * (mm.NUM_STREAMS + 1)}
 
+    def prepare(self, part: str, need) -> None:
+        """The core's model-manager hook (``sampling.plan.Prepare``): load ``part`` with room for ``need`` before the
+        core uses it — ``"text"`` (token count), ``"generation"`` (a plan), ``"vae"`` (latent shape), ``"sound"``."""
+        if part == "text":
+            self.load_text_tower(text_length=need)
+        elif part == "generation":
+            self.load_generation_tower(need.memory_required)
+        elif part == "vae":
+            self.load_vae(need)
+        elif part == "sound":
+            self.load_sound_decoder()
+
     def load_vae(self, latent_shape, extra_memory: int = 0) -> None:
         """Load the VAE with room for a decode of ``latent_shape`` plus ``extra_memory`` bytes (an encode's clip)."""
         _load(self.vae_patcher, self.pipeline.vae.memory_required(latent_shape) + int(extra_memory))

@@ -111,11 +111,12 @@ class Cosmos3KSamplerUniPCDualTower(io.ComfyNode):
                                     **fast_mode_sampling(sea_cache, sea_cache_threshold, mixed_precision_format))
             sampling = resolve_sampler(pipe.info, text, asked, condition=condition, action=action)
             if action is not None:  # action modes: the plan takes the mode's clean latents and action stream
-                plan = action_mode.plan(pipe, text, action, sampling, device=model.generation_device, options=options)
+                plan = action_mode.plan(pipe, text, action, sampling, device=model.generation_device, options=options,
+                                        prepare=model.prepare)
             else:
                 x0, clean = (None, ()) if condition is None else (condition.x0, condition.clean_frames)
                 plan = pipe.plan(text, sampling, x0=x0, clean_frames=clean, device=model.generation_device,
-                                 options=options)
+                                 options=options, prepare=model.prepare)
         with node_errors(who):  # a card too small for this run: the fix, before any out-of-memory error
             model.load_generation_tower(plan.memory_required)
 

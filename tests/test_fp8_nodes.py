@@ -144,6 +144,55 @@ def test_lora_on_fp8_weights_recomputes_the_scale(host, setup):
                                                                                                scale_b)
 
 
+def test_the_w8a8_text_rerun_loads_the_text_tower_and_runs_once_per_conditioning(host, setup):
+    """NVIDIA's policy re-runs the text tower in the W8A8 steps' modes while the plan is made: the plan first asks
+    the model manager for the text tower (the handle's ``prepare``, which loads it with room for the pass — on a
+    small card the generation tower may hold the GPU), keeps the result in the conditioning (a second run of the
+    same prompt runs no text tower), holds each distinct K/V on its device once and counts it in the room the step
+    asks for."""
+    import comfy.model_management as mm
+
+    _, pack = setup
+    core = f"{pack}.cosmos3_core"
+    api, runtime = (importlib.import_module(f"{core}.{m}") for m in ("api", "runtime"))
+    handle = load(host, MODELOPT)
+    pipe = handle.pipeline
+    options = runtime.RuntimeOptions(fp8_gemm="emulate", compile="off")
+    shape = dict(num_frames=1, height=32, width=48, fps=24.0)
+    ids = pipe.tokenize("a red robot", None, **shape)
+    mm.unload_all_models()
+    handle.load_text_tower(ids.prefill_tokens)
+    text = pipe.prefill_prompts(ids, **shape, options=options).to(mm.intermediate_device())
+    calls = []
+
+    def prepare(part, need):
+        calls.append((part, need, pipe.prefill_count))
+        handle.prepare(part, need)
+
+    def plan():
+        return api.plan(pipe, text, seed=3, steps=7, guidance=6.0, device=handle.generation_device,
+                        options=options, prepare=prepare)
+
+    before = pipe.prefill_count
+    first = plan()
+    assert calls == [("text", ids.prefill_tokens, before)] and pipe.prefill_count == before + 2
+    assert [g.precision.generation for g in first.guidance] == ["W8A16"] * 3 + ["W8A8"] + ["W8A16"] * 3
+    (w8a8_cond, w8a8_uncond), = text.in_precision.values()
+    assert first.guidance[3].text == (w8a8_cond, w8a8_uncond)  # on the CPU: no copy to make
+    assert {id(kv) for g in first.guidance for kv in g.text} == {id(kv) for kv in (
+        first.guidance[0].text + first.guidance[3].text)}  # four K/V, each held once
+    held = sum(kv.keys.nbytes + kv.values.nbytes for kv in (w8a8_cond, w8a8_uncond))
+    plain = api.plan(pipe, text, seed=3, steps=7, guidance=6.0, device=handle.generation_device,
+                     options=runtime.RuntimeOptions(compile="off"))  # no FP8 GEMMs on the CPU: W8A16 throughout
+    assert all(g.text == plain.guidance[0].text for g in plain.guidance) and len(calls) == 1
+    assert first.memory_required == plain.memory_required + held
+
+    second = plan()
+    assert len(calls) == 1 and pipe.prefill_count == before + 2
+    assert second.guidance[3].text == first.guidance[3].text
+    assert torch.equal(pipe.run(second).latents, pipe.run(plan()).latents)
+
+
 # ---------------------------------------------------------------------------------------------- the card
 def test_a_card_too_small_is_one_message_naming_the_fix(host, setup, monkeypatch):
     """A card whose memory cannot hold the step's working memory, the weights that cannot stream and one streamed

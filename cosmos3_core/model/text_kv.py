@@ -15,7 +15,7 @@ The keys are stored exactly as the generation pathway consumes them: after ``nor
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,6 +54,9 @@ class TextConditioning:
     fps: float
     prompt_text: str = ""
     negative_text: str = ""
+    # both prompts' K/V computed in other FP8 modes of the text tower (NVIDIA's W8A8 steps), by the modes of its
+    # linears: computed once for this conditioning (``Cosmos3Pipeline.text_in_precision``), kept where it lives
+    in_precision: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to(self, device: torch.device | str) -> "TextConditioning":
         cond = self.cond.to(device)

@@ -52,7 +52,7 @@ from ..pipeline import Cosmos3Pipeline, GenerationOutput, timed
 from ..request import ActionRequest, Resolved, Sampling
 from ..runtime import RuntimeOptions
 from ..sampling.conditioning import clip_frame_size, image_as_clip, preprocess_video
-from ..sampling.plan import ActionInput
+from ..sampling.plan import ActionInput, Prepare, no_prepare
 from ..sampling.prompt import DEFAULT_MAX_TOKENS, SYSTEM_PROMPT_VIDEO, PromptIds, branch_ids
 from .action_files import load_actions, load_actions_with_metadata, save_actions  # noqa: F401
 
@@ -247,11 +247,11 @@ def prefill(pipe: Cosmos3Pipeline, ids: PromptIds, condition: ActionCondition, *
 
 
 def plan(pipe: Cosmos3Pipeline, text: TextConditioning, condition: ActionCondition, sampling: Sampling, *,
-         device=None, options: RuntimeOptions):
+         device=None, options: RuntimeOptions, prepare: Prepare = no_prepare):
     """The plan of an action run: the mode's clean latent frames and action stream, with ``sampling`` resolved for
-    the action mode (``resolve.resolve_sampler(..., action=condition)``)."""
+    the action mode (``resolve.resolve_sampler(..., action=condition)``); ``prepare``: as ``Cosmos3Pipeline.plan``."""
     return pipe.plan(text, sampling, x0=condition.x0, clean_frames=condition.clean_frames,
-                     action=condition.plan_input(), device=device, options=options)
+                     action=condition.plan_input(), device=device, options=options, prepare=prepare)
 
 
 def generate_action(pipe: Cosmos3Pipeline, resolved: Resolved, callback=None, decode: bool = True) -> GenerationOutput:

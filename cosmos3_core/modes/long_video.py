@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ from ..pipeline import Cosmos3Pipeline
 from ..request import Resolved, WindowGeometry
 from ..runtime import RuntimeOptions
 from ..sampling.conditioning import preprocess_image, preprocess_video
-from ..sampling.plan import PlanInputs, SamplePlan
+from ..sampling.plan import PlanInputs, Prepare, SamplePlan, no_prepare
 from .stream_decode import Sink, StreamDecoder
 from .transfer import control_latents, make_transfer_plan, pad_controls, transfer_prompt_ids
 from .windows import clean_latent_frames, seed_pixels
@@ -41,15 +41,6 @@ from .windows import clean_latent_frames, seed_pixels
 # progress(window, num_windows, step, steps, x0_preview)
 WindowProgress = Callable[[int, int, int, int, torch.Tensor], None]
 LatentSink = Callable[[int, torch.Tensor], None]
-# prepare(part, need) before each use of a model part: ("text", token count), ("generation", plan),
-# ("vae", latent shape), ("sound", None) — a model manager loads the part there (ComfyUI); default: nothing
-Prepare = Callable[[str, Any], None]
-
-
-def _no_prepare(part: str, need: Any) -> None:
-    return None
-
-
 @dataclass
 class LongVideoResult:
     geometry: WindowGeometry
@@ -58,10 +49,11 @@ class LongVideoResult:
 
 
 class _TextCache:
-    """Text K/V per distinct token-id list: the text tower runs once per distinct prompt of the whole video."""
+    """Text K/V per distinct token-id list, and one ``TextConditioning`` per distinct prompt pair (which keeps its
+    K/V in other FP8 modes): the text tower runs once per distinct prompt (and FP8 mode) of the whole video."""
 
     def __init__(self, pipe: Cosmos3Pipeline, prepare: Prepare, options: RuntimeOptions):
-        self.pipe, self.prepare, self.options, self.cache = pipe, prepare, options, {}
+        self.pipe, self.prepare, self.options, self.cache, self.pairs = pipe, prepare, options, {}, {}
 
     def __call__(self, ids: list[int]) -> TextKV:
         key = tuple(ids)
@@ -69,6 +61,14 @@ class _TextCache:
             self.prepare("text", len(ids))
             self.cache[key] = self.pipe.prefill(ids, self.options)
         return self.cache[key]
+
+    def conditioning(self, cond: list[int], uncond: list[int] | None, r: Resolved, *texts: str) -> TextConditioning:
+        """The pair's conditioning for a window of ``r`` (``texts``: the prompts as words, for the log)."""
+        key = (tuple(cond), None if uncond is None else tuple(uncond))
+        if key not in self.pairs:
+            self.pairs[key] = TextConditioning(self(cond), None if uncond is None else self(uncond),
+                                               r.windows.chunk_frames, r.height, r.width, float(r.fps), *texts)
+        return self.pairs[key]
 
 
 @dataclass
@@ -88,7 +88,7 @@ class _Windows:
 def generate_long(
     pipe: Cosmos3Pipeline, resolved: Resolved, sinks: Sequence[Sink] = (), *,
     progress: WindowProgress | None = None, latents_sink: LatentSink | None = None,
-    device: torch.device | str | None = None, prepare: Prepare = _no_prepare, **decode_kwargs,
+    device: torch.device | str | None = None, prepare: Prepare = no_prepare, **decode_kwargs,
 ) -> LongVideoResult:
     """Generate ``resolved`` (mode ``windows`` or ``transfer``) window by window; every window's new frames (and
     sound) go to ``sinks`` once decoded.
@@ -151,26 +151,25 @@ def _window_plan(w: _Windows, k: int, x0, clean: list[int]) -> SamplePlan:
     r, pipe, chunk = w.resolved, w.pipe, w.resolved.windows.chunk_frames
     ids = pipe.tokenize(w.prompts[k], r.negative_prompt, num_frames=chunk, height=r.height, width=r.width,
                         fps=r.fps, use_system_prompt=r.use_system_prompt)
-    uncond = w.text_kv(ids.uncond) if r.sampling.use_cfg else None
-    text = TextConditioning(w.text_kv(ids.cond), uncond, chunk, r.height, r.width, float(r.fps), ids.cond_text,
-                            ids.uncond_text)
+    text = w.text_kv.conditioning(ids.cond, ids.uncond if r.sampling.use_cfg else None, r, ids.cond_text,
+                                  ids.uncond_text)
     return pipe.plan(text, r.sampling, generator=w.generator, x0=x0, clean_frames=clean, device=w.device,
-                     options=r.options)
+                     options=r.options, prepare=w.text_kv.prepare)
 
 
 def _transfer_plan(w: _Windows, k: int, x0, clean: list[int]) -> SamplePlan:
     """Window ``k`` of a Transfer video: the reference's chunk, steered by its slice of the control videos."""
     r, pipe, sampling, options = w.resolved, w.pipe, w.resolved.sampling, w.resolved.options
     ids = transfer_prompt_ids(pipe.tokenizer, w.prompts[k], r.negative_prompt, use_system_prompt=r.use_system_prompt)
-    cond, uncond = w.text_kv(ids.cond), w.text_kv(ids.uncond)
-    text = TextConditioning(cond, uncond, r.windows.chunk_frames, r.height, r.width, float(r.fps))
+    text = w.text_kv.conditioning(ids.cond, ids.uncond, r)
     # Cosmos3TransferSetTimestepsStep sets the scheduler's own timesteps: a checkpoint's use_native_flow_schedule
     # does not reach Transfer in the reference (diffusers 0.42.1 modular_pipelines/cosmos/before_denoise.py)
     stepper = pipe.stepper(sampling, native_flow_schedule=False)
-    inputs = PlanInputs(cond, uncond, w.latent_shape, r.fps, stepper, sampling.guidance, options,
+    inputs = PlanInputs(text.cond, text.uncond, w.latent_shape, r.fps, stepper, sampling.guidance, options,
                         guidance_interval=sampling.guidance_interval, x0=x0, clean_frames=tuple(clean),
                         device=w.device, dtype=pipe.transformer.dtype,
-                        fast=pipe.fast_modes(text, sampling, len(stepper.timesteps), w.device, options))
+                        fast=pipe.fast_modes(text, sampling, len(stepper.timesteps), w.device, options,
+                                             w.text_kv.prepare))
     plan = make_transfer_plan(pipe.config, inputs, prefix=control_latents(pipe.vae, w.controls, r.windows, k),
                               generator=w.generator, control_guidance=r.control_guidance,
                               control_guidance_interval=r.control_guidance_interval)

@@ -30,7 +30,7 @@ from ..model.layout import Prefix, build_layout
 from ..model.towers import step_memory_required
 from ..request import WindowGeometry
 from ..sampling.conditioning import preprocess_video
-from ..sampling.plan import Guidance, PlanInputs, SamplePlan, in_interval, initial_noise, vision_stream
+from ..sampling.plan import Guidance, PlanInputs, SamplePlan, TextOnDevice, in_interval, initial_noise, vision_stream
 from ..sampling.prompt import PromptIds, _chat_ids, _special_ids
 from ..sampling.sea_cache import SeaCache
 from .windows import reflect_pad, window_slice
@@ -127,7 +127,8 @@ def make_transfer_plan(config, inputs: PlanInputs, *, prefix: torch.Tensor, gene
     (noise,) = initial_noise(0, [i.latent_shape], generator)
     stream = vision_stream(i.latent_shape, noise, i.stepper, x0=i.x0 if i.clean_frames else None,
                            clean_frames=i.clean_frames, reanchor=True, device=device)
-    cond, uncond, prefix = i.cond.to(device), i.uncond.to(device), prefix.to(device)
+    texts = TextOnDevice(device, [i.cond, i.uncond])
+    (cond, uncond), prefix = texts.branches, prefix.to(device)
     layouts: dict[tuple, Guidance] = {}
     steps = []
     timesteps = i.stepper.timesteps.cpu().tolist()
@@ -137,7 +138,7 @@ def make_transfer_plan(config, inputs: PlanInputs, *, prefix: torch.Tensor, gene
         c = control_guidance if in_interval(t, control_guidance_interval) else 1.0
         key = (c != 1.0, g > 1.0, precision)
         if key not in layouts:
-            c_kv, u_kv = (cond, uncond) if precision is None else (kv.to(device) for kv in i.fast.text_for(precision))
+            c_kv, u_kv = (cond, uncond) if precision is None else (texts(kv) for kv in i.fast.text_for(precision))
             text = [c_kv] + [c_kv] * key[0] + [u_kv] * key[1]
             names = ("cond",) + ("cond_no_control",) * key[0] + ("uncond",) * key[1]
             hidden = (False,) + (True,) * key[0] + (False,) * key[1]
@@ -152,7 +153,8 @@ def make_transfer_plan(config, inputs: PlanInputs, *, prefix: torch.Tensor, gene
     return SamplePlan(
         streams=(stream,), guidance=tuple(steps), sigmas=i.stepper.sigmas.cpu(),
         timesteps=i.stepper.timesteps.cpu(), device=device, num_tokens=num_tokens, options=i.options,
-        memory_required=step_memory_required(config, num_tokens, list(widest.layout.text_lengths), i.dtype),
+        memory_required=step_memory_required(config, num_tokens, list(widest.layout.text_lengths), i.dtype)
+        + texts.extra_bytes,
         cache=None if i.fast.sea_cache is None else SeaCache(i.fast.sea_cache),
         noisy_vision=len(set(i.clean_frames)) < i.latent_frames, fp8=i.fast.fp8,
     )

@@ -36,7 +36,7 @@ K/V computed in those modes) and its branch names (the reference's cache context
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -91,6 +91,35 @@ class Guidance:
 
 
 TextFor = Callable[[StepPrecision], tuple[TextKV, TextKV | None]]
+# prepare(part, need) before each use of a model part: ("text", token count), ("generation", plan),
+# ("vae", latent shape), ("sound", None) — a model manager loads the part there (ComfyUI); default: nothing
+Prepare = Callable[[str, Any], None]
+
+
+def no_prepare(part: str, need: Any) -> None:
+    return None
+
+
+class TextOnDevice:
+    """The text K/V a plan holds on its device: each distinct ``TextKV`` — the branches' (``sources``) and those
+    ``FastModes.text_for`` computes in other FP8 modes — moved there once, however many steps share it;
+    ``extra_bytes``: what it holds beyond the branches' K/V (which ``step_memory_required`` counts)."""
+
+    def __init__(self, device: torch.device | str, sources: Sequence[TextKV]):
+        self.device = device
+        self.moved: dict[int, tuple[TextKV, TextKV]] = {}  # id(source) → (source, on the device)
+        self.branches = [self(kv) for kv in sources]
+        self._branch_ids = {id(kv) for kv in sources}
+
+    def __call__(self, kv: TextKV) -> TextKV:
+        if id(kv) not in self.moved:
+            self.moved[id(kv)] = (kv, kv.to(self.device))
+        return self.moved[id(kv)][1]
+
+    @property
+    def extra_bytes(self) -> int:
+        return sum(kv.keys.nbytes + kv.values.nbytes for key, (_, kv) in self.moved.items()
+                   if key not in self._branch_ids)
 
 
 @dataclass(frozen=True)
@@ -218,7 +247,8 @@ def make_plan(config: Cosmos3Config, inputs: PlanInputs, *, seed: int, batch_siz
             "generated (the prompt and seed would be ignored). Lower clean_latent_frames (CLI: condition on a "
             "shorter clip) or raise num_frames."
         )
-    branches = [kv.to(i.device) for kv in ([i.cond, i.uncond] if use_cfg else [i.cond])]
+    texts = TextOnDevice(i.device, [i.cond, i.uncond] if use_cfg else [i.cond])
+    branches = texts.branches
     tokens = None if action is None else ActionTokens(int(action.values.shape[0]), tuple(action.clean),
                                                       action.domain_id)
     layout = build_layout(config, [kv.length for kv in branches], i.latent_shape[2:], i.fps,
@@ -227,12 +257,12 @@ def make_plan(config: Cosmos3Config, inputs: PlanInputs, *, seed: int, batch_siz
     streams = _initial_streams(config, i, clean_frames, seed=seed, batch_size=batch_size, sound_len=sound_len,
                                action=action, reanchor_vision=reanchor_vision, generators=generators)
     timesteps = i.stepper.timesteps.cpu()
-    per_step = _per_step_guidance(i, branches, layout, timesteps)
+    per_step = _per_step_guidance(i, texts, layout, timesteps)
     return SamplePlan(
         streams=streams, guidance=per_step, sigmas=i.stepper.sigmas.cpu(), timesteps=timesteps, device=i.device,
         num_tokens=layout.num_tokens, batch_size=batch_size, options=i.options,
         memory_required=step_memory_required(config, layout.num_tokens, list(layout.text_lengths) * batch_size,
-                                             i.dtype),
+                                             i.dtype) + texts.extra_bytes,
         cache=None if i.fast.sea_cache is None else SeaCache(i.fast.sea_cache),
         noisy_vision=len(clean_frames) < i.latent_frames, fp8=i.fast.fp8,
     )
@@ -261,10 +291,11 @@ def _initial_streams(config: Cosmos3Config, i: PlanInputs, clean_frames: list[in
     return tuple(streams)
 
 
-def _per_step_guidance(i: PlanInputs, branches: list[TextKV], layout: GenLayout,
+def _per_step_guidance(i: PlanInputs, texts: TextOnDevice, layout: GenLayout,
                        timesteps: torch.Tensor) -> tuple[Guidance, ...]:
     """Each step's branches: both (CFG) inside the guidance interval, the cond branch alone outside it; in the
     step's FP8 modes, with the text K/V computed in them. Steps share the few distinct ``Guidance`` objects."""
+    branches = texts.branches
     use_cfg = len(branches) == 2
     modes = i.fast.step_precision if i.fast.step_precision is not None else (None,) * len(timesteps)
     assert len(modes) == len(timesteps), (len(modes), len(timesteps))
@@ -274,7 +305,7 @@ def _per_step_guidance(i: PlanInputs, branches: list[TextKV], layout: GenLayout,
     def step_guidance(with_uncond: bool, precision: StepPrecision | None) -> Guidance:
         if (with_uncond, precision) not in made:
             text = branches if i.fast.text_for is None or precision is None else [
-                kv.to(i.device) for kv in i.fast.text_for(precision) if kv is not None][: len(branches)]
+                texts(kv) for kv in i.fast.text_for(precision) if kv is not None][: len(branches)]
             made[(with_uncond, precision)] = (
                 Guidance(tuple(text), layout, cfg_combine(float(i.guidance)), precision, ("cond", "uncond"))
                 if with_uncond else Guidance(tuple(text[:1]), cond_layout, single_branch, precision, ("cond",)))
