@@ -304,14 +304,17 @@ class Cosmos3ModelHandle:
     def load_text_tower(self, text_length: int) -> None:
         working = (prefill_memory_required(self.pipeline.config, text_length, self.dtype)
                    + linear_call_workspace(self.text_patcher.model, self.dtype))
-        self._check_card(self.text_patcher, working, TEXT_CARD_FIX)
-        _load(self.text_patcher, working)
+        self._load_tower(self.text_patcher, working, TEXT_CARD_FIX)
 
-    def _check_card(self, patcher, working: int, fix: str = CARD_FIX) -> None:
-        """A card too small for ``patcher``'s tower: one message with the fix, before any CUDA out-of-memory error."""
+    def _load_tower(self, patcher, working: int, fix: str = CARD_FIX) -> None:
+        """Load a tower with room for ``working`` bytes of work and, should ComfyUI load it partially, for the layers
+        it streams in at a time; a card too small for that: one message with the fix, before any CUDA
+        out-of-memory error."""
+        need = self.least_memory(patcher, working)
         card = card_memory(patcher.load_device)
         if card is not None:
-            check_card_memory(self.least_memory(patcher, working), *card, fix=fix)
+            check_card_memory(need, *card, fix=fix)
+        _load(patcher, working + need["the largest streamed layer"])
 
     @property
     def generation_device(self) -> torch.device:
@@ -321,8 +324,7 @@ class Cosmos3ModelHandle:
     def load_generation_tower(self, memory_required: int) -> None:
         # room beside the step for the dense weight a quantized layer builds at each call (GGUF, FP8, a cast weight)
         working = memory_required + linear_call_workspace(self.generation_patcher.model, self.dtype)
-        self._check_card(self.generation_patcher, working)
-        _load(self.generation_patcher, working)
+        self._load_tower(self.generation_patcher, working)
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
 
