@@ -529,6 +529,7 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
         out["fits"] = True
     except Exception as exc:  # an out-of-memory error, or the pack's card-too-small message: the finding
         out["fits"] = False
+        traceback.print_exc()  # the whole story in the log; the record keeps the innermost frames
         out.update(failure(exc, handle, hold if cuda else None))
     finally:
         del block
