@@ -219,7 +219,27 @@ def _load(patcher: comfy.model_patcher.ModelPatcher, memory_required: int = 0) -
     """``load_models_gpu`` with room for the work ahead, then whatever of the model cannot stream joins it (the VAE
     and sound decoder are diffusers modules: if ComfyUI ever loads them partially, all of their layers move)."""
     mm.load_models_gpu([patcher], memory_required=memory_required)
+    _discard_pinning_error(patcher.load_device)
     _place_unstreamable(patcher)
+
+
+# what a failed cudaHostRegister leaves pending: cudaErrorInvalidValue, cudaErrorHostMemoryAlreadyRegistered
+_PINNING_ERRORS = ("invalid argument", "already mapped", "already registered")
+
+
+def _discard_pinning_error(device: torch.device) -> None:
+    """ComfyUI 0.3.x pins the weights a partial load leaves on the host with a raw ``cudaHostRegister`` and treats
+    a refusal as "not pinned" — but CUDA keeps the error pending, and torch's next checked call on the device raised
+    it as its own ("CUDA error: invalid argument", seen on a simulated 32 GiB card when the text tower was partly
+    unloaded; ComfyUI PR 10738 discards it in later releases). A checked launch here takes the pending pinning error
+    and drops it; any other CUDA error is raised."""
+    if device.type != "cuda":
+        return
+    try:
+        torch.zeros(1, device=device).add_(1)
+    except torch.AcceleratorError as exc:
+        if not any(words in str(exc) for words in _PINNING_ERRORS):
+            raise
 
 
 class Cosmos3TextTower(torch.nn.Module):
