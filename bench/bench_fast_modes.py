@@ -127,7 +127,7 @@ def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, wa
     trace = [] if plan.cache is None else plan.cache.trace
     return dict(denoise_35_steps_s=round(seconds, 2), warmup_steps=warmup_steps,
                 peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
-                fp8=plan.fp8, fp8_w8a8_steps=sum(bool(p) and p.startswith("W8A8") for p in plan.precision),
+                fp8=plan.fp8, fp8_w8a8_steps=sum(p is not None and p.generation == "W8A8" for p in plan.precision),
                 reused_contexts=sum(not c for *_, c in trace) if trace else None,
                 contexts=len(trace) or None, compiled=options.on(plan.device).compiles, frames=frames, height=h,
                 width=w)
