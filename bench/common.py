@@ -204,10 +204,11 @@ def compile_stats() -> dict:
 
 
 def git_commit() -> str:
-    """This checkout's short commit, for a results file ("unknown" outside a git checkout, e.g. a copied tree)."""
+    """This checkout's short commit, for a results file: ``-dirty`` after it when the tree differs from it (a lent
+    machine's copy of a working tree may keep an older commit's ``.git``); "unknown" outside a git checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                              text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
