@@ -297,26 +297,31 @@ class Cosmos3Pipeline:
         (_log.warning if fp8.fallback else _log.info)("FP8: %s", fp8.note)
         if fp8.modes is None:
             return FastModes(sea_cache=sampling.sea_cache, fp8=fp8.note)
-        return FastModes(fp8.modes, self.text_in_precision(text, options, prepare), sampling.sea_cache, fp8.note)
+        with_uncond = sampling.use_cfg and text.uncond is not None
+        return FastModes(fp8.modes, self.text_in_precision(text, options, prepare, with_uncond), sampling.sea_cache,
+                         fp8.note)
 
-    def text_in_precision(self, text: TextConditioning, options: RuntimeOptions, prepare: Prepare = no_prepare):
+    def text_in_precision(self, text: TextConditioning, options: RuntimeOptions, prepare: Prepare = no_prepare,
+                          with_uncond: bool = True):
         """``modes → (cond, uncond)`` text K/V computed in the FP8 modes ``modes`` (the reference re-runs the text
         tower in each step's modes): the text tower's linears are the reference's "generation" (``to_q/k/v/out``)
         and "reasoner" (``mlp``) paths; their W8A16 modes are the conditioning as encoded, other modes re-run the
-        tower from the prompts' token ids — once per conditioning and modes (kept in ``text.in_precision``, where
-        the conditioning lives), after ``prepare("text", tokens)``."""
+        tower from the prompts' token ids (the negative one only ``with_uncond``; else its K/V is None), after
+        ``prepare("text", tokens)``, once per modes for this plan — or for as long as ``text.in_precision`` keeps
+        them (a long video's windows), left on the tower's device."""
+        done = text.in_precision if text.in_precision is not None else {}
 
         def text_for(modes: StepPrecision):
             tower = (modes.generation, modes.reasoner)
             if tower == (W8A16, W8A16):
-                return text.cond, text.uncond
-            if tower not in text.in_precision:
-                ids = [text.cond.token_ids] + ([] if text.uncond is None else [text.uncond.token_ids])
+                return text.cond, text.uncond if with_uncond else None
+            if (tower, with_uncond) not in done:
+                ids = [text.cond.token_ids] + ([text.uncond.token_ids] if with_uncond else [])
                 prepare("text", sum(len(i) for i in ids))
                 self.prefill_count += len(ids)
-                kvs = [kv.to(text.cond.device) for kv in self.transformer.prefill_many(ids, options.attention, modes)]
-                text.in_precision[tower] = (kvs[0], kvs[1] if len(kvs) > 1 else None)
-            return text.in_precision[tower]
+                kvs = self.transformer.prefill_many(ids, options.attention, modes)
+                done[(tower, with_uncond)] = (kvs[0], kvs[1] if with_uncond else None)
+            return done[(tower, with_uncond)]
 
         return text_for
 

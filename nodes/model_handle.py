@@ -237,7 +237,7 @@ def _discard_pinning_error(device: torch.device) -> None:
         return
     try:
         torch.zeros(1, device=device).add_(1)
-    except torch.AcceleratorError as exc:
+    except getattr(torch, "AcceleratorError", RuntimeError) as exc:  # torch < 2.8: a RuntimeError
         if not any(words in str(exc) for words in _PINNING_ERRORS):
             raise
 

@@ -144,12 +144,12 @@ def test_lora_on_fp8_weights_recomputes_the_scale(host, setup):
                                                                                                scale_b)
 
 
-def test_the_w8a8_text_rerun_loads_the_text_tower_and_runs_once_per_conditioning(host, setup):
-    """NVIDIA's policy re-runs the text tower in the W8A8 steps' modes while the plan is made: the plan first asks
+def test_the_w8a8_text_rerun_asks_for_the_text_tower_and_counts_its_memory(host, setup):
+    """NVIDIA's policy re-runs the text tower in the W8A8 steps' modes while the plan is made: each plan first asks
     the model manager for the text tower (the handle's ``prepare``, which loads it with room for the pass — on a
-    small card the generation tower may hold the GPU), keeps the result in the conditioning (a second run of the
-    same prompt runs no text tower), holds each distinct K/V on its device once and counts it in the room the step
-    asks for."""
+    small card the generation tower may hold the GPU) and re-runs it on the model it samples (a LoRA'd one may differ
+    from the encode's), holds each distinct K/V once and counts it in the room the step asks for; under guidance 1
+    only the prompt is re-run."""
     import comfy.model_management as mm
 
     _, pack = setup
@@ -169,28 +169,31 @@ def test_the_w8a8_text_rerun_loads_the_text_tower_and_runs_once_per_conditioning
         calls.append((part, need, pipe.prefill_count))
         handle.prepare(part, need)
 
-    def plan():
-        return api.plan(pipe, text, seed=3, steps=7, guidance=6.0, device=handle.generation_device,
-                        options=options, prepare=prepare)
+    def plan(guidance=6.0, **kw):
+        return api.plan(pipe, text, seed=3, steps=7, guidance=guidance, device=handle.generation_device,
+                        options=kw.pop("options", options), prepare=prepare)
+
+    def kv_bytes(kvs):
+        return sum(kv.keys.nbytes + kv.values.nbytes for kv in kvs)
 
     before = pipe.prefill_count
     first = plan()
     assert calls == [("text", ids.prefill_tokens, before)] and pipe.prefill_count == before + 2
     assert [g.precision.generation for g in first.guidance] == ["W8A16"] * 3 + ["W8A8"] + ["W8A16"] * 3
-    (w8a8_cond, w8a8_uncond), = text.in_precision.values()
-    assert first.guidance[3].text == (w8a8_cond, w8a8_uncond)  # on the CPU: no copy to make
-    assert {id(kv) for g in first.guidance for kv in g.text} == {id(kv) for kv in (
-        first.guidance[0].text + first.guidance[3].text)}  # four K/V, each held once
-    held = sum(kv.keys.nbytes + kv.values.nbytes for kv in (w8a8_cond, w8a8_uncond))
-    plain = api.plan(pipe, text, seed=3, steps=7, guidance=6.0, device=handle.generation_device,
-                     options=runtime.RuntimeOptions(compile="off"))  # no FP8 GEMMs on the CPU: W8A16 throughout
+    w8a8 = first.guidance[3].text
+    assert len(w8a8) == 2 and all(torch.equal(kv.token_ids, b.token_ids) for kv, b in zip(w8a8, first.guidance[0].text))
+    assert {id(kv) for g in first.guidance for kv in g.text} == {id(kv) for kv in first.guidance[0].text + w8a8}
+    plain = plan(options=runtime.RuntimeOptions(compile="off"))  # no FP8 GEMMs on the CPU: W8A16 throughout
     assert all(g.text == plain.guidance[0].text for g in plain.guidance) and len(calls) == 1
-    assert first.memory_required == plain.memory_required + held
+    assert first.memory_required == plain.memory_required + kv_bytes(w8a8)
+    assert torch.equal(pipe.run(first).latents, pipe.run(plan()).latents)  # each plan re-runs it: same K/V
+    assert len(calls) == 2 and pipe.prefill_count == before + 4
 
-    second = plan()
-    assert len(calls) == 1 and pipe.prefill_count == before + 2
-    assert second.guidance[3].text == first.guidance[3].text
-    assert torch.equal(pipe.run(second).latents, pipe.run(plan()).latents)
+    one = plan(guidance=1.0)  # the cond branch alone: the negative prompt is not re-run
+    assert calls[-1] == ("text", len(ids.cond), before + 4) and pipe.prefill_count == before + 5
+    assert [len(g.text) for g in one.guidance] == [1] * 7
+    assert one.memory_required == plan(guidance=1.0, options=runtime.RuntimeOptions(
+        compile="off")).memory_required + kv_bytes(one.guidance[3].text)
 
 
 # ---------------------------------------------------------------------------------------------- the card

@@ -101,6 +101,25 @@ def test_text_tower_runs_once_per_distinct_prompt(pipe):
     assert len(latents) == 3 and pipe.prefill_count - before == 3  # 2 distinct prompts + negative
 
 
+def test_fp8_windows_share_the_text_towers_w8a8_run(checkpoint, tmp_path):
+    """NVIDIA's FP8 policy re-runs the text tower in the W8A8 steps' modes: once for the whole video (the windows of
+    one run share its model and prompts), not once per window."""
+    from cosmos3_core.runtime import RuntimeOptions
+    from cosmos3_core.testing.fp8 import build_fp8_checkpoint
+
+    fp8 = Cosmos3Pipeline.load(build_fp8_checkpoint(checkpoint, tmp_path / "fp8"), dtype=torch.float32,
+                               device="cpu")
+    request = windows(fp8, prompt=PROMPT, num_frames=17, conditional_frames=1, steps=7,  # 2 windows
+                      options=RuntimeOptions(fp8_gemm="emulate", compile="off"))
+    plans = []
+    real = fp8.run
+    fp8.run = lambda plan, *a, **kw: (plans.append(plan), real(plan, *a, **kw))[1]
+    generate_long(fp8, request, [FrameCollector()])
+    assert len(plans) == 2 and all(p.guidance[3].precision.generation == "W8A8" for p in plans)
+    assert fp8.prefill_count == 4  # prompt + negative, then both again in the W8A8 modes, for both windows
+    assert plans[0].guidance[3].text == plans[1].guidance[3].text
+
+
 def test_sound_track_is_streamed_with_the_frames(pipe, tmp_path):
     path = tmp_path / "long.mp4"
     with media.VideoWriter(path, 24.0, W, H, audio=True) as writer:

@@ -54,11 +54,12 @@ class TextConditioning:
     fps: float
     prompt_text: str = ""
     negative_text: str = ""
-    # both prompts' K/V computed in other FP8 modes of the text tower (NVIDIA's W8A8 steps), by the modes of its
-    # linears: computed once for this conditioning (``Cosmos3Pipeline.text_in_precision``), kept where it lives
-    in_precision: dict = field(default_factory=dict, compare=False, repr=False)
+    # the prompts' K/V in other FP8 modes of the text tower (NVIDIA's W8A8 steps), by the modes of its linears,
+    # kept across plans only where one run owns this conditioning and its model (a long video's windows: pass {});
+    # None: each plan computes them afresh (``Cosmos3Pipeline.text_in_precision``) on the model it samples
+    in_precision: dict | None = field(default=None, compare=False, repr=False)
 
     def to(self, device: torch.device | str) -> "TextConditioning":
         cond = self.cond.to(device)
         uncond = None if self.uncond is None else cond if self.uncond is self.cond else self.uncond.to(device)
-        return dataclasses.replace(self, cond=cond, uncond=uncond)
+        return dataclasses.replace(self, cond=cond, uncond=uncond, in_precision=None)

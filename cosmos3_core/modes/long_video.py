@@ -49,8 +49,9 @@ class LongVideoResult:
 
 
 class _TextCache:
-    """Text K/V per distinct token-id list, and one ``TextConditioning`` per distinct prompt pair (which keeps its
-    K/V in other FP8 modes): the text tower runs once per distinct prompt (and FP8 mode) of the whole video."""
+    """Text K/V per distinct token-id list, and one ``TextConditioning`` per distinct prompt pair, which keeps the
+    pair's K/V in other FP8 modes for every window (one run, one model): the text tower runs once per distinct
+    prompt of the whole video, and once per distinct pair and FP8 mode."""
 
     def __init__(self, pipe: Cosmos3Pipeline, prepare: Prepare, options: RuntimeOptions):
         self.pipe, self.prepare, self.options, self.cache, self.pairs = pipe, prepare, options, {}, {}
@@ -67,7 +68,8 @@ class _TextCache:
         key = (tuple(cond), None if uncond is None else tuple(uncond))
         if key not in self.pairs:
             self.pairs[key] = TextConditioning(self(cond), None if uncond is None else self(uncond),
-                                               r.windows.chunk_frames, r.height, r.width, float(r.fps), *texts)
+                                               r.windows.chunk_frames, r.height, r.width, float(r.fps), *texts,
+                                               in_precision={})
         return self.pairs[key]
 
 

@@ -138,7 +138,8 @@ def make_transfer_plan(config, inputs: PlanInputs, *, prefix: torch.Tensor, gene
         c = control_guidance if in_interval(t, control_guidance_interval) else 1.0
         key = (c != 1.0, g > 1.0, precision)
         if key not in layouts:
-            c_kv, u_kv = (cond, uncond) if precision is None else (texts(kv) for kv in i.fast.text_for(precision))
+            c_kv, u_kv = (cond, uncond) if precision is None else (
+                None if kv is None else texts(kv) for kv in i.fast.text_for(precision))
             text = [c_kv] + [c_kv] * key[0] + [u_kv] * key[1]
             names = ("cond",) + ("cond_no_control",) * key[0] + ("uncond",) * key[1]
             hidden = (False,) + (True,) * key[0] + (False,) * key[1]

@@ -103,7 +103,9 @@ def no_prepare(part: str, need: Any) -> None:
 class TextOnDevice:
     """The text K/V a plan holds on its device: each distinct ``TextKV`` — the branches' (``sources``) and those
     ``FastModes.text_for`` computes in other FP8 modes — moved there once, however many steps share it;
-    ``extra_bytes``: what it holds beyond the branches' K/V (which ``step_memory_required`` counts)."""
+    ``extra_bytes``: what it holds beyond the branches' K/V (which ``step_memory_required`` counts), whether or not
+    it was there before the plan (room a run needs on the card; for a model manager's load, K/V already on the GPU
+    are counted twice — on the safe side, as the branches' are)."""
 
     def __init__(self, device: torch.device | str, sources: Sequence[TextKV]):
         self.device = device
@@ -305,7 +307,7 @@ def _per_step_guidance(i: PlanInputs, texts: TextOnDevice, layout: GenLayout,
     def step_guidance(with_uncond: bool, precision: StepPrecision | None) -> Guidance:
         if (with_uncond, precision) not in made:
             text = branches if i.fast.text_for is None or precision is None else [
-                texts(kv) for kv in i.fast.text_for(precision) if kv is not None][: len(branches)]
+                texts(kv) for kv in i.fast.text_for(precision)[: len(branches)]]
             made[(with_uncond, precision)] = (
                 Guidance(tuple(text), layout, cfg_combine(float(i.guidance)), precision, ("cond", "uncond"))
                 if with_uncond else Guidance(tuple(text[:1]), cond_layout, single_branch, precision, ("cond",)))
