@@ -458,72 +458,47 @@ def streamed_bytes(patcher) -> int:
     return sum(p.numel() * p.element_size() for p in patcher.model.parameters() if p.device != device)
 
 
-def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> dict:
-    """One card: text encode, ``steps`` denoising steps (compiled as shipped: ``options``), VAE and sound decode."""
-    pipe = handle.pipeline
-    h, w, frames = shape
-    mm.unload_all_models()
-    gc.collect()
-    hold, block = 0, None
-    if cuda and vram_gib is not None:
-        torch.cuda.empty_cache()
-        free, _ = torch.cuda.mem_get_info()
-        hold = max(int(free - (vram_gib - CONTEXT_GIB) * 2**30), 0)
-        block = torch.empty(hold, dtype=torch.uint8, device="cuda")
-    out = dict(height=h, width=w, frames=frames, vram_gib=vram_gib,
-               generation_tower_gib=gib3(handle.generation_patcher.model_size()),
-               text_tower_gib=gib3(handle.text_patcher.model_size()))
-    text_shape = dict(num_frames=frames, height=h, width=w, fps=24.0)
-    stamps: list[float] = []
+class Phases:
+    """Each phase of a case timed into ``out[label]`` (``seconds``; on a GPU also ``peak_gib``, the peak allocated
+    beyond the ``hold`` bytes that simulate the card)."""
 
-    def phase(label, fn):
-        if cuda:
+    def __init__(self, out: dict, cuda: bool, hold: int):
+        self.out, self.cuda, self.hold = out, cuda, hold
+
+    def __call__(self, label: str, fn):
+        if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         result = fn()
-        if cuda:
+        if self.cuda:
             torch.cuda.synchronize()
-            out[label] = dict(seconds=round(time.perf_counter() - t0, 2),
-                              peak_gib=gib3(torch.cuda.max_memory_allocated() - hold))
-        else:
-            out[label] = dict(seconds=round(time.perf_counter() - t0, 2))
+        self.out[label] = dict(seconds=round(time.perf_counter() - t0, 2))
+        if self.cuda:
+            self.out[label]["peak_gib"] = gib3(torch.cuda.max_memory_allocated() - self.hold)
         return result
 
+
+def hold_card(vram_gib: float) -> tuple[torch.Tensor, int]:
+    """A simulated card of ``vram_gib`` GiB: the rest of the GPU held by one block (and its size in bytes)."""
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    hold = max(int(free - (vram_gib - CONTEXT_GIB) * 2**30), 0)
+    return torch.empty(hold, dtype=torch.uint8, device="cuda"), hold
+
+
+def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> dict:
+    """One card: text encode, ``steps`` denoising steps (compiled as shipped: ``options``), VAE and sound decode;
+    on failure, where and at what memory it failed."""
+    mm.unload_all_models()
+    gc.collect()
+    block, hold = hold_card(vram_gib) if cuda and vram_gib is not None else (None, 0)
+    h, w, frames = shape
+    out = dict(height=h, width=w, frames=frames, vram_gib=vram_gib,
+               generation_tower_gib=gib3(handle.generation_patcher.model_size()),
+               text_tower_gib=gib3(handle.text_patcher.model_size()))
     try:
-        def encode():
-            ids = pipe.tokenize(LONG_PROMPT, None, **text_shape)
-            handle.load_text_tower(text_length=ids.prefill_tokens)
-            return pipe.prefill_prompts(ids, **text_shape, options=options).to(mm.intermediate_device())
-
-        text = phase("text_encode", encode)
-
-        def sample():
-            stamps.append(time.perf_counter())
-            plan = pack_api().plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=pipe.info.has_sound,
-                                   device=handle.generation_device, options=options, prepare=handle.prepare)
-            handle.load_generation_tower(plan.memory_required)
-            out["streamed_gib_per_step"] = gib3(streamed_bytes(handle.generation_patcher))
-            out["fp8"] = plan.fp8
-            sync = torch.cuda.synchronize if cuda else (lambda: None)
-            return pipe.run(plan, callback=lambda *_: (sync(), stamps.append(time.perf_counter())))
-
-        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        result = phase("sample", sample)
-        out["sample"].update(steps=steps, **step_times(stamps, out["sample"]["seconds"], out["fp8"] is not None),
-                             graphs_compiled=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)
-
-        def decode():
-            handle.load_vae(result.latents.shape)
-            return pipe.decode_video(result.latents)
-
-        out["frames_shape"] = list(phase("vae_decode", decode).shape)
-        if result.sound is not None:
-            def sound():
-                handle.load_sound_decoder()
-                return pipe.decode_sound(result.sound, frames, 24.0)
-
-            phase("sound_decode", sound)
+        run_card(handle, mm, shape, steps, options, Phases(out, cuda, hold))
         if cuda:
             out["peak_gib"] = max(v["peak_gib"] for v in out.values() if isinstance(v, dict) and "peak_gib" in v)
         out["fits"] = True
@@ -538,6 +513,41 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
         if cuda:
             torch.cuda.empty_cache()
     return out
+
+
+def run_card(handle, mm, shape, steps: int, options, phase: Phases) -> None:
+    """The node graph's work on one card, each part loaded through ComfyUI's model management as the nodes do."""
+    pipe, out, cuda = handle.pipeline, phase.out, phase.cuda
+    h, w, frames = shape
+    text_shape = dict(num_frames=frames, height=h, width=w, fps=24.0)
+    stamps: list[float] = []
+
+    def encode():
+        ids = pipe.tokenize(LONG_PROMPT, None, **text_shape)
+        handle.load_text_tower(text_length=ids.prefill_tokens)
+        return pipe.prefill_prompts(ids, **text_shape, options=options).to(mm.intermediate_device())
+
+    text = phase("text_encode", encode)
+
+    def sample():
+        stamps.append(time.perf_counter())
+        plan = pack_api().plan(pipe, text, seed=0, steps=steps, guidance=6.0, sound=pipe.info.has_sound,
+                               device=handle.generation_device, options=options, prepare=handle.prepare)
+        handle.load_generation_tower(plan.memory_required)
+        out["streamed_gib_per_step"] = gib3(streamed_bytes(handle.generation_patcher))
+        out["fp8"] = plan.fp8
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        return pipe.run(plan, callback=lambda *_: (sync(), stamps.append(time.perf_counter())))
+
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    result = phase("sample", sample)
+    out["sample"].update(steps=steps, **step_times(stamps, out["sample"]["seconds"], out["fp8"] is not None),
+                         graphs_compiled=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)
+    out["frames_shape"] = list(phase("vae_decode", lambda: (handle.load_vae(result.latents.shape),
+                                                            pipe.decode_video(result.latents))[1]).shape)
+    if result.sound is not None:
+        phase("sound_decode", lambda: (handle.load_sound_decoder(),
+                                       pipe.decode_sound(result.sound, frames, 24.0))[1])
 
 
 def failure(exc: Exception, handle, hold: int | None) -> dict:
