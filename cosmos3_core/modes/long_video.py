@@ -41,6 +41,8 @@ from .windows import clean_latent_frames, seed_pixels
 # progress(window, num_windows, step, steps, x0_preview)
 WindowProgress = Callable[[int, int, int, int, torch.Tensor], None]
 LatentSink = Callable[[int, torch.Tensor], None]
+
+
 @dataclass
 class LongVideoResult:
     geometry: WindowGeometry
