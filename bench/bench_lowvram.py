@@ -363,7 +363,9 @@ def weight_storage_main(args) -> None:
 # ------------------------------------------------------------------------------------------------ card sizes
 # Every card size users have (issue 37): name → (model, resolution, weights, card GiB). Weights: bf16 (the pack's
 # streaming Linear), fp8 (NVIDIA's ModelOpt layout in the pack's StreamingFp8Linear: W8A8 under NVIDIA's step policy
-# where the GPU has FP8 tensor cores), gguf_q8_0 / gguf_q4_0 (StreamingGgufLinear, GGML blocks dequantized per call).
+# where the GPU has FP8 tensor cores), fp8_fast (a bf16 checkpoint loaded with weight_dtype fp8_e4m3fn_fast: the same
+# layers, each weight rounded to e4m3 at load, dynamic activation scales), gguf_q8_0 / gguf_q4_0 (StreamingGgufLinear,
+# GGML blocks dequantized per call).
 CARD_CASES = {
     "nano480_8g_q4_0": ("nano", "480p", "gguf_q4_0", 8),
     "nano480_12g_q8_0": ("nano", "480p", "gguf_q8_0", 12),
@@ -372,6 +374,8 @@ CARD_CASES = {
     "nano480_16g_bf16": ("nano", "480p", "bf16", 16),
     "nano480_24g_fp8": ("nano", "480p", "fp8", 24),
     "nano480_24g_bf16": ("nano", "480p", "bf16", 24),
+    "nano480_16g_fp8_fast": ("nano", "480p", "fp8_fast", 16),
+    "nano480_24g_fp8_fast": ("nano", "480p", "fp8_fast", 24),
     "nano480_32g_bf16": ("nano", "480p", "bf16", 32),
     "nano720_24g_fp8": ("nano", "720p", "fp8", 24),
     "nano720_32g_bf16": ("nano", "720p", "bf16", 32),
@@ -397,12 +401,12 @@ def random_fullsize_pipeline(files: Path, model: str, weights: str):
     import comfy.ops
     from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
-    fullsize, fp8 = _pack("cosmos3_core.testing.fullsize"), _pack("cosmos3_core.model.fp8")
-    precision, weights_mod = _pack("cosmos3_core.model.precision"), _pack("cosmos3_core.model.weights")
+    fullsize, weights_mod = _pack("cosmos3_core.testing.fullsize"), _pack("cosmos3_core.model.weights")
     quants, handle_mod = _pack("cosmos3_core.model.gguf_quants"), _pack("nodes.model_handle")
     config = _pack("cosmos3_core.config").Cosmos3Config.from_dict(fullsize.NANO if model == "nano" else fullsize.SUPER)
-    linear = {"bf16": comfy.ops.disable_weight_init.Linear, "fp8": handle_mod.StreamingFp8Linear}.get(
-        weights, handle_mod.StreamingGgufLinear)
+    fp8_layers = weights in ("fp8", "fp8_fast")
+    linear = comfy.ops.disable_weight_init.Linear if weights == "bf16" else \
+        handle_mod.StreamingFp8Linear if fp8_layers else handle_mod.StreamingGgufLinear
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):
         tf = _pack("cosmos3_core.model.transformer").Cosmos3Transformer(config, skip_modules=skip, linear=linear)
@@ -429,19 +433,13 @@ def random_fullsize_pipeline(files: Path, model: str, weights: str):
                     else value.to(torch.bfloat16)
                 if pname == "scale_weight":
                     value = torch.ones((), device=device)
-                if layer_weight and weights == "fp8":
-                    w8, scale = fp8.quantize_weight(value)
-                    module.weight = torch.nn.Parameter(w8.cpu(), requires_grad=False)
-                    module.scale_weight = torch.nn.Parameter(scale.cpu(), requires_grad=False)
-                    module.w8a8_weight_scale = scale.cpu().clone()
-                    module.input_scale = torch.tensor(FP8_INPUT_SCALE)
-                    module.path = precision.linear_path(mname)
+                if layer_weight and fp8_layers:
+                    set_fp8_weight(module, mname, value, approximate=weights == "fp8_fast")
                     continue
                 module._parameters[pname] = torch.nn.Parameter(value.cpu(), requires_grad=False)
-    if weights == "fp8":
-        tf.fp8_checkpoint = weights_mod.Fp8Checkpoint({
-            "quant_method": "modelopt", "quant_algo": "FP8",
-            "runtime": {"diffusion_step_policy": precision.FIRST_LAST_N_FP8_POLICY}})
+    if fp8_layers:
+        tf.fp8_checkpoint = weights_mod.Fp8Checkpoint(dict(weights_mod.APPROXIMATE_FP8_CONFIG),
+                                                      approximate=weights == "fp8_fast")
     tf.eval().requires_grad_(False)
     vae = AutoencoderKLWan(**WAN22_VAE).to(dtype=torch.bfloat16).eval().requires_grad_(False)
     audio = Cosmos3AVAEAudioTokenizer().eval().requires_grad_(False)
@@ -450,6 +448,22 @@ def random_fullsize_pipeline(files: Path, model: str, weights: str):
     return pipeline.Cosmos3Pipeline(files, tf, _pack("cosmos3_core.vae.video").Cosmos3VAE(vae),
                                     _pack("cosmos3_core.sampling.prompt").load_tokenizer(files),
                                     _pack("cosmos3_core.vae.audio").Cosmos3SoundDecoder(audio))
+
+
+def set_fp8_weight(module, name: str, value: torch.Tensor, approximate: bool) -> None:
+    """``value`` into an FP8 layer as the loader leaves it: NVIDIA's layout (e4m3 weight, its scale, a calibrated
+    activation scale), or for ``approximate`` (``fp8_e4m3fn_fast``) the weight rounded at load with dynamic
+    activation scales and ``scale_b`` the weight's own scale (``loader._set_w8a8_scales``)."""
+    fp8, precision = _pack("cosmos3_core.model.fp8"), _pack("cosmos3_core.model.precision")
+    w8, scale = fp8.quantize_weight(value)
+    module.weight = torch.nn.Parameter(w8.cpu(), requires_grad=False)
+    module.scale_weight = torch.nn.Parameter(scale.cpu(), requires_grad=False)
+    module.path = precision.linear_path(name)
+    if approximate:
+        module.dynamic_input = True
+    else:
+        module.w8a8_weight_scale = scale.cpu().clone()
+        module.input_scale = torch.tensor(FP8_INPUT_SCALE)
 
 
 def streamed_bytes(patcher) -> int:
@@ -606,7 +620,8 @@ def tiny_card_handle(handle_cls, tmp: Path, model: str, weights: str):
         gguf = tmp / f"tiny-{model}-{weights}.gguf"
         if not gguf.is_file():
             write_gguf(files, gguf, weights[len("gguf_"):].upper())
-    return handle_cls.load(f"tiny-{model}", files, torch.float32, "cpu", gguf_file=gguf)
+    return handle_cls.load(f"tiny-{model}", files, torch.float32, "cpu", gguf_file=gguf,
+                           fp8_compute=weights == "fp8_fast")
 
 
 def card_sizes_main(args) -> None:
@@ -625,7 +640,9 @@ def card_sizes_main(args) -> None:
     unknown = [n for n in names if n not in CARD_CASES]
     if unknown:
         raise SystemExit(f"--cases: unknown {unknown}; choose from {list(CARD_CASES)}")
-    options = runtime.RuntimeOptions(compile="off" if args.tiny else "auto")
+    # --tiny: the CPU has no FP8 GEMM; the W8A8 steps run emulated (what fp8_e4m3fn_fast asks for explicitly)
+    options = runtime.RuntimeOptions(compile="off", fp8_gemm="emulate") if args.tiny else \
+        runtime.RuntimeOptions(compile="auto")
     results = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu",
                    date=time.strftime("%Y-%m-%d"), commit=git_commit(), host_link=None, runs=[])
     if cuda:

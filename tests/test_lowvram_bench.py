@@ -49,7 +49,7 @@ def test_one_graph_step_mean_leaves_out_the_first():
 @pytest.mark.comfy
 def test_tiny_card_sizes_run_every_weights_kind(tmp_path):
     out = tmp_path / "cards.json"
-    cases = "nano480_8g_q4_0,nano480_12g_fp8,nano480_16g_bf16"
+    cases = "nano480_8g_q4_0,nano480_12g_fp8,nano480_16g_fp8_fast,nano480_16g_bf16"
     proc = subprocess.run([sys.executable, str(BENCH), "--comfyui", str(comfy_host.comfyui_dir()), "--card-sizes",
                            "--tiny", "--cases", cases, "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -57,6 +57,7 @@ def test_tiny_card_sizes_run_every_weights_kind(tmp_path):
     assert [r["case"] for r in runs] == cases.split(",")
     assert all(r["fits"] and r["sample"]["steps"] == 10 and r["frames_shape"][0] == 9 for r in runs)
     assert "step_s_w8a8" in runs[1]["sample"] and "step_s" in runs[0]["sample"]
+    assert "step_s_w8a8" in runs[2]["sample"] and "approximate" in runs[2]["fp8"] and "approximate" not in runs[1]["fp8"]
 
 
 def test_a_failed_case_records_where_it_failed():
