@@ -16,6 +16,7 @@ import collections
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import comfy.model_management as mm
 import comfy.model_patcher
@@ -258,6 +259,34 @@ class Cosmos3SoundDecoder(torch.nn.Module):
     """Holder of the checkpoint's sound decoder."""
 
 
+class LeastMemory(NamedTuple):
+    """What a tower's run needs on its GPU at the least: its ``working`` memory, the tensors that cannot stream
+    (``fixed``: norms, embeddings, the loose parameters) and room for the layers ComfyUI streams in at a time
+    (``streamed_layer``: the largest one, once per copy stream and once in use)."""
+
+    working: int
+    fixed: int
+    streamed_layer: int
+
+    def by_part(self) -> dict[str, int]:
+        """The parts in words, for the card-too-small message (``checks.check_card_memory``)."""
+        return {"working memory": self.working, "weights that cannot stream": self.fixed,
+                "the largest streamed layer": self.streamed_layer}
+
+
+def least_memory(patcher, working: int) -> LeastMemory:
+    """The ``LeastMemory`` of the tower ``patcher`` holds, for a run of ``working`` bytes of work."""
+    fixed = streamed = 0
+    for module in patcher.model.modules():
+        size = sum(t.numel() * t.element_size() for t in (*module.parameters(recurse=False),
+                                                           *module.buffers(recurse=False)))
+        if hasattr(module, "comfy_cast_weights"):
+            streamed = max(streamed, size)
+        else:
+            fixed += size
+    return LeastMemory(working, fixed, streamed * (mm.NUM_STREAMS + 1))
+
+
 @dataclass
 class Cosmos3ModelHandle:
     name: str
@@ -330,11 +359,11 @@ class Cosmos3ModelHandle:
         """Load a tower with room for ``working`` bytes of work and, should ComfyUI load it partially, for the layers
         it streams in at a time; a card too small for that: one message with the fix, before any CUDA
         out-of-memory error."""
-        need = self.least_memory(patcher, working)
+        need = least_memory(patcher, working)
         card = card_memory(patcher.load_device)
         if card is not None:
-            check_card_memory(need, *card, fix=fix)
-        _load(patcher, working + need["the largest streamed layer"])
+            check_card_memory(need.by_part(), *card, fix=fix)
+        _load(patcher, working + need.streamed_layer)
 
     @property
     def generation_device(self) -> torch.device:
@@ -347,21 +376,6 @@ class Cosmos3ModelHandle:
         self._load_tower(self.generation_patcher, working)
         # a partially loaded tower may leave proj_in streaming from the CPU: say where the work runs
         self.pipeline.transformer.execution_device = self.generation_patcher.load_device
-
-    @staticmethod
-    def least_memory(patcher, working: int) -> dict[str, int]:
-        """What a tower's run needs on its GPU at the least, by part: its working memory, the tensors that cannot
-        stream (norms, embeddings, the loose parameters) and the largest layer ComfyUI streams in at a time."""
-        fixed = streamed = 0
-        for module in patcher.model.modules():
-            size = sum(t.numel() * t.element_size() for t in (*module.parameters(recurse=False),
-                                                               *module.buffers(recurse=False)))
-            if hasattr(module, "comfy_cast_weights"):
-                streamed = max(streamed, size)
-            else:
-                fixed += size
-        return {"working memory": working, "weights that cannot stream": fixed,
-                "the largest streamed layer": streamed * (mm.NUM_STREAMS + 1)}
 
     def prepare(self, part: str, need) -> None:
         """The core's model-manager hook (``sampling.plan.Prepare``): load ``part`` with room for ``need`` before the
