@@ -218,6 +218,28 @@ def _eos_ids(checkpoint_dir: Path | None, tokenizer) -> list[int]:
     return sorted(set(ids))
 
 
+@dataclass
+class _Decode:
+    """One decode's state: the tokens ``seen`` (the repetition penalty's), the sampling generator and ``step``, the
+    model after a token — its logits, or where ``in_step`` the greedy pick itself (``Cosmos3Reasoner._decode``)."""
+
+    seen: torch.Tensor
+    params: SamplingParams
+    gen: torch.Generator | None
+    step: Callable[[torch.Tensor], torch.Tensor]
+    in_step: bool
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The token ``logits`` give under ``params``, marked seen."""
+        token = sample_token(logits, self.seen, self.params, self.gen)
+        self.seen.index_fill_(0, token, True)
+        return token
+
+    def next(self, token: torch.Tensor) -> torch.Tensor:
+        """The token after ``token``."""
+        return self.step(token) if self.in_step else self.pick(self.step(token))
+
+
 class Cosmos3Reasoner:
     """Causal VLM over a ``Cosmos3Transformer``'s understanding tower (see the module docstring)."""
 
@@ -426,42 +448,9 @@ class Cosmos3Reasoner:
         if prompt.next_position + total > self.cache.max_len:  # the RoPE table covers positions < max_len
             raise ValueError(f"prompt position {prompt.next_position} + {total} new tokens exceeds the cache of "
                              f"{self.cache.max_len}; lower max_new_tokens.")
-        device, vocab = self.device, logits.shape[-1]
-        seen = torch.zeros(vocab, dtype=torch.bool, device=device)
-        seen[prompt.input_ids.to(device).clamp(0, vocab - 1)] = True
-        gen = torch.Generator(device=device).manual_seed(int(params.seed)) if params.temperature > 0 else None
-        out = torch.full((total,), -1, dtype=torch.long, device=device)
-        cache_index = torch.tensor(prompt.length, device=device)  # the decode cursor, advanced in place by `advance`
-        rope_position = torch.tensor(prompt.next_position, device=device)
-
-        # each projection (group) read by one GEMV (views over the weights; dropped when this call returns, so a
-        # host that moves the weights afterwards frees their old storage)
-        weights = decode_weights(self.transformer, options.gemv) if self.pack_projections else None
-
-        def advance(token: torch.Tensor) -> torch.Tensor:
-            """Logits after ``token``; the cursor moves on by one (in place: inside the graph when captured)."""
-            logits = self.decode_step(token, cache_index, rope_position, weights, options)
-            cache_index.add_(1)
-            rope_position.add_(1)
-            return logits
-
-        def advance_greedy(token: torch.Tensor) -> torch.Tensor:
-            """``advance`` and the greedy pick (repetition penalty over ``seen``, argmax), marking it seen."""
-            picked = sample_token(advance(token), seen, params, None)
-            seen.index_fill_(0, picked, True)
-            return picked
-
-        token = sample_token(logits, seen, params, gen)
-        seen.index_fill_(0, token, True)
-        # batch-1 decode is launch-bound (~500 kernels a token): on CUDA the step over the static cache is one graph
-        # (only with the whole tower resident: a model manager streaming weights from the CPU cannot be captured).
-        # Greedy picks are part of the step; a random draw stays outside (its generator state is not captured).
-        resident = all(p.device == device for p in tower_module(self.transformer, "text").parameters())
-        graphs = options.cuda_graphs and device.type == "cuda" and resident
-        in_step = params.temperature == 0 and self.graph_sampling
-        fn = advance_greedy if in_step else advance
-        step_fn = GraphedCall(fn) if graphs else fn
-        done, reason = 0, "length"
+        decode = self._decode(prompt, params, options, vocab=logits.shape[-1])
+        out = torch.full((total,), -1, dtype=torch.long, device=self.device)
+        token, done, reason = decode.pick(logits), 0, "length"
         for step in range(total):
             out[step:step + 1] = token
             done = step + 1
@@ -477,16 +466,47 @@ class Cosmos3Reasoner:
                     break
             if done == total:
                 break
-            if in_step:
-                token = step_fn(token)
-            else:
-                token = sample_token(step_fn(token), seen, params, gen)
-                seen.index_fill_(0, token, True)
+            token = decode.next(token)
         ids = out[:done].tolist()
         for i, t in enumerate(ids):
             if t in self.eos_token_ids:
                 return ids[:i], "eos"
         return ids, reason
+
+    def _decode(self, prompt: PreparedPrompt, params: SamplingParams, options: RuntimeOptions,
+                vocab: int) -> "_Decode":
+        """The decode after ``prompt``'s prefill: the cursor over the static cache, the tokens seen, and the step —
+        on CUDA one graph over the static cache (batch-1 decode is launch-bound, ~500 kernels a token), but only with
+        the whole tower resident (a model manager streaming weights from the CPU cannot be captured). Greedy picks
+        are part of the step; a random draw stays outside (its generator state is not captured)."""
+        device = self.device
+        seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        seen[prompt.input_ids.to(device).clamp(0, vocab - 1)] = True
+        gen = torch.Generator(device=device).manual_seed(int(params.seed)) if params.temperature > 0 else None
+        cache_index = torch.tensor(prompt.length, device=device)  # the decode cursor, advanced in place by `advance`
+        rope_position = torch.tensor(prompt.next_position, device=device)
+        # each projection (group) read by one GEMV (views over the weights; dropped when the decode is, so a host
+        # that moves the weights afterwards frees their old storage)
+        weights = decode_weights(self.transformer, options.gemv) if self.pack_projections else None
+
+        def advance(token: torch.Tensor) -> torch.Tensor:
+            """Logits after ``token``; the cursor moves on by one (in place: inside the graph when captured)."""
+            logits = self.decode_step(token, cache_index, rope_position, weights, options)
+            cache_index.add_(1)
+            rope_position.add_(1)
+            return logits
+
+        def advance_greedy(token: torch.Tensor) -> torch.Tensor:
+            """``advance`` and the greedy pick (repetition penalty over ``seen``, argmax), marking it seen."""
+            picked = sample_token(advance(token), seen, params, None)
+            seen.index_fill_(0, picked, True)
+            return picked
+
+        resident = all(p.device == device for p in tower_module(self.transformer, "text").parameters())
+        graphs = options.cuda_graphs and device.type == "cuda" and resident
+        in_step = params.temperature == 0 and self.graph_sampling
+        fn = advance_greedy if in_step else advance
+        return _Decode(seen, params, gen, GraphedCall(fn) if graphs else fn, in_step)
 
     def generate(self, prompt: str, *, task: str = "question", image=None, video=None, fps: float | None = None,
                  params: SamplingParams = SamplingParams(), should_stop: Callable[[], bool] | None = None,
