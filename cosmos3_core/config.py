@@ -108,6 +108,15 @@ class Cosmos3Config:
         return "nemotron" if self.hidden_act == "relu2" else "qwen"
 
     @property
+    def family(self) -> str:
+        """Which released model this geometry is: ``Edge`` (the relu2 MLP), ``Super`` (8 query heads per K/V head:
+        64/8) or ``Nano`` (32/8) — the geometry, whatever the folder is called. The tiny test checkpoints keep the
+        marks (Super-shaped 8/1, Nano-shaped 4/2)."""
+        if self.hidden_act == "relu2":
+            return "Edge"
+        return "Super" if self.num_attention_heads >= 8 * self.num_key_value_heads else "Nano"
+
+    @property
     def q_width(self) -> int:
         return self.num_attention_heads * self.head_dim
 

@@ -14,7 +14,7 @@ import folder_paths
 import torch
 from comfy_api.latest import io
 
-from ..cosmos3_core.config import DTYPES
+from ..cosmos3_core.config import DTYPES, Cosmos3Config
 from ..cosmos3_core.model.fp8 import device_fp8_problem
 from ..cosmos3_core.model.loader import checkpoint_fingerprint
 from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
@@ -36,7 +36,7 @@ WEIGHT_DTYPE_CHOICES = [*WEIGHT_DTYPES, FP8_FAST]
 PICK = "pick one in Load Cosmos3 Checkpoint"
 # The checkpoint names the shipped workflows carry (the Hub repository names) and the kind of checkpoint each
 # stands for: when no folder has that name and exactly one listed checkpoint is of that kind, the name means it.
-SHIPPED_NAMES = {"Cosmos3-Nano": "Nano/Super", "Cosmos3-Super": "Nano/Super", "Cosmos3-Edge": "Edge",
+SHIPPED_NAMES = {"Cosmos3-Nano": "Nano", "Cosmos3-Super": "Super", "Cosmos3-Edge": "Edge",
                  "Cosmos3-Super-Text2Image-4Step": "distilled 4-step",
                  "Cosmos3-Super-Image2Video-4Step": "distilled 4-step"}
 _log = logging.getLogger(__name__)
@@ -111,14 +111,14 @@ def _roots() -> list[str]:
 
 
 def checkpoint_kind(path: Path) -> str:
-    """``Edge`` (a ``relu2`` transformer), ``distilled 4-step`` (its modular_model_index.json names the distilled
-    pipeline) or ``Nano/Super``; ``unreadable`` when its files cannot tell (loading it says why)."""
+    """``distilled 4-step`` (its modular_model_index.json names the distilled pipeline), else the transformer's
+    ``Cosmos3Config.family`` (``Nano``, ``Super`` or ``Edge``); ``unreadable`` when its files cannot tell (loading
+    it says why)."""
     try:
         config = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
-        if config.get("hidden_act") == "relu2":
-            return "Edge"
-        return "distilled 4-step" if read_distilled(path) is not None else "Nano/Super"
-    except (OSError, ValueError, AttributeError):
+        family = Cosmos3Config.from_dict(config, source=str(path / "transformer" / "config.json")).family
+        return "distilled 4-step" if family != "Edge" and read_distilled(path) is not None else family
+    except (OSError, ValueError, AttributeError, TypeError):
         return "unreadable"
 
 

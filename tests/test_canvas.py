@@ -537,7 +537,7 @@ def test_a_checkpoint_that_is_not_there_is_refused_on_run_with_the_fix(server, p
     b.wait_for(f"{held} !== 'null'", timeout=20, what="the loader's validation error")
     (error,) = json.loads(b.eval(held))["errors"]
     for needle in ("Cosmos3Loader: checkpoint 'Cosmos3-Nano' was not found and",
-                   "pick one in Load Cosmos3 Checkpoint — in ", "'cosmos3-tiny-nano' (Nano/Super)",
+                   "pick one in Load Cosmos3 Checkpoint — in ", "'cosmos3-tiny-nano' (Nano)",
                    "models/diffusers: "):
         assert needle in error["details"], (needle, error)
     on_screen = ("pick one in Load Cosmos3 Checkpoint" if server.frontend == "bundled"

@@ -3,7 +3,7 @@ it under a name of the user's own, another one in a Hub cache folder named in ``
 shipped workflow's checkpoint name as it comes, and a Python environment without ``accelerate`` (ComfyUI does not
 install it; ``peft``, which imports it, is hidden with it).
 
-* The shipped name ``Cosmos3-Nano`` stands for the one Nano/Super checkpoint found (``my-nano``), ``Cosmos3-Edge``
+* The shipped name ``Cosmos3-Nano`` stands for the one Nano checkpoint found (``my-nano``), ``Cosmos3-Edge``
   for the one Edge (the Hub snapshot, listed by its revision folder); both shrunk workflows run and say which
   folder they loaded.
 * The server's log of those runs (checkpoint loads included: transformer, VAE, sound decoder) holds no warning, no
@@ -88,7 +88,7 @@ def test_missing_checkpoint_is_refused_when_queued(server):
     msg = error["details"]
     models = server.base_dir / "models"
     want = ("checkpoint - Cosmos3Loader: checkpoint 'Cosmos3-Nano-v2' was not found; pick one in Load Cosmos3 "
-            f"Checkpoint — in {server.snapshots}: '{REVISION}' (Edge); in {models / 'cosmos3'}: 'my-nano' (Nano/Super); "
+            f"Checkpoint — in {server.snapshots}: '{REVISION}' (Edge); in {models / 'cosmos3'}: 'my-nano' (Nano); "
             f"in {models / 'diffusers'}: none; in the Hugging Face cache ({server.hub_cache}): none. To add one, put "
             "its folder (with transformer/config.json) in one of those folders and press r to refresh.")
     assert msg == want, msg

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import uuid
 
 import pytest
@@ -240,11 +241,11 @@ def test_compiled_vae_decode_at_many_sizes_across_prompts(host, monkeypatch):
 
 
 @pytest.mark.parametrize("name, why", [("Cosmos3-Nano-missing", r"was not found;"),
-                                       ("Cosmos3-Nano", r"was not found and \d+ Nano/Super checkpoints were;")])
+                                       ("Cosmos3-Nano", r"was not found and \d+ Nano checkpoints were;")])
 def test_missing_checkpoint_is_refused_at_validation(host, name, why):
     """ComfyUI 0.3.75 does not check a V3 combo's value against its options: the loader's ``validate_inputs``
     refuses a name that stands for no folder before anything runs, listing what it found and where it looked. The
-    shipped name ``Cosmos3-Nano`` would stand for the one Nano/Super checkpoint found; this host has several."""
+    shipped name ``Cosmos3-Nano`` would stand for the one Nano checkpoint found; this host has several."""
     g = t2i_graph(checkpoint=name)
     ok, _, _, node_errors = host.validate(g)
     (loader,) = nodes_of(g, "Cosmos3Loader")
@@ -255,11 +256,34 @@ def test_missing_checkpoint_is_refused_at_validation(host, name, why):
     assert msg.startswith(f"checkpoint - Cosmos3Loader: checkpoint {name!r} "), msg
     assert re.search(f"{re.escape(repr(name))} {why} pick one in Load Cosmos3 Checkpoint — in ", msg), msg
     models = host.base_dir / "models"
-    for needle in (f"in {models / 'cosmos3'}: none; in {models / 'diffusers'}: '", f"'{TINY_NANO}' (Nano/Super)",
+    for needle in (f"in {models / 'cosmos3'}: none; in {models / 'diffusers'}: '", f"'{TINY_NANO}' (Nano)",
                    f"'{TINY_EDGE}' (Edge)", f"'{TINY_DISTILLED}' (distilled 4-step)",
                    "put its folder (with transformer/config.json) in one of those folders and press r to refresh"):
         assert needle in msg, f"{needle!r} not in {msg!r}"
     assert_next_run_succeeds(host)
+
+
+def test_a_shipped_name_means_a_checkpoint_of_its_own_model(host, monkeypatch, tmp_path):
+    """A template's ``Cosmos3-Nano`` stands for the one Nano found under another name and ``Cosmos3-Super`` for the
+    one Super (told apart by their geometry: 64/8 heads against 32/8, the tiny checkpoints 8/1 against 4/2) — never
+    Super for a Nano workflow, which would load a 64 B model onto a desktop card."""
+    import folder_paths
+
+    from cosmos3_core.testing.tiny import build_tiny_checkpoint
+
+    loader = sys.modules[host.node_class_mappings["Cosmos3Loader"].__module__]
+    root = tmp_path / "cosmos3"
+    build_tiny_checkpoint(root / "my-super", variant="super", seed=0)
+    monkeypatch.setitem(folder_paths.folder_names_and_paths, "cosmos3", ([str(root)], set()))
+    monkeypatch.setitem(folder_paths.folder_names_and_paths, "diffusers", ([str(tmp_path / "none")], set()))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert loader.checkpoint_kind(root / "my-super") == "Super"
+    assert loader.resolve_checkpoint("Cosmos3-Super") == ("my-super", root / "my-super")
+    assert loader.resolve_checkpoint("Cosmos3-Nano") is None
+    assert "'my-super' (Super)" in loader.missing_checkpoint_message("Cosmos3-Nano")
+    shutil.copytree(host.base_dir / "models" / "diffusers" / TINY_NANO, root / "my-nano")
+    assert loader.resolve_checkpoint("Cosmos3-Nano") == ("my-nano", root / "my-nano")
+    assert loader.resolve_checkpoint("Cosmos3-Super") == ("my-super", root / "my-super")
 
 
 def test_partial_checkpoint_without_transformer_config(host):
