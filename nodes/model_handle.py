@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +31,8 @@ from ..cosmos3_core.model.loader import LinearOps
 from ..cosmos3_core.model.towers import prefill_memory_required, tower_module
 from ..cosmos3_core.model.weights import cast_linear, linear_call_workspace
 from ..cosmos3_core.pipeline import Cosmos3Pipeline
+
+_log = logging.getLogger(__name__)
 
 
 def _unstreamable_tensors(patcher: comfy.model_patcher.ModelPatcher):
@@ -54,11 +57,29 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
     tensors follow the tower to the load device (in place: the model and the tower view share the Parameter
     objects; ComfyUI's unload moves the whole tower back)."""
     device = patcher.load_device
+    keys = {id(param): key for key, param in patcher.model.named_parameters()}
+    unpinned = 0
     for module, kind, name, tensor in list(_unstreamable_tensors(patcher)):
         if kind == "parameter":
+            unpinned += _unpin(patcher, keys.get(id(tensor)))
             tensor.data = tensor.data.to(device)
         else:
             module._buffers[name] = tensor.to(device)
+    if unpinned:
+        _log.info("Cosmos3: %d parameters ComfyUI had pinned on the host were unpinned before moving to %s",
+                  unpinned, device)
+
+
+def _unpin(patcher: comfy.model_patcher.ModelPatcher, key: str | None) -> bool:
+    """Unpin parameter ``key`` through ComfyUI's own bookkeeping before the pack moves it off the host. ComfyUI's
+    partial unload pins (``cudaHostRegister``) each parameter it leaves on the host; storage freed while still
+    registered leaves CUDA a stale registration, and a later host→GPU copy from that reused memory fails with "CUDA
+    error: invalid argument" (seen on a simulated 32 GiB card, Super FP8, after the text tower was partly
+    unloaded)."""
+    if key is None or key not in getattr(patcher, "pinned", ()):
+        return False
+    patcher.unpin_weight(key)
+    return True
 
 
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])  # ModelPatcher.backup's entries
