@@ -55,31 +55,31 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
     """ComfyUI's partial ("lowvram") load leaves a module that does not fit its budget on the offload device; only
     ``comfy.ops`` layers can then stream their weights per call. The core's other modules cannot, so their own
     tensors follow the tower to the load device (in place: the model and the tower view share the Parameter
-    objects; ComfyUI's unload moves the whole tower back)."""
+    objects; ComfyUI's unload moves the whole tower back), unpinned first (``_unpin_unstreamable``)."""
     device = patcher.load_device
-    keys = {id(param): key for key, param in patcher.model.named_parameters()}
-    unpinned = 0
+    _unpin_unstreamable(patcher)
     for module, kind, name, tensor in list(_unstreamable_tensors(patcher)):
         if kind == "parameter":
-            unpinned += _unpin(patcher, keys.get(id(tensor)))
             tensor.data = tensor.data.to(device)
         else:
             module._buffers[name] = tensor.to(device)
+
+
+def _unpin_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> int:
+    """Unpin, through ComfyUI's own bookkeeping (``ModelPatcher.unpin_weight``), each unstreamable parameter it
+    pinned on the host; returns how many. ComfyUI's partial unload pins (``cudaHostRegister``) each parameter it
+    leaves on the host, the smallest modules first; storage freed while still registered leaves CUDA a stale
+    registration, and a later host→GPU copy from that reused memory fails with "CUDA error: invalid argument" (seen
+    on a simulated 32 GiB card, Super FP8, after the text tower was partly unloaded)."""
+    keys = {id(param): key for key, param in patcher.model.named_parameters()}
+    pinned = getattr(patcher, "pinned", set())
+    unpinned = [keys[id(tensor)] for *_, tensor in _unstreamable_tensors(patcher) if keys.get(id(tensor)) in pinned]
+    for key in unpinned:
+        patcher.unpin_weight(key)
     if unpinned:
-        _log.info("Cosmos3: %d parameters ComfyUI had pinned on the host were unpinned before moving to %s",
-                  unpinned, device)
-
-
-def _unpin(patcher: comfy.model_patcher.ModelPatcher, key: str | None) -> bool:
-    """Unpin parameter ``key`` through ComfyUI's own bookkeeping before the pack moves it off the host. ComfyUI's
-    partial unload pins (``cudaHostRegister``) each parameter it leaves on the host; storage freed while still
-    registered leaves CUDA a stale registration, and a later host→GPU copy from that reused memory fails with "CUDA
-    error: invalid argument" (seen on a simulated 32 GiB card, Super FP8, after the text tower was partly
-    unloaded)."""
-    if key is None or key not in getattr(patcher, "pinned", ()):
-        return False
-    patcher.unpin_weight(key)
-    return True
+        _log.info("Cosmos3: %d parameters ComfyUI had pinned on the host unpinned before they move to %s",
+                  len(unpinned), patcher.load_device)
+    return len(unpinned)
 
 
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])  # ModelPatcher.backup's entries

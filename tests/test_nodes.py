@@ -583,5 +583,11 @@ def test_partial_load_brings_unstreamable_modules_along(host):
                 unstreamable += 1
     assert streamable >= 14 and unstreamable >= 8, (streamable, unstreamable)
     assert id(model.norm_moe_gen.weight) in chosen  # the tower view shares the model's own parameters
+    # what ComfyUI's partial unload pinned on the host (ModelPatcher.pinned; cudaHostRegister on CUDA) is unpinned
+    # through its own bookkeeping before the handle moves it: never host storage freed while registered
+    norm_key = next(k for k, p in holder.named_parameters() if p is model.norm_moe_gen.weight)
+    linear_key = next(k for k, p in holder.named_parameters() if k.endswith(".weight") and "proj" in k)
+    patcher.pinned = {norm_key, linear_key}
+    assert handle_module._unpin_unstreamable(patcher) == 1 and patcher.pinned == {linear_key}
     patcher.load_device = torch.device("cpu")  # everything already where it should be: nothing to move
     assert not list(handle_module._unstreamable_tensors(patcher))
