@@ -298,7 +298,6 @@ def run_case(handle, mm, shape, vram_gib, steps: int, cuda: bool) -> dict:
 def cards_main(args) -> None:
     """Each simulated card size in turn (the default mode)."""
     import comfy.model_management as mm
-    import comfy.ops
 
     handle_cls = import_pack()
     from cosmos3_pack.cosmos3_core.testing.tiny import build_tiny_checkpoint
@@ -306,7 +305,7 @@ def cards_main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         files = build_tiny_checkpoint(Path(tmp) / "files", variant="nano", seed=0)  # tokenizer, scheduler configs
         t0 = time.perf_counter()
-        pipe = random_nano_pipeline(files, comfy.ops.disable_weight_init.Linear)
+        pipe = random_nano_pipeline(files, _pack("nodes.model_handle").StreamingLinear)
         handle = handle_cls.from_pipeline("nano-random", files, torch.bfloat16, pipe)
         results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, resolution=args.resolution,
                        allocator=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "native"),
@@ -324,7 +323,6 @@ def weight_storage_main(args) -> None:
 
     comfy_args.cpu = args.tiny  # before comfy.model_management picks its device
     import comfy.model_management as mm
-    import comfy.ops
 
     handle_cls = import_pack()
     from cosmos3_pack.cosmos3_core.testing.tiny import build_tiny_checkpoint
@@ -340,8 +338,9 @@ def weight_storage_main(args) -> None:
                 cases = {"tiny_cpu": (TINY_SHAPE, None)}
             else:
                 cast = storage != torch.bfloat16  # the loader's choice of layer class
-                pipe = random_nano_pipeline(files, comfy.ops.manual_cast.Linear if cast
-                                            else comfy.ops.disable_weight_init.Linear)
+                handle_mod = _pack("nodes.model_handle")
+                pipe = random_nano_pipeline(files, handle_mod.CastStreamingLinear if cast
+                                            else handle_mod.StreamingLinear)
                 store_linear_weights(pipe, storage)
                 handle = handle_cls.from_pipeline("nano-random", files, torch.bfloat16, pipe)
                 cases = {c: (RESOLUTIONS[CASES[c][0]], CASES[c][1]) for c in args.cases.split(",")}
@@ -392,21 +391,28 @@ def _pack(module: str):
     return importlib.import_module(f"cosmos3_pack.{module}")
 
 
+def loader_linear(weights: str) -> type:
+    """The decoder-layer Linear class the loader node builds for ``weights`` (``nodes.model_handle``'s top-level
+    classes, which a compiled layer is saved to disk with; ComfyUI's nested ``comfy.ops`` classes are not)."""
+    handle_mod = _pack("nodes.model_handle")
+    if weights == "bf16":
+        return handle_mod.StreamingLinear
+    return handle_mod.StreamingFp8Linear if weights in ("fp8", "fp8_fast") else handle_mod.StreamingGgufLinear
+
+
 def random_fullsize_pipeline(files: Path, model: str, weights: str):
     """Full-size Nano/Super with seeded random weights on the CPU (ComfyUI's offload device) in the layer classes the
     loader node builds for ``weights`` — the decoder-layer linears bf16, NVIDIA FP8 (e4m3 + its scale + a calibrated
     activation scale, NVIDIA's step policy) or GGML blocks (random bytes with a weight-sized scale) — drawn tensor by
     tensor on the GPU, so the host never holds more than the stored model (Super FP8: ≈64 GB). Plus a random Wan2.2
     VAE and the AVAE sound decoder."""
-    import comfy.ops
     from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer
 
     fullsize, weights_mod = _pack("cosmos3_core.testing.fullsize"), _pack("cosmos3_core.model.weights")
-    quants, handle_mod = _pack("cosmos3_core.model.gguf_quants"), _pack("nodes.model_handle")
+    quants = _pack("cosmos3_core.model.gguf_quants")
     config = _pack("cosmos3_core.config").Cosmos3Config.from_dict(fullsize.NANO if model == "nano" else fullsize.SUPER)
     fp8_layers = weights in ("fp8", "fp8_fast")
-    linear = comfy.ops.disable_weight_init.Linear if weights == "bf16" else \
-        handle_mod.StreamingFp8Linear if fp8_layers else handle_mod.StreamingGgufLinear
+    linear = loader_linear(weights)
     skip = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")
     with torch.device("meta"):
         tf = _pack("cosmos3_core.model.transformer").Cosmos3Transformer(config, skip_modules=skip, linear=linear)

@@ -72,3 +72,25 @@ def test_a_failed_case_records_where_it_failed():
     assert record["where"][-1].startswith("test_lowvram_bench.py:") and record["where"][-1].endswith(
         " load_generation_tower")
     assert "at_failure" not in record
+
+
+@pytest.mark.comfy
+def test_full_size_cards_use_the_loaders_layer_classes_that_a_compiled_layer_is_saved_with():
+    # torch saves a compiled generation layer to disk only with classes found at their module's top level; ComfyUI's
+    # comfy.ops Linear is nested in a class, so a bench built on it measured a compile in every new process
+    proc = subprocess.run([sys.executable, "-c", f"""
+import sys
+sys.path.insert(0, {str(comfy_host.comfyui_dir())!r}); sys.argv = sys.argv[:1]
+from comfy.cli_args import args; args.cpu = True
+sys.path.insert(0, {str(BENCH.parent)!r})
+import importlib.util
+spec = importlib.util.spec_from_file_location("bench_lowvram", {str(BENCH)!r})
+bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+bench.import_pack()
+for weights in ("bf16", "fp8", "fp8_fast", "gguf_q4_0"):
+    cls = bench.loader_linear(weights)
+    assert "." not in cls.__qualname__ and getattr(sys.modules[cls.__module__], cls.__name__) is cls, cls
+    assert cls.__module__ == "cosmos3_pack.nodes.model_handle", cls.__module__
+print("ok")
+"""], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
