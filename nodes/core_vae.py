@@ -37,7 +37,7 @@ def check_encode_size(pixel_samples) -> None:
 class Cosmos3CoreVAE(comfy.sd.VAE):
     """``comfy.sd.VAE`` built on first use from a loaded ``Cosmos3VAE`` (``cosmos3_core.vae.video``)."""
 
-    def __init__(self, vae, device: torch.device | None, checkpoint: str):  # super().__init__ runs later, in _cosmos3_build
+    def __init__(self, vae, device: torch.device | None, checkpoint: str):  # comfy.sd.VAE.__init__: in _cosmos3_build
         self.__dict__.update({_STATE: "lazy", "_cosmos3_vae": vae, "_cosmos3_device": device,
                               "_cosmos3_checkpoint": checkpoint})
 
