@@ -499,12 +499,38 @@ class Phases:
         return result
 
 
-def hold_card(vram_gib: float) -> tuple[torch.Tensor, int]:
-    """A simulated card of ``vram_gib`` GiB: the rest of the GPU held by one block (and its size in bytes)."""
+def hold_card(vram_gib: float, before: int) -> tuple[torch.Tensor, int]:
+    """A simulated card of ``vram_gib`` GiB: the rest of the GPU held by one block (and its size in bytes).
+    ``before``: what this process still holds on the GPU from earlier cases, counted against the card (it is in the
+    phases' peaks too)."""
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
-    hold = max(int(free - (vram_gib - CONTEXT_GIB) * 2**30), 0)
+    hold = max(int(free - (vram_gib - CONTEXT_GIB) * 2**30 + before), 0)
     return torch.empty(hold, dtype=torch.uint8, device="cuda"), hold
+
+
+def left_on_gpu(handle, top: int = 8) -> list[str]:
+    """The largest CUDA tensors still alive (after every model was unloaded): shape, dtype, MiB and, where the
+    handle's modules hold it, its name — what a case leaves to the next one in this process."""
+    names = {}
+    for patcher in (handle.text_patcher, handle.generation_patcher, handle.vae_patcher, handle.sound_patcher):
+        if patcher is not None:
+            names.update({t.data_ptr(): n for n, t in (*patcher.model.named_parameters(),
+                                                       *patcher.model.named_buffers())})
+    seen, found = set(), []
+    for obj in gc.get_objects():
+        if not (isinstance(obj, torch.Tensor) and obj.is_cuda):
+            continue
+        try:  # a compiler's fake tensor has no storage: not memory
+            ptr = obj.untyped_storage().data_ptr()
+        except RuntimeError:
+            continue
+        if ptr not in seen:
+            seen.add(ptr)
+            found.append((obj.untyped_storage().nbytes(), obj))
+    found.sort(key=lambda f: -f[0])
+    return [f"{tuple(t.shape)} {t.dtype} {n / 2**20:.0f} MiB {names.get(t.data_ptr(), type(t).__name__)}"
+            for n, t in found[:top]]
 
 
 def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> dict:
@@ -512,9 +538,12 @@ def card_case(handle, mm, shape, vram_gib, steps: int, cuda: bool, options) -> d
     on failure, where and at what memory it failed."""
     mm.unload_all_models()
     gc.collect()
-    block, hold = hold_card(vram_gib) if cuda and vram_gib is not None else (None, 0)
+    before = torch.cuda.memory_allocated() if cuda else 0
+    if before > 2**26:
+        print(f"left on the GPU from earlier cases, {gib3(before)} GiB:", *left_on_gpu(handle), sep="\n  ", flush=True)
+    block, hold = hold_card(vram_gib, before) if cuda and vram_gib is not None else (None, 0)
     h, w, frames = shape
-    out = dict(height=h, width=w, frames=frames, vram_gib=vram_gib,
+    out = dict(height=h, width=w, frames=frames, vram_gib=vram_gib, allocated_before_gib=gib3(before),
                generation_tower_gib=gib3(handle.generation_patcher.model_size()),
                text_tower_gib=gib3(handle.text_patcher.model_size()))
     try:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from diffusers import Cosmos3OmniPipeline
+from diffusers import Cosmos3AVAEAudioTokenizer, Cosmos3OmniPipeline
 
 from cosmos3_core.vae.audio import (
     hop_from_config,
@@ -37,15 +37,36 @@ def _pipeline_latent_length(tokenizer, num_frames, fps):
     return (n_audio_samples + hop_size - 1) // hop_size
 
 
-def test_decode_matches_pipeline(dec):
+def _diffusers_tokenizer(ckpt):
+    """diffusers' own sound tokenizer from the checkpoint, as the pipeline holds it (weight norms as hooks)."""
+    return Cosmos3AVAEAudioTokenizer.from_pretrained(ckpt / "sound_tokenizer", torch_dtype=torch.float32).eval()
+
+
+def test_decode_matches_pipeline(dec, ckpt):
     latent = torch.randn(64, 10, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = Cosmos3OmniPipeline.decode_sound(SimpleNamespace(sound_tokenizer=dec.tokenizer), latent).float()
+        ref = Cosmos3OmniPipeline.decode_sound(SimpleNamespace(sound_tokenizer=_diffusers_tokenizer(ckpt)),
+                                               latent).float()
     out = dec.decode(latent)
     assert out.dtype == torch.float32 and tuple(out.shape) == tuple(ref.shape) == (2, 10 * 1920)
     assert float(ref.std()) > 0 and out.abs().max() <= 1.0
     assert (out - ref).abs().max().item() <= TOL
     assert torch.equal(dec.decode(latent[None]), out)  # [1,64,Ts] accepted too
+
+
+def test_weight_norms_are_folded_so_nothing_stays_behind_a_device_move(dec, ckpt):
+    # diffusers' weight-norm hooks keep each conv's computed weight as a plain attribute, which Module.to leaves
+    # where it is (on the GPU after a decode there, unseen by ComfyUI); folded, every tensor is a parameter
+    reference = _diffusers_tokenizer(ckpt)
+    plain = [k for m in reference.modules() for k, v in vars(m).items() if isinstance(v, torch.Tensor)]
+    assert plain, "diffusers' tokenizer no longer keeps weight-norm weights as attributes: fold_weight_norm is moot"
+    assert not [k for m in dec.modules() for k, v in vars(m).items() if isinstance(v, torch.Tensor)]
+    assert not [n for n, _ in dec.named_parameters() if n.endswith(("_g", "_v"))]
+    kept = sum(p.numel() for p in dec.parameters())
+    assert kept < sum(p.numel() for p in reference.parameters())  # g and v become one weight
+    latent = torch.randn(64, 6, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(dec.tokenizer.decode(latent[None]), reference.decode(latent[None]))
 
 
 def test_trim_to_video_duration(dec):

@@ -135,29 +135,33 @@ def bf16_nano_dir(tmp_path_factory):
 def test_pipeline_load_equals_diffusers_from_pretrained_bit_for_bit(nano_dir, bf16_nano_dir, stored, dtype):
     """Every tensor ``Cosmos3Pipeline.load`` holds (transformer, VAE, sound decoder) has the dtype, shape and bits of
     the same tensor in diffusers' ``Cosmos3OmniPipeline.from_pretrained(torch_dtype=...)`` of the same folder
-    (``time_embedder`` fp32 in both); only ``lm_head`` is left out (generation never reads it). One deliberate
-    difference: our sound decoder always computes in fp32 (``load_sound_decoder``), where diffusers casts it to
-    ``torch_dtype`` too — there our fp32 tensor is the file's, and rounds to exactly diffusers' tensor."""
-    from diffusers import Cosmos3OmniPipeline
+    (``time_embedder`` fp32 in both); only ``lm_head`` is left out (generation never reads it). The sound decoder
+    always computes in fp32 (``load_sound_decoder``), where diffusers casts it to ``torch_dtype`` too, and holds
+    each weight-normed conv's weight as torch's weight norm computes it from the file's ``g`` and ``v``
+    (``fold_weight_norm``): its reference is diffusers' fp32 tokenizer of the folder, the weights through torch's
+    own ``WeightNorm.compute_weight``."""
+    from diffusers import Cosmos3AVAEAudioTokenizer, Cosmos3OmniPipeline
+    from torch.nn.utils.weight_norm import WeightNorm
 
     from cosmos3_core.pipeline import Cosmos3Pipeline
 
     ckpt = nano_dir if stored == "fp32" else bf16_nano_dir
     ours = Cosmos3Pipeline.load(ckpt, dtype=dtype, device="cpu")
     ref = Cosmos3OmniPipeline.from_pretrained(str(ckpt), torch_dtype=dtype, enable_safety_checker=False)
-    pairs = [(ours.transformer, ref.transformer), (ours.vae.vae, ref.vae), (ours.sound_decoder.tokenizer, ref.sound_tokenizer)]
-    for mine, theirs in pairs:
-        a, b = mine.state_dict(), theirs.state_dict()
-        extra = set(b) - set(a)
+    sound = Cosmos3AVAEAudioTokenizer.from_pretrained(ckpt / "sound_tokenizer", torch_dtype=torch.float32)
+    sound_state = {**sound.state_dict(), **{f"{n}.{h.name}": h.compute_weight(m) for n, m in sound.named_modules()
+                                            for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm)}}
+    pairs = [(ours.transformer, ref.transformer.state_dict()), (ours.vae.vae, ref.vae.state_dict()),
+             (ours.sound_decoder.tokenizer, sound_state)]
+    for mine, b in pairs:
+        a = mine.state_dict()
+        extra = {k for k in set(b) - set(a) if not k.endswith(("weight_g", "weight_v"))}
         assert set(a) <= set(b) and all(k.startswith("lm_head.") for k in extra), (sorted(set(a) - set(b)), extra)
         for k, v in a.items():
             w = b[k]
-            if mine is ours.sound_decoder.tokenizer:
-                assert v.dtype == torch.float32, (k, v.dtype)
-                v = v.to(w.dtype)
             assert v.dtype == w.dtype and v.shape == w.shape and torch.equal(v, w), (type(mine).__name__, k, v.dtype, w.dtype)
     assert ours.transformer.time_embedder.linear_1.weight.dtype == torch.float32
-    assert ours.vae.dtype == dtype
+    assert ours.sound_decoder.dtype == torch.float32 and ours.vae.dtype == dtype
 
 
 def test_vae_and_sound_decoder_are_built_from_their_safetensors_and_decode_as_diffusers(nano_dir, monkeypatch, caplog):

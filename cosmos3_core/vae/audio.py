@@ -71,11 +71,33 @@ def load_sound_decoder(checkpoint_dir, dtype: torch.dtype = torch.float32, devic
     return Cosmos3SoundDecoder(module).to(device=device).eval()
 
 
+def fold_weight_norm(module: torch.nn.Module) -> int:
+    """Replace every weight-norm hook in ``module`` by the weight it computes, as a parameter; returns how many.
+
+    diffusers' AVAE convs use ``torch.nn.utils.weight_norm``: before each forward a hook computes ``weight = g·v/‖v‖``
+    into a plain attribute, which ``Module.to`` does not move — after a decode on the GPU the computed weights stayed
+    there (1.8 GiB for the released decoder, in float32) when the model manager moved the decoder back to the CPU,
+    and the decode held both them and ``g``/``v``. Folded once (``remove_weight_norm``, the same ``g·v/‖v‖`` on the
+    same tensors), the decode is unchanged and the weights are ordinary parameters, moved and counted like any."""
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    folded = 0
+    for m in module.modules():
+        for hook in [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm)]:
+            trainable = getattr(m, f"{hook.name}_v").requires_grad
+            torch.nn.utils.remove_weight_norm(m, hook.name)
+            getattr(m, hook.name).requires_grad_(trainable)
+            folded += 1
+    return folded
+
+
 class Cosmos3SoundDecoder(torch.nn.Module):
-    """``Cosmos3AVAEAudioTokenizer`` decode with the pipeline's dtype handling and optional trimming."""
+    """``Cosmos3AVAEAudioTokenizer`` decode with the pipeline's dtype handling and optional trimming. The
+    tokenizer's weight norms are folded into its weights (``fold_weight_norm``; in place, at the dtype it has)."""
 
     def __init__(self, tokenizer: torch.nn.Module):
         super().__init__()
+        fold_weight_norm(tokenizer)
         self.tokenizer = tokenizer
         self.sampling_rate = int(tokenizer.config.sampling_rate)
         self.hop = hop_from_config(tokenizer.config)
