@@ -397,7 +397,11 @@ def loader_linear(weights: str) -> type:
     handle_mod = _pack("nodes.model_handle")
     if weights == "bf16":
         return handle_mod.StreamingLinear
-    return handle_mod.StreamingFp8Linear if weights in ("fp8", "fp8_fast") else handle_mod.StreamingGgufLinear
+    if weights in ("fp8", "fp8_fast"):
+        return handle_mod.StreamingFp8Linear
+    if weights.startswith("gguf_"):
+        return handle_mod.StreamingGgufLinear
+    raise ValueError(f"loader_linear: unknown weights {weights!r} (bf16, fp8, fp8_fast, gguf_<type>)")
 
 
 def random_fullsize_pipeline(files: Path, model: str, weights: str):

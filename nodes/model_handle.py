@@ -71,11 +71,15 @@ def _unpin_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> int:
     leaves on the host, the smallest modules first; storage freed while still registered leaves CUDA a stale
     registration, and a later host→GPU copy from that reused memory fails with "CUDA error: invalid argument" (seen
     on a simulated 32 GiB card, Super FP8, after the text tower was partly unloaded)."""
-    keys = {id(param): key for key, param in patcher.model.named_parameters()}
-    pinned = getattr(patcher, "pinned", set())
-    unpinned = [keys[id(tensor)] for *_, tensor in _unstreamable_tensors(patcher) if keys.get(id(tensor)) in pinned]
+    params = dict(patcher.model.named_parameters())
+    keys = {id(param): key for key, param in params.items()}
+    unpinned = [keys[id(t)] for *_, t in _unstreamable_tensors(patcher) if keys.get(id(t)) in patcher.pinned]
     for key in unpinned:
         patcher.unpin_weight(key)
+    still = [key for key in unpinned if params[key].is_pinned()]
+    if still:  # moved while registered, its freed storage would break a later copy: stop here instead
+        raise RuntimeError(f"Cosmos3: ComfyUI could not unpin {len(still)} host weights ({still[0]}, ...) before "
+                           "they move to the GPU. Restart ComfyUI with --disable-pinned-memory.")
     if unpinned:
         _log.info("Cosmos3: %d parameters ComfyUI had pinned on the host unpinned before they move to %s",
                   len(unpinned), patcher.load_device)
@@ -250,11 +254,11 @@ _PINNING_ERRORS = ("invalid argument", "already mapped", "already registered")
 
 
 def _discard_pinning_error(device: torch.device) -> None:
-    """ComfyUI 0.3.x pins the weights a partial load leaves on the host with a raw ``cudaHostRegister`` and treats
-    a refusal as "not pinned" — but CUDA keeps the error pending, and torch's next checked call on the device raised
-    it as its own ("CUDA error: invalid argument", seen on a simulated 32 GiB card when the text tower was partly
-    unloaded; ComfyUI PR 10738 discards it in later releases). A checked launch here takes the pending pinning error
-    and drops it; any other CUDA error is raised."""
+    """ComfyUI 0.3.75 pins the weights a partial load leaves on the host with a raw ``cudaHostRegister`` and treats
+    a refusal as "not pinned" — but CUDA keeps that error pending, and torch's next checked call on the device would
+    raise it as its own (ComfyUI issue 11335; later releases discard it, PR 10738). A checked launch here takes a
+    pending pinning error, drops it and says so; any other CUDA error is raised. (The "invalid argument" once seen
+    on a simulated 32 GiB card was not this: it was storage freed while registered, ``_unpin_unstreamable``.)"""
     if device.type != "cuda":
         return
     try:
@@ -262,6 +266,8 @@ def _discard_pinning_error(device: torch.device) -> None:
     except getattr(torch, "AcceleratorError", RuntimeError) as exc:  # torch < 2.8: a RuntimeError
         if not any(words in str(exc) for words in _PINNING_ERRORS):
             raise
+        _log.warning("Cosmos3: dropped the CUDA error ComfyUI's refused weight pinning left pending (%s); those "
+                     "weights stream unpinned.", str(exc).splitlines()[0][:200])
 
 
 class Cosmos3TextTower(torch.nn.Module):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+import unittest.mock
 import uuid
 
 import pytest
@@ -583,11 +584,24 @@ def test_partial_load_brings_unstreamable_modules_along(host):
                 unstreamable += 1
     assert streamable >= 14 and unstreamable >= 8, (streamable, unstreamable)
     assert id(model.norm_moe_gen.weight) in chosen  # the tower view shares the model's own parameters
-    # what ComfyUI's partial unload pinned on the host (ModelPatcher.pinned; cudaHostRegister on CUDA) is unpinned
-    # through its own bookkeeping before the handle moves it: never host storage freed while registered
-    norm_key = next(k for k, p in holder.named_parameters() if p is model.norm_moe_gen.weight)
-    linear_key = next(k for k, p in holder.named_parameters() if k.endswith(".weight") and "proj" in k)
-    patcher.pinned = {norm_key, linear_key}
-    assert handle_module._unpin_unstreamable(patcher) == 1 and patcher.pinned == {linear_key}
+    # what ComfyUI's own partial unload pinned on the host (ModelPatcher.pinned; cudaHostRegister on CUDA, stubbed
+    # here) is unpinned through its bookkeeping before the handle moves it: never host storage freed while registered
+    import comfy.model_management as mm
+
+    patcher.load_device = torch.device("cpu")
+    patcher.load(torch.device("cpu"), full_load=True)
+    registered = set()
+    with unittest.mock.patch.object(mm, "pin_memory", lambda t: registered.add(t.data_ptr()) or True), \
+            unittest.mock.patch.object(mm, "unpin_memory", lambda t: registered.discard(t.data_ptr()) or True):
+        patcher.partially_unload(torch.device("cpu"), memory_to_free=2**40)
+        pinned_by_comfy = set(patcher.pinned)
+        patcher.load_device = torch.device("meta")
+        assert handle_module._unpin_unstreamable(patcher) == unstreamable
+    params = dict(holder.named_parameters())
+    assert len(pinned_by_comfy) == streamable + unstreamable  # ComfyUI pinned every module it moved
+    assert {id(params[k]) for k in patcher.pinned} == {id(p) for m in holder.modules()
+                                                       if hasattr(m, "comfy_cast_weights")
+                                                       for p in m.parameters(recurse=False)}  # streamed: kept
+    assert registered == {p.data_ptr() for k, p in params.items() if k in patcher.pinned}
     patcher.load_device = torch.device("cpu")  # everything already where it should be: nothing to move
     assert not list(handle_module._unstreamable_tensors(patcher))
