@@ -603,5 +603,11 @@ def test_partial_load_brings_unstreamable_modules_along(host):
                                                        if hasattr(m, "comfy_cast_weights")
                                                        for p in m.parameters(recurse=False)}  # streamed: kept
     assert registered == {p.data_ptr() for k, p in params.items() if k in patcher.pinned}
+    # an unpin CUDA refused (the weight still registered after ComfyUI's unpin): one message with the fix
+    patcher.pinned.add(next(iter(pinned_by_comfy - patcher.pinned)))
+    patcher.load_device = torch.device("meta")
+    with unittest.mock.patch.object(torch.Tensor, "is_pinned", lambda t: True), \
+            pytest.raises(RuntimeError, match="could not unpin 1 host weights .*--disable-pinned-memory"):
+        handle_module._unpin_unstreamable(patcher)
     patcher.load_device = torch.device("cpu")  # everything already where it should be: nothing to move
     assert not list(handle_module._unstreamable_tensors(patcher))
