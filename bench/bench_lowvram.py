@@ -305,7 +305,7 @@ def cards_main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         files = build_tiny_checkpoint(Path(tmp) / "files", variant="nano", seed=0)  # tokenizer, scheduler configs
         t0 = time.perf_counter()
-        pipe = random_nano_pipeline(files, _pack("nodes.model_handle").StreamingLinear)
+        pipe = random_nano_pipeline(files, loader_linear("bf16"))
         handle = handle_cls.from_pipeline("nano-random", files, torch.bfloat16, pipe)
         results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, resolution=args.resolution,
                        allocator=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "native"),
@@ -338,9 +338,7 @@ def weight_storage_main(args) -> None:
                 cases = {"tiny_cpu": (TINY_SHAPE, None)}
             else:
                 cast = storage != torch.bfloat16  # the loader's choice of layer class
-                handle_mod = _pack("nodes.model_handle")
-                pipe = random_nano_pipeline(files, handle_mod.CastStreamingLinear if cast
-                                            else handle_mod.StreamingLinear)
+                pipe = random_nano_pipeline(files, _pack("nodes.model_handle").streaming_ops(cast).linear)
                 store_linear_weights(pipe, storage)
                 handle = handle_cls.from_pipeline("nano-random", files, torch.bfloat16, pipe)
                 cases = {c: (RESOLUTIONS[CASES[c][0]], CASES[c][1]) for c in args.cases.split(",")}
@@ -392,15 +390,15 @@ def _pack(module: str):
 
 
 def loader_linear(weights: str) -> type:
-    """The decoder-layer Linear class the loader node builds for ``weights`` (``nodes.model_handle``'s top-level
-    classes, which a compiled layer is saved to disk with; ComfyUI's nested ``comfy.ops`` classes are not)."""
-    handle_mod = _pack("nodes.model_handle")
+    """The decoder-layer Linear class the loader node builds for ``weights`` (``streaming_ops``: top-level classes,
+    which a compiled layer is saved to disk with; ComfyUI's nested ``comfy.ops`` classes are not)."""
+    ops = _pack("nodes.model_handle").streaming_ops(cast=False)
     if weights == "bf16":
-        return handle_mod.StreamingLinear
+        return ops.linear
     if weights in ("fp8", "fp8_fast"):
-        return handle_mod.StreamingFp8Linear
+        return ops.scaled_linear
     if weights.startswith("gguf_"):
-        return handle_mod.StreamingGgufLinear
+        return ops.quantized_linear
     raise ValueError(f"loader_linear: unknown weights {weights!r} (bf16, fp8, fp8_fast, gguf_<type>)")
 
 

@@ -314,6 +314,14 @@ def least_memory(patcher, working: int) -> LeastMemory:
     return LeastMemory(working, fixed, streamed * (mm.NUM_STREAMS + 1))
 
 
+def streaming_ops(cast: bool) -> LinearOps:
+    """The linear-layer classes the loader builds (top-level, so a compiled layer is saved with them): ComfyUI's
+    streaming Linear (``cast``: its cast-at-each-call one, for weights stored in another dtype), the FP8 and the GGUF
+    layers."""
+    return LinearOps(linear=CastStreamingLinear if cast else StreamingLinear, scaled_linear=StreamingFp8Linear,
+                     quantized_linear=StreamingGgufLinear)
+
+
 @dataclass
 class Cosmos3ModelHandle:
     name: str
@@ -339,11 +347,9 @@ class Cosmos3ModelHandle:
         # ComfyUI's cast-weight layers, which cast at each call and stream the same way.
         # An NVIDIA FP8 checkpoint kept in FP8, or a bf16 one loaded for FP8 compute (fp8_compute, ComfyUI's
         # fp8_e4m3fn_fast): the core's FP8 layers (W8A16 and W8A8 per the step policy) as ComfyUI layers.
-        cast = storage_dtype is not None and storage_dtype != dtype
-        linear = CastStreamingLinear if cast else StreamingLinear
         # A GGUF file: every linear layer keeps its GGML blocks and streams them (StreamingGgufLinear); the rest of
         # the checkpoint comes from the folder.
-        ops = LinearOps(linear=linear, scaled_linear=StreamingFp8Linear, quantized_linear=StreamingGgufLinear)
+        ops = streaming_ops(cast=storage_dtype is not None and storage_dtype != dtype)
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), ops=ops,
                                     storage_dtype=storage_dtype, fp8_compute=fp8_compute, gguf_file=gguf_file)
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
