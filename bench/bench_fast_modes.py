@@ -50,6 +50,7 @@ from cosmos3_core import api
 
 MODES = ("exact", "fp8", "sea", "fp8+sea")
 STEPS, GUIDANCE, THRESHOLD = 35, 6.0, 0.25
+PUBLISHED_SEA_SPEEDUP = 1.8  # vLLM-Omni, SeaCache 0.25 on real Nano weights (GB200 720p: 92.9 → 51.1 s)
 
 
 def calibrate(pipe, text, options, sound: bool) -> dict[str, float]:
@@ -101,7 +102,76 @@ def to_fp8_(model, input_amax: dict[str, float]) -> int:
     return count
 
 
-def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, warmup_steps: int) -> dict:
+class StepClock:
+    """Each step's time inside one run, from the sampler's per-step callback: CUDA events on a GPU (no host sync
+    inside the run), ``perf_counter`` on the CPU."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.marks: list = []
+
+    def start(self) -> None:
+        self.marks = [self._mark()]
+
+    def __call__(self, _step, _total, _preview) -> None:
+        self.marks.append(self._mark())
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self) -> list[float]:
+        if self.cuda:
+            return [a.elapsed_time(b) / 1000 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def step_breakdown(step_s: list[float], plan) -> dict:
+    """Per-step time split by what the step ran: its FP8 mode (W8A16 / W8A8) and, under SeaCache, how many of its
+    contexts (branch × item) ran the layer stack; the SeaCache cost model ``step = fixed + per_context × computed``
+    fitted over the steps (least squares), so a reused context's saving is read directly."""
+    out = {"step_s": [round(t, 4) for t in step_s]}
+    modes = [None if p is None else p.generation for p in plan.precision]
+    for mode in ("W8A16", "W8A8"):
+        if mode in modes:
+            out[f"{mode.lower()}_step_s"] = _mean([t for t, m in zip(step_s, modes) if m == mode])
+    trace = [] if plan.cache is None else plan.cache.trace
+    if trace:
+        computed = [sum(c for s, *_, c in trace if s == i) for i in range(len(step_s))]
+        contexts = max(sum(1 for s, *_ in trace if s == i) for i in range(len(step_s)))
+        out["step_s_by_contexts_computed"] = {
+            str(k): _mean([t for t, c in zip(step_s, computed) if c == k]) for k in sorted(set(computed))}
+        n, sx, sy = len(step_s), sum(computed), sum(step_s)
+        sxx, sxy = sum(c * c for c in computed), sum(c * t for c, t in zip(computed, step_s))
+        if n * sxx - sx * sx > 0:
+            per_context = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+            out["cost_model"] = dict(fixed_s=round((sy - per_context * sx) / n, 4),
+                                     per_context_s=round(per_context, 4), contexts_per_step=contexts)
+    return out
+
+
+def projected_35(breakdown: dict, plan) -> float | None:
+    """The 35-step denoise time of a shorter run from its per-step means: exact as 35 × its mean step, FP8 as NVIDIA's
+    policy at 35 steps (its W8A16 and W8A8 step means); None under SeaCache, whose reuse depends on the whole
+    trajectory."""
+    if plan.cache is not None:
+        return None
+    if "w8a8_step_s" not in breakdown:
+        return round(STEPS * sum(breakdown["step_s"]) / len(breakdown["step_s"]), 2)
+    w8a8 = [p is not None and p.generation == "W8A8" for p in plan.precision]
+    high = w8a8.index(True) + w8a8[::-1].index(True)  # NVIDIA's policy: W8A16 for the first and last n steps
+    return round((STEPS - high) * breakdown["w8a8_step_s"] + high * breakdown["w8a16_step_s"], 2)
+
+
+def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, warmup_steps: int,
+             steps: int = STEPS) -> dict:
     from safetensors.torch import save_file
 
     from cosmos3_core.sampling.sea_cache import SeaCacheConfig
@@ -110,14 +180,16 @@ def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, wa
     sampling = dict(seed=0, guidance=GUIDANCE, sound=frames > 1,
                     sea_cache=SeaCacheConfig(threshold=THRESHOLD) if "sea" in mode else None)
     if warmup_steps:  # SeaCache needs 8 steps or more
-        steps = max(warmup_steps, 8) if sampling["sea_cache"] is not None else warmup_steps
-        pipe.run(api.plan(pipe, text, steps=steps, options=options, **sampling))
+        warm = max(warmup_steps, 8) if sampling["sea_cache"] is not None else warmup_steps
+        pipe.run(api.plan(pipe, text, steps=warm, options=options, **sampling))
     sync()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    plan = api.plan(pipe, text, steps=STEPS, options=options, **sampling)
+    plan = api.plan(pipe, text, steps=steps, options=options, **sampling)
+    clock = StepClock(plan.device.type)
     t0 = time.perf_counter()
-    result = pipe.run(plan)
+    clock.start()
+    result = pipe.run(plan, callback=clock)
     sync()
     seconds = time.perf_counter() - t0
     tensors = {"latents": result.latents.float().cpu().contiguous()}
@@ -125,12 +197,48 @@ def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, wa
         tensors["sound"] = result.sound.float().cpu().contiguous()
     save_file(tensors, str(out_dir / f"{name}-{mode}.safetensors"))
     trace = [] if plan.cache is None else plan.cache.trace
-    return dict(denoise_35_steps_s=round(seconds, 2), warmup_steps=warmup_steps,
+    breakdown = step_breakdown(clock.seconds(), plan)
+    return dict(steps=steps, denoise_s=round(seconds, 2),
+                denoise_35_steps_s=round(seconds, 2) if steps == STEPS else projected_35(breakdown, plan),
+                projected=steps != STEPS, warmup_steps=warmup_steps,
                 peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
                 fp8=plan.fp8, fp8_w8a8_steps=sum(p is not None and p.generation == "W8A8" for p in plan.precision),
                 reused_contexts=sum(not c for *_, c in trace) if trace else None,
                 contexts=len(trace) or None, compiled=options.on(plan.device).compiles, frames=frames, height=h,
-                width=w)
+                width=w, **breakdown)
+
+
+def project_reuse(runs: dict, name: str, speedup: float = PUBLISHED_SEA_SPEEDUP) -> dict | None:
+    """What SeaCache would give at ``name`` if it reused as often as vLLM-Omni measured on real Nano weights
+    (``speedup`` × over exact): the reuse fraction ``r`` of contexts that makes exact / SeaCache = ``speedup`` under
+    the SeaCache run's cost model (``fixed + per_context × computed`` per step), then the same ``r`` under the
+    FP8+SeaCache run's cost model. A projection from measured per-step costs, not a measurement."""
+    exact, sea, both = (runs.get(f"{name}/{m}") for m in ("exact", "sea", "fp8+sea"))
+    if not exact or not sea or "cost_model" not in sea:
+        return None
+    target = exact["denoise_35_steps_s"] / speedup / STEPS  # the mean step that gives ``speedup``
+    model = sea["cost_model"]
+    full = model["fixed_s"] + model["per_context_s"] * model["contexts_per_step"]
+    saved_per_step = model["per_context_s"] * model["contexts_per_step"]  # all contexts reused
+    reuse = min(max((full - target) / saved_per_step, 0.0), 1.0) if saved_per_step > 0 else None
+    out = dict(published_speedup=speedup, reuse_fraction_needed=None if reuse is None else round(reuse, 3),
+               measured_reuse_fraction=round(sea["reused_contexts"] / sea["contexts"], 3),
+               sea_35_steps_s=round(STEPS * target, 2))
+    if both and "cost_model" in both and reuse is not None:
+        m = both["cost_model"]
+        out["fp8_sea_35_steps_s"] = round(STEPS * (m["fixed_s"] + m["per_context_s"] * m["contexts_per_step"]
+                                                   * (1 - reuse)), 2)
+    return out
+
+
+def merge(path: str | None, results: dict) -> None:
+    """Merge ``results`` into the JSON at ``path`` now (a run cut off later keeps what it measured)."""
+    if not path:
+        return
+    file = Path(path)
+    old = json.loads(file.read_text()) if file.is_file() else {}
+    old.update(results)
+    file.write_text(json.dumps(old, indent=1))
 
 
 def pipeline_factory(tiny: bool, tmp: Path):
@@ -175,14 +283,29 @@ def measure(args, make_pipe, shapes: dict, options) -> dict:
                 found = calibrate(pipe, encode(name), dataclasses.replace(options, compile="off"), shapes[name][2] > 1)
                 amax.update({k: max(v, amax.get(k, 0.0)) for k, v in found.items()})
             results["fp8_linears"] = to_fp8_(pipe.transformer, amax)
+            merge(args.out, {"fp8_linears": results["fp8_linears"]})
             pipe = make_pipe()  # its info now says FP8; the text K/V of the W8A16 steps come from the FP8 weights
         for name in names:
             text = encode(name) if todo else None
             for mode in todo:
                 results[f"{name}/{mode}"] = run_mode(pipe, text, name, mode, options, shapes[name], out_dir,
-                                                     args.warmup_steps)
-                print(name, mode, results[f"{name}/{mode}"], flush=True)
+                                                     args.warmup_steps, args.steps)
+                print(name, mode, json.dumps(results[f"{name}/{mode}"]), flush=True)
+                merge(args.out, {f"{name}/{mode}": results[f"{name}/{mode}"]})
+                merge_projections(args.out, [name])
     return results
+
+
+def merge_projections(path: str | None, names: list[str]) -> None:
+    """``projection/<resolution>`` (``project_reuse``) from what the JSON at ``path`` holds now (its runs may come
+    from several calls)."""
+    if not path:
+        return
+    runs = json.loads(Path(path).read_text())
+    found = {f"projection/{n}": proj for n in names if (proj := project_reuse(runs, n)) is not None}
+    for key, proj in found.items():
+        print(key, json.dumps(proj), flush=True)
+    merge(path, found)
 
 
 def compare(args, make_pipe, device: str) -> dict:
@@ -204,18 +327,35 @@ def compare(args, make_pipe, device: str) -> dict:
                     lat.flatten().double(), exact.flatten().double(), dim=0).item(), 5),
                 frames_psnr_db=round(10 * torch.log10(torch.tensor(1.0 / max(mse, 1e-12))).item(), 2))
             print(name, mode, report[f"{name}/{mode}"], flush=True)
+            if args.out:
+                old = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+                merge(args.out, {"compare": {**old.get("compare", {}), **report}})
     return report
+
+
+def machine(options) -> dict:
+    """What the figures ran on: the GPU, torch, whether FlashAttention-4 could run (attention ``auto`` then takes it
+    where it pays: kernels/attention.py)."""
+    from cosmos3_core.kernels.attention import flash4_unavailable_reason
+
+    cuda = torch.cuda.is_available()
+    return dict(gpu=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
+                flash4=bool(cuda and not flash4_unavailable_reason(torch.device("cuda"))),
+                compile=options.compile, date=time.strftime("%Y-%m-%d"))
 
 
 def main() -> None:
     from cosmos3_core.runtime import RuntimeOptions
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--resolutions", default="480p", help=f"comma-separated, of {', '.join(RESOLUTIONS)}")
+    p.add_argument("--resolutions", default="t2i,480p", help=f"comma-separated, of {', '.join(RESOLUTIONS)}")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--dir", required=True, help="where the final latents of each run go (and are compared from)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="RuntimeOptions.compile of every run (auto: compiled on CUDA, the benchmark setting)")
+    p.add_argument("--steps", type=int, default=STEPS,
+                   help="steps of the timed run (default 35; fewer: exact and FP8 get their 35-step time projected "
+                        "from the per-step means, SeaCache its cost model only)")
     p.add_argument("--warmup-steps", type=int, default=STEPS,
                    help="steps of the warm-up run of each mode before the timed one (default: a whole first run; "
                         "fewer saves device time but may leave a SeaCache graph to compile in the timed run)")
@@ -227,19 +367,13 @@ def main() -> None:
         sys.exit("bench_fast_modes: needs a CUDA GPU (FP8 W8A8 needs sm 8.9+); --tiny checks the script on the CPU.")
     shapes = TINY_RESOLUTIONS if args.tiny else RESOLUTIONS
     options = RuntimeOptions(compile="off", fp8_gemm="emulate") if args.tiny else RuntimeOptions(compile=args.compile)
+    merge(args.out, {"machine": machine(options)})
     with tempfile.TemporaryDirectory() as tmp:
         make_pipe, device = pipeline_factory(args.tiny, Path(tmp))
-        if args.compare:
-            results = compare(args, make_pipe, device)
-        else:
-            results = measure(args, make_pipe, shapes, options)
-            if args.tiny:
-                results["compare"] = compare(args, make_pipe, device)
-    if args.out:
-        path = Path(args.out)
-        old = json.loads(path.read_text()) if path.is_file() else {}
-        old.update(results)
-        path.write_text(json.dumps(old, indent=1))
+        if not args.compare:
+            measure(args, make_pipe, shapes, options)
+        if args.compare or args.tiny:
+            compare(args, make_pipe, device)
 
 
 if __name__ == "__main__":
