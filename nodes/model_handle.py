@@ -57,23 +57,25 @@ def _place_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> None:
     tensors follow the tower to the load device (in place: the model and the tower view share the Parameter
     objects; ComfyUI's unload moves the whole tower back), unpinned first (``_unpin_unstreamable``)."""
     device = patcher.load_device
-    _unpin_unstreamable(patcher)
-    for module, kind, name, tensor in list(_unstreamable_tensors(patcher)):
+    tensors = list(_unstreamable_tensors(patcher))
+    _unpin_unstreamable(patcher, tensors)
+    for module, kind, name, tensor in tensors:
         if kind == "parameter":
             tensor.data = tensor.data.to(device)
         else:
             module._buffers[name] = tensor.to(device)
 
 
-def _unpin_unstreamable(patcher: comfy.model_patcher.ModelPatcher) -> int:
-    """Unpin, through ComfyUI's own bookkeeping (``ModelPatcher.unpin_weight``), each unstreamable parameter it
-    pinned on the host; returns how many. ComfyUI's partial unload pins (``cudaHostRegister``) each parameter it
-    leaves on the host, the smallest modules first; storage freed while still registered leaves CUDA a stale
-    registration, and a later host→GPU copy from that reused memory fails with "CUDA error: invalid argument" (seen
-    on a simulated 32 GiB card, Super FP8, after the text tower was partly unloaded)."""
+def _unpin_unstreamable(patcher: comfy.model_patcher.ModelPatcher, tensors: list) -> int:
+    """Unpin, through ComfyUI's own bookkeeping (``ModelPatcher.unpin_weight``), each of the unstreamable
+    ``tensors`` (``_unstreamable_tensors``' entries) it pinned on the host; returns how many. ComfyUI's partial
+    unload pins (``cudaHostRegister``) each parameter it leaves on the host, the smallest modules first; storage
+    freed while still registered leaves CUDA a stale registration, and a later host→GPU copy from that reused memory
+    fails with "CUDA error: invalid argument" (seen on a simulated 32 GiB card, Super FP8, after the text tower was
+    partly unloaded)."""
     params = dict(patcher.model.named_parameters())
     keys = {id(param): key for key, param in params.items()}
-    unpinned = [keys[id(t)] for *_, t in _unstreamable_tensors(patcher) if keys.get(id(t)) in patcher.pinned]
+    unpinned = [keys[id(t)] for *_, t in tensors if keys.get(id(t)) in patcher.pinned]
     for key in unpinned:
         patcher.unpin_weight(key)
     still = [key for key in unpinned if params[key].is_pinned()]

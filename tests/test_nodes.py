@@ -596,7 +596,8 @@ def test_partial_load_brings_unstreamable_modules_along(host):
         patcher.partially_unload(torch.device("cpu"), memory_to_free=2**40)
         pinned_by_comfy = set(patcher.pinned)
         patcher.load_device = torch.device("meta")
-        assert handle_module._unpin_unstreamable(patcher) == unstreamable
+        assert handle_module._unpin_unstreamable(
+            patcher, list(handle_module._unstreamable_tensors(patcher))) == unstreamable
     params = dict(holder.named_parameters())
     assert len(pinned_by_comfy) == streamable + unstreamable  # ComfyUI pinned every module it moved
     assert {id(params[k]) for k in patcher.pinned} == {id(p) for m in holder.modules()
@@ -608,6 +609,6 @@ def test_partial_load_brings_unstreamable_modules_along(host):
     patcher.load_device = torch.device("meta")
     with unittest.mock.patch.object(torch.Tensor, "is_pinned", lambda t: True), \
             pytest.raises(RuntimeError, match="could not unpin 1 host weights .*--disable-pinned-memory"):
-        handle_module._unpin_unstreamable(patcher)
+        handle_module._unpin_unstreamable(patcher, list(handle_module._unstreamable_tensors(patcher)))
     patcher.load_device = torch.device("cpu")  # everything already where it should be: nothing to move
     assert not list(handle_module._unstreamable_tensors(patcher))
