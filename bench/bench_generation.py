@@ -27,6 +27,11 @@ run; 720p compiled only) with each route's warm-up, peak memory and velocity dif
 end-to-end runs of that invocation then use the fastest route per shape. ``--loop 480p`` splits a compiled 35-step
 loop's time: per step in the loop, the same step alone, and the GPU's busy time per step (torch.profiler).
 
+``--gemm-fusion t2i,480p,720p`` (alone: no model is built, seconds on a GPU) times one generation layer's GEMMs at
+each shape in bf16 (separate and fused q/k/v, gate/up) and in NVIDIA's FP8 layout (the W8A8 GEMMs on a quantized
+input, fused with per-output-channel scales, the activation quantize, the whole W8A8 and W8A16 forwards), with
+the per-layer sums and the 36-layer step: where an FP8 step's time goes, against the measured step.
+
 ``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs two fresh
 processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
 and reports, per process and shape, the compile warm-up (first compiled step minus the steady one), the inductor /
@@ -227,27 +232,96 @@ def bench_attention(name: str, results: dict) -> None:
     print("attention", name, routes, flush=True)
 
 
-def bench_gemm_fusion(name: str, results: dict) -> None:
-    """Fused q/k/v and gate/up GEMMs (one weight concatenated at load) vs the checkpoint's separate ones, both
-    branches' tokens stacked as in the batched step."""
-    h, w, frames = RESOLUTIONS[name]
+def _fp8_layer(n: int, k: int, device: str, g: torch.Generator):
+    """An ``Fp8Linear`` [n, k] in ModelOpt's layout (the product's class): the weight rounded to e4m3 with one
+    per-tensor scale, a calibrated activation scale (amax 4)."""
+    from cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
+
+    q, scale = quantize_weight(torch.randn(n, k, device=device, generator=g) * 0.02)
+    with torch.device("meta"):
+        layer = Fp8Linear(k, n, bias=False)
+    layer.weight = torch.nn.Parameter(q, requires_grad=False)
+    layer.scale_weight = torch.nn.Parameter(scale, requires_grad=False)
+    layer.input_scale, layer.w8a8_weight_scale = torch.tensor(4.0 / 448.0, device=device), scale
+    return layer
+
+
+def bench_gemm_fusion(name: str, results: dict, tiny: bool = False) -> None:
+    """One generation layer's GEMMs at this shape (both branches' tokens stacked, as in the batched step): bf16 with
+    q/k/v and gate/up separate (the checkpoint's layers) and fused (one weight concatenated at load); and NVIDIA's
+    FP8 layers (``Fp8Linear``, the product's class) — the W8A8 GEMM alone on an already quantized input
+    (``torch._scaled_mm``, per-tensor scales; fused q/k/v and gate/up with per-tensor and with per-output-channel
+    weight scales, what a fused FP8 layer would need), the activation quantize of the layer's two GEMM inputs, the
+    whole W8A8 forward as one linear runs it uncompiled, and the W8A16 forward (the weight dequantized per call).
+    ``layer_ms``: the sum per layer for each way; ``step_ms``: × 36 layers. ``tiny``: small widths on the CPU (the
+    script runs; not a measurement)."""
+    from cosmos3_core.model.fp8 import fp8_matmul, quantize_activation
+
+    device = "cpu" if tiny else "cuda"
+    h, w, frames = (TINY_RESOLUTIONS if tiny else RESOLUTIONS)[name]
+    d, f, kv = (64, 192, 16) if tiny else (4096, 12288, 1024)
     m = 2 * ((frames - 1) // 4 + 1) * -(-h // 32) * -(-w // 32)
-    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
-    wq, wk, wv = (torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16) * 0.02 for n in (4096, 1024, 1024))
-    wg, wu = (torch.randn(12288, 4096, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2))
-    wqkv, wgu = torch.cat([wq, wk, wv]), torch.cat([wg, wu])
-    mm = torch.nn.functional.linear
+    g = torch.Generator(device).manual_seed(0)
+    x = torch.randn(m, d, device=device, dtype=torch.bfloat16, generator=g)
+    hidden = torch.randn(m, f, device=device, dtype=torch.bfloat16, generator=g)
+    shapes = dict(q=(d, d), k=(kv, d), v=(kv, d), o=(d, d), gate=(f, d), up=(f, d), down=(d, f))
+    bf16 = {k: torch.randn(n, kk, device=device, dtype=torch.bfloat16, generator=g) * 0.02
+            for k, (n, kk) in shapes.items()}
+    fp8 = {k: _fp8_layer(n, kk, device, g) for k, (n, kk) in shapes.items()}
+    scale_a = fp8["q"].input_scale
+    x8, hidden8 = quantize_activation(x, scale_a), quantize_activation(hidden, scale_a)
+    qkv8, gu8 = (torch.cat([fp8[k].weight for k in keys]) for keys in (("q", "k", "v"), ("gate", "up")))
+    qkv_rows, gu_rows = (torch.cat([fp8[k].weight_scale_b.expand(shapes[k][0]) for k in keys])[None].float()
+                         for keys in (("q", "k", "v"), ("gate", "up")))
+    mm, ones = torch.nn.functional.linear, torch.ones(m, 1, device=device)
+
+    def gemm8(a8, key):
+        return fp8_matmul(a8, fp8[key].weight, scale_a, fp8[key].weight_scale_b, None, torch.bfloat16)
+
+    def rowwise(a8, w8, rows):
+        return torch._scaled_mm(a8, w8.t(), scale_a=ones * scale_a, scale_b=rows, out_dtype=torch.bfloat16)
+
+    qkv, gu = torch.cat([bf16["q"], bf16["k"], bf16["v"]]), torch.cat([bf16["gate"], bf16["up"]])
+    cases = {
+        "bf16_qkv_separate": lambda: [mm(x, bf16[k]) for k in ("q", "k", "v")],
+        "bf16_qkv_fused": lambda: mm(x, qkv),
+        "bf16_gate_up_separate": lambda: [mm(x, bf16[k]) for k in ("gate", "up")],
+        "bf16_gate_up_fused": lambda: mm(x, gu),
+        "bf16_o": lambda: mm(x, bf16["o"]),
+        "bf16_down": lambda: mm(hidden, bf16["down"]),
+        "fp8_qkv_separate": lambda: [gemm8(x8, k) for k in ("q", "k", "v")],
+        "fp8_qkv_fused_rowwise": lambda: rowwise(x8, qkv8, qkv_rows),
+        "fp8_gate_up_separate": lambda: [gemm8(x8, k) for k in ("gate", "up")],
+        "fp8_gate_up_fused_rowwise": lambda: rowwise(x8, gu8, gu_rows),
+        "fp8_o": lambda: gemm8(x8, "o"),
+        "fp8_down": lambda: gemm8(hidden8, "down"),
+        "fp8_quantize_x_and_hidden": lambda: (quantize_activation(x, scale_a), quantize_activation(hidden, scale_a)),
+        "w8a8_forward_all": lambda: ([fp8[k].w8a8(x) for k in ("q", "k", "v", "o", "gate", "up")],
+                                     fp8["down"].w8a8(hidden)),
+        "w8a16_forward_all": lambda: ([fp8[k](x) for k in ("q", "k", "v", "o", "gate", "up")], fp8["down"](hidden)),
+    }
+    flops = {"qkv": 2 * m * d * (d + 2 * kv), "gate_up": 4 * m * d * f, "o": 2 * m * d * d, "down": 2 * m * f * d}
+    flops["all"] = sum(flops.values())
     out = {}
-    for label, fn, flop in [
-        ("qkv_separate", lambda: (mm(x, wq), mm(x, wk), mm(x, wv)), 2 * m * 4096 * 6144),
-        ("qkv_fused", lambda: mm(x, wqkv).split([4096, 1024, 1024], dim=-1), 2 * m * 4096 * 6144),
-        ("gate_up_separate", lambda: (mm(x, wg), mm(x, wu)), 2 * m * 4096 * 24576),
-        ("gate_up_fused", lambda: mm(x, wgu).chunk(2, dim=-1), 2 * m * 4096 * 24576),
-    ]:
+    for label, fn in cases.items():
         seconds = timed(fn, warmup=3, iters=10)
-        out[label] = dict(ms=round(seconds * 1e3, 3), tflops=round(flop / seconds / 1e12, 1))
+        kind = next((k for k in ("gate_up", "qkv", "o", "down", "all") if k in label), None)
+        out[label] = dict(ms=round(seconds * 1e3, 3))
+        if kind and "quantize" not in label:
+            out[label]["tflops"] = round(flops[kind] / seconds / 1e12, 1)
+    bf16_layer = sum(out[k]["ms"] for k in ("bf16_qkv_separate", "bf16_gate_up_separate", "bf16_o", "bf16_down"))
+    fp8_layer = sum(out[k]["ms"] for k in ("fp8_qkv_separate", "fp8_gate_up_separate", "fp8_o", "fp8_down",
+                                           "fp8_quantize_x_and_hidden"))
+    out["layer_ms"] = dict(bf16=round(bf16_layer, 3), fp8_gemms_and_quantize=round(fp8_layer, 3),
+                           w8a8_forward=out["w8a8_forward_all"]["ms"], w8a16_forward=out["w8a16_forward_all"]["ms"])
+    out["step_ms"] = {k: round(36 * v, 1) for k, v in out["layer_ms"].items()}
+    separate = torch.cat([gemm8(x8, k) for k in ("q", "k", "v")], dim=-1).float()
+    out["fp8_qkv_fused_rowwise_vs_separate"] = dict(  # a fused FP8 layer is only worth having if it equals these
+        max_abs=float((rowwise(x8, qkv8, qkv_rows).float() - separate).abs().max()),
+        max_separate=float(separate.abs().max()))
+    out["m"] = m
     results.setdefault("gemm_fusion", {})[name] = out
-    print("gemm fusion", name, out, flush=True)
+    print("gemm fusion", name, json.dumps(out), flush=True)
 
 
 def best_route(results: dict, name: str):
@@ -442,17 +516,25 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="also time the compiled generation layer")
     p.add_argument("--skip-reference", action="store_true", help="do not time diffusers' step (saves device time)")
     p.add_argument("--attention", default="", help="attention backend micro-benchmark at these shapes")
-    p.add_argument("--gemm-fusion", default="", help="fused vs separate q/k/v and gate/up GEMMs at these shapes")
+    p.add_argument("--gemm-fusion", default="",
+                   help="one layer's GEMMs at these shapes: bf16 separate vs fused, FP8 W8A8/W8A16 (alone: no model)")
     p.add_argument("--routes", action="store_true",
                    help="time the step per route (eager/compiled x SDPA/FlashAttention-4); e2e uses the best")
     p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at these shapes, then exit")
     p.add_argument("--warm-start", default="",
                    help="two fresh --probe-warmup processes at these shapes on one new empty cache dir, then exit")
     p.add_argument("--loop", default="", help="compiled 35-step loop vs isolated step vs GPU busy time")
-    p.add_argument("--tiny", action="store_true", help="--probe-warmup/--warm-start on the CPU with a tiny model")
+    p.add_argument("--tiny", action="store_true",
+                   help="--probe-warmup/--warm-start/--gemm-fusion on the CPU with a tiny model (the script runs)")
     args = p.parse_args()
     if args.warm_start:
         warm_start(args.warm_start, args.out, args.tiny)
+        return
+    if args.tiny and args.gemm_fusion:
+        results = dict(tiny=True)
+        for name in args.gemm_fusion.split(","):
+            bench_gemm_fusion(name, results, tiny=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
         return
     if args.probe_warmup:  # the product's compile settings, untouched
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -476,6 +558,8 @@ def main() -> None:
     for name in filter(None, args.gemm_fusion.split(",")):
         bench_gemm_fusion(name, results)
         Path(args.out).write_text(json.dumps(results, indent=1))
+    if args.gemm_fusion and not (args.resolutions or args.e2e or args.e2e_diffusers or args.loop):
+        return
     t0 = time.perf_counter()
     ref, ours = build_models(device)
     results["init_s"] = round(time.perf_counter() - t0, 1)
