@@ -1,5 +1,5 @@
 """Quality and speed of the fast modes — FP8 (NVIDIA's W8A8/W8A16 step policy), SeaCache, both — against exact bf16
-on full-size, random-weight Cosmos3-Nano (one H200), 35 steps, CFG 6.
+on full-size, random-weight Cosmos3-Nano (one GPU; the targets are an H200's), 35 steps, CFG 6.
 
 Per resolution and mode, one run after a warm-up run of the same mode (the "second run" of BENCHMARKS; the warm-up
 compiles every graph the timed run needs: SeaCache runs the layer stack for a subset of the branches on some steps,
@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 import time
@@ -108,7 +109,8 @@ def to_fp8_(model, input_amax: dict[str, float]) -> int:
 
 class StepClock:
     """Each step's time inside one run, from the sampler's per-step callback: CUDA events on a GPU (no host sync
-    inside the run), ``perf_counter`` on the CPU."""
+    inside the run), ``perf_counter`` on the CPU. (With a callback the loop also forms each step's x0 preview, one
+    elementwise op on the latents, which the warm-up run without a callback does not.)"""
 
     def __init__(self, device: str):
         self.cuda = device == "cuda"
@@ -167,25 +169,30 @@ def projected_35(breakdown: dict, plan) -> float | None:
     trajectory."""
     if plan.cache is not None:
         return None
-    if "w8a8_step_s" not in breakdown:
+    if plan.fp8 is None:
         return round(STEPS * sum(breakdown["step_s"]) / len(breakdown["step_s"]), 2)
     w8a8 = [p is not None and p.generation == "W8A8" for p in plan.precision]
+    if not any(w8a8):  # too short to reach a W8A8 step (or FP8 compute not run here): no W8A8 time to project
+        return None
+    if all(w8a8):
+        return round(STEPS * breakdown["w8a8_step_s"], 2)
     high = w8a8.index(True) + w8a8[::-1].index(True)  # NVIDIA's policy: W8A16 for the first and last n steps
     return round((STEPS - high) * breakdown["w8a8_step_s"] + high * breakdown["w8a16_step_s"], 2)
 
 
-def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, warmup_steps: int,
-             steps: int = STEPS) -> dict:
+def run_mode(pipe, text, name: str, mode: str, options, shape, args) -> dict:
+    """One timed run of ``mode`` at shape ``name`` after its warm-up (``args``: ``--dir``, ``--steps``,
+    ``--warmup-steps``); its final latents saved for ``compare``; the record."""
     from safetensors.torch import save_file
 
     from cosmos3_core.sampling.sea_cache import SeaCacheConfig
 
     h, w, frames = shape
+    steps, warm = args.steps, args.warmup_steps
     sampling = dict(seed=0, guidance=GUIDANCE, sound=frames > 1,
                     sea_cache=SeaCacheConfig(threshold=THRESHOLD) if "sea" in mode else None)
-    warm = warmup_steps
-    if warmup_steps and mode != "exact":  # 8 steps: SeaCache reuses, NVIDIA's FP8 policy runs W8A8 steps 4 and 5
-        warm = max(warmup_steps, 8)
+    if warm and mode != "exact":  # 8 steps: SeaCache reuses, NVIDIA's FP8 policy runs W8A8 steps 4 and 5
+        warm = max(warm, 8)
     if warm:
         pipe.run(api.plan(pipe, text, steps=warm, options=options, **sampling))
     sync()
@@ -201,7 +208,7 @@ def run_mode(pipe, text, name: str, mode: str, options, shape, out_dir: Path, wa
     tensors = {"latents": result.latents.float().cpu().contiguous()}
     if result.sound is not None:
         tensors["sound"] = result.sound.float().cpu().contiguous()
-    save_file(tensors, str(out_dir / f"{name}-{mode}.safetensors"))
+    save_file(tensors, str(Path(args.dir) / f"{name}-{mode}.safetensors"))
     trace = [] if plan.cache is None else plan.cache.trace
     breakdown = step_breakdown(clock.seconds(), plan)
     return dict(steps=steps, denoise_s=round(seconds, 2),
@@ -218,7 +225,10 @@ def project_reuse(runs: dict, name: str, speedup: float = PUBLISHED_SEA_SPEEDUP)
     """What SeaCache would give at ``name`` if it reused as often as vLLM-Omni measured on real Nano weights
     (``speedup`` × over exact): the reuse fraction ``r`` of contexts that makes exact / SeaCache = ``speedup`` under
     the SeaCache run's cost model (``fixed + per_context × computed`` per step), then the same ``r`` under the
-    FP8+SeaCache run's cost model. A projection from measured per-step costs, not a measurement."""
+    FP8+SeaCache run's cost model (one line through all its steps, W8A16 and W8A8 alike). ``r`` is held to [0, 1]
+    and the times are those at the held ``r``; whether SeaCache's own limits (at most ``max_consecutive_cached``
+    reuses in a row, the first and last steps computed) allow that ``r`` is not checked. A projection from measured
+    per-step costs, not a measurement."""
     exact, sea, both = (runs.get(f"{name}/{m}") for m in ("exact", "sea", "fp8+sea"))
     if not exact or not sea or "cost_model" not in sea:
         return None
@@ -229,7 +239,7 @@ def project_reuse(runs: dict, name: str, speedup: float = PUBLISHED_SEA_SPEEDUP)
     reuse = min(max((full - target) / saved_per_step, 0.0), 1.0) if saved_per_step > 0 else None
     out = dict(published_speedup=speedup, reuse_fraction_needed=None if reuse is None else round(reuse, 3),
                measured_reuse_fraction=round(sea["reused_contexts"] / sea["contexts"], 3),
-               sea_35_steps_s=round(STEPS * target, 2))
+               sea_35_steps_s=None if reuse is None else round(STEPS * (full - saved_per_step * reuse), 2))
     if both and "cost_model" in both and reuse is not None:
         m = both["cost_model"]
         out["fp8_sea_35_steps_s"] = round(STEPS * (m["fixed_s"] + m["per_context_s"] * m["contexts_per_step"]
@@ -238,13 +248,16 @@ def project_reuse(runs: dict, name: str, speedup: float = PUBLISHED_SEA_SPEEDUP)
 
 
 def merge(path: str | None, results: dict) -> None:
-    """Merge ``results`` into the JSON at ``path`` now (a run cut off later keeps what it measured)."""
+    """Merge ``results`` into the JSON at ``path`` now (a run cut off later keeps what it measured), through a file
+    beside it renamed over it: a process killed while writing leaves the earlier record whole."""
     if not path:
         return
     file = Path(path)
     old = json.loads(file.read_text()) if file.is_file() else {}
     old.update(results)
-    file.write_text(json.dumps(old, indent=1))
+    partial = file.with_name(file.name + ".partial")
+    partial.write_text(json.dumps(old, indent=1))
+    os.replace(partial, file)
 
 
 def pipeline_factory(tiny: bool, tmp: Path):
@@ -268,12 +281,11 @@ def pipeline_factory(tiny: bool, tmp: Path):
     return (lambda: Cosmos3Pipeline(files, model, vae, tokenizer, audio)), "cuda"
 
 
-def measure(args, make_pipe, shapes: dict, options) -> dict:
+def measure(args, make_pipe, shapes: dict, options) -> None:
     """Every bf16 mode at every resolution, then (calibrated over those resolutions) the model turned FP8 and every
     FP8 mode: one calibration for all shapes, as a checkpoint has."""
-    out_dir = Path(args.dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results, pipe = {}, make_pipe()
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    pipe = make_pipe()
     names = args.resolutions.split(",")
     modes = [m for m in MODES if m in args.modes.split(",")]
 
@@ -288,18 +300,15 @@ def measure(args, make_pipe, shapes: dict, options) -> dict:
             for name in names:  # eager: the calibration hooks stay out of the compiled graphs
                 found = calibrate(pipe, encode(name), dataclasses.replace(options, compile="off"), shapes[name][2] > 1)
                 amax.update({k: max(v, amax.get(k, 0.0)) for k, v in found.items()})
-            results["fp8_linears"] = to_fp8_(pipe.transformer, amax)
-            merge(args.out, {"fp8_linears": results["fp8_linears"]})
+            merge(args.out, {"fp8_linears": to_fp8_(pipe.transformer, amax)})
             pipe = make_pipe()  # its info now says FP8; the text K/V of the W8A16 steps come from the FP8 weights
         for name in names:
             text = encode(name) if todo else None
             for mode in todo:
-                results[f"{name}/{mode}"] = run_mode(pipe, text, name, mode, options, shapes[name], out_dir,
-                                                     args.warmup_steps, args.steps)
-                print(name, mode, json.dumps(results[f"{name}/{mode}"]), flush=True)
-                merge(args.out, {f"{name}/{mode}": results[f"{name}/{mode}"]})
+                record = run_mode(pipe, text, name, mode, options, shapes[name], args)
+                print(name, mode, json.dumps(record), flush=True)
+                merge(args.out, {f"{name}/{mode}": record})
                 merge_projections(args.out, [name])
-    return results
 
 
 def merge_projections(path: str | None, names: list[str]) -> None:
@@ -314,7 +323,7 @@ def merge_projections(path: str | None, names: list[str]) -> None:
     merge(path, found)
 
 
-def compare(args, make_pipe, device: str) -> dict:
+def compare(args, make_pipe, device: str) -> None:
     from safetensors.torch import load_file
 
     vae, out_dir, report = make_pipe().vae, Path(args.dir), {}
@@ -336,7 +345,6 @@ def compare(args, make_pipe, device: str) -> dict:
             if args.out:
                 old = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
                 merge(args.out, {"compare": {**old.get("compare", {}), **report}})
-    return report
 
 
 def machine(options) -> dict:
@@ -373,7 +381,10 @@ def main() -> None:
         sys.exit("bench_fast_modes: needs a CUDA GPU (FP8 W8A8 needs sm 8.9+); --tiny checks the script on the CPU.")
     shapes = TINY_RESOLUTIONS if args.tiny else RESOLUTIONS
     options = RuntimeOptions(compile="off", fp8_gemm="emulate") if args.tiny else RuntimeOptions(compile=args.compile)
-    merge(args.out, {"machine": machine(options)})
+    if args.out and Path(args.out).is_file():  # a later call adds to the record of the machine, keeping its notes
+        merge(args.out, {"machine": {**json.loads(Path(args.out).read_text()).get("machine", {}), **machine(options)}})
+    else:
+        merge(args.out, {"machine": machine(options)})
     with tempfile.TemporaryDirectory() as tmp:
         make_pipe, device = pipeline_factory(args.tiny, Path(tmp))
         if not args.compare:

@@ -27,10 +27,11 @@ run; 720p compiled only) with each route's warm-up, peak memory and velocity dif
 end-to-end runs of that invocation then use the fastest route per shape. ``--loop 480p`` splits a compiled 35-step
 loop's time: per step in the loop, the same step alone, and the GPU's busy time per step (torch.profiler).
 
-``--gemm-fusion t2i,480p,720p`` (alone: no model is built, seconds on a GPU) times one generation layer's GEMMs at
-each shape in bf16 (separate and fused q/k/v, gate/up) and in NVIDIA's FP8 layout (the W8A8 GEMMs on a quantized
-input, fused with per-output-channel scales, the activation quantize, the whole W8A8 and W8A16 forwards), with
-the per-layer sums and the 36-layer step: where an FP8 step's time goes, against the measured step.
+``--gemm-fusion t2i,480p,720p`` runs only that (no model is built, no diffusers imported; seconds on a GPU): one
+generation layer's GEMMs at each shape in bf16 (separate and fused q/k/v, gate/up) and in NVIDIA's FP8 layout (the
+W8A8 GEMMs on a quantized input, fused with per-output-channel scales, the activation quantize, the whole W8A8 and
+W8A16 forwards), with the per-layer sums and the 36-layer step: where an FP8 step's time goes, against the measured
+step.
 
 ``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs two fresh
 processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
@@ -246,21 +247,18 @@ def _fp8_layer(n: int, k: int, device: str, g: torch.Generator):
     return layer
 
 
-def bench_gemm_fusion(name: str, results: dict, tiny: bool = False) -> None:
-    """One generation layer's GEMMs at this shape (both branches' tokens stacked, as in the batched step): bf16 with
-    q/k/v and gate/up separate (the checkpoint's layers) and fused (one weight concatenated at load); and NVIDIA's
-    FP8 layers (``Fp8Linear``, the product's class) — the W8A8 GEMM alone on an already quantized input
-    (``torch._scaled_mm``, per-tensor scales; fused q/k/v and gate/up with per-tensor and with per-output-channel
-    weight scales, what a fused FP8 layer would need), the activation quantize of the layer's two GEMM inputs, the
-    whole W8A8 forward as one linear runs it uncompiled, and the W8A16 forward (the weight dequantized per call).
-    ``layer_ms``: the sum per layer for each way; ``step_ms``: × 36 layers. ``tiny``: small widths on the CPU (the
-    script runs; not a measurement)."""
+_GEMM_FLOPS_OF = {  # which FLOP count each timed case does (the quantize does none)
+    "bf16_qkv_separate": "qkv", "bf16_qkv_fused": "qkv", "bf16_gate_up_separate": "gate_up",
+    "bf16_gate_up_fused": "gate_up", "bf16_o": "o", "bf16_down": "down", "fp8_qkv_separate": "qkv",
+    "fp8_qkv_fused_rowwise": "qkv", "fp8_gate_up_separate": "gate_up", "fp8_gate_up_fused_rowwise": "gate_up",
+    "fp8_o": "o", "fp8_down": "down", "w8a8_forward_all": "layer", "w8a16_forward_all": "layer"}
+
+
+def _gemm_cases(m: int, d: int, f: int, kv: int, device: str):
+    """``(cases, fused_check)``: the timed callables of ``bench_gemm_fusion`` for ``m`` stacked tokens and one
+    layer's widths, and a function comparing the fused per-output-channel q/k/v FP8 GEMM with the separate ones."""
     from cosmos3_core.model.fp8 import fp8_matmul, quantize_activation
 
-    device = "cpu" if tiny else "cuda"
-    h, w, frames = (TINY_RESOLUTIONS if tiny else RESOLUTIONS)[name]
-    d, f, kv = (64, 192, 16) if tiny else (4096, 12288, 1024)
-    m = 2 * ((frames - 1) // 4 + 1) * -(-h // 32) * -(-w // 32)
     g = torch.Generator(device).manual_seed(0)
     x = torch.randn(m, d, device=device, dtype=torch.bfloat16, generator=g)
     hidden = torch.randn(m, f, device=device, dtype=torch.bfloat16, generator=g)
@@ -269,19 +267,21 @@ def bench_gemm_fusion(name: str, results: dict, tiny: bool = False) -> None:
             for k, (n, kk) in shapes.items()}
     fp8 = {k: _fp8_layer(n, kk, device, g) for k, (n, kk) in shapes.items()}
     scale_a = fp8["q"].input_scale
+    rows_a = torch.ones(m, 1, device=device) * scale_a  # per-row activation scale: one value, as a fused call needs
     x8, hidden8 = quantize_activation(x, scale_a), quantize_activation(hidden, scale_a)
     qkv8, gu8 = (torch.cat([fp8[k].weight for k in keys]) for keys in (("q", "k", "v"), ("gate", "up")))
     qkv_rows, gu_rows = (torch.cat([fp8[k].weight_scale_b.expand(shapes[k][0]) for k in keys])[None].float()
                          for keys in (("q", "k", "v"), ("gate", "up")))
-    mm, ones = torch.nn.functional.linear, torch.ones(m, 1, device=device)
+    qkv, gu = torch.cat([bf16["q"], bf16["k"], bf16["v"]]), torch.cat([bf16["gate"], bf16["up"]])
+    mm, quantize = torch.nn.functional.linear, quantize_activation
 
-    def gemm8(a8, key):
+    def gemm8(a8, key):  # as Fp8Linear.w8a8_with calls it
         return fp8_matmul(a8, fp8[key].weight, scale_a, fp8[key].weight_scale_b, None, torch.bfloat16)
 
     def rowwise(a8, w8, rows):
-        return torch._scaled_mm(a8, w8.t(), scale_a=ones * scale_a, scale_b=rows, out_dtype=torch.bfloat16)
+        return torch._scaled_mm(a8, w8.t(), scale_a=rows_a, scale_b=rows, out_dtype=torch.bfloat16,
+                                use_fast_accum=True)
 
-    qkv, gu = torch.cat([bf16["q"], bf16["k"], bf16["v"]]), torch.cat([bf16["gate"], bf16["up"]])
     cases = {
         "bf16_qkv_separate": lambda: [mm(x, bf16[k]) for k in ("q", "k", "v")],
         "bf16_qkv_fused": lambda: mm(x, qkv),
@@ -295,33 +295,63 @@ def bench_gemm_fusion(name: str, results: dict, tiny: bool = False) -> None:
         "fp8_gate_up_fused_rowwise": lambda: rowwise(x8, gu8, gu_rows),
         "fp8_o": lambda: gemm8(x8, "o"),
         "fp8_down": lambda: gemm8(hidden8, "down"),
-        "fp8_quantize_x_and_hidden": lambda: (quantize_activation(x, scale_a), quantize_activation(hidden, scale_a)),
+        # a layer's four distinct GEMM inputs: norm1(x), the attention output, norm2(x'), the MLP's hidden
+        "fp8_quantize_layer_inputs": lambda: (quantize(x, scale_a), quantize(x, scale_a), quantize(x, scale_a),
+                                              quantize(hidden, scale_a)),
         "w8a8_forward_all": lambda: ([fp8[k].w8a8(x) for k in ("q", "k", "v", "o", "gate", "up")],
                                      fp8["down"].w8a8(hidden)),
         "w8a16_forward_all": lambda: ([fp8[k](x) for k in ("q", "k", "v", "o", "gate", "up")], fp8["down"](hidden)),
     }
+
+    def fused_check() -> dict:
+        separate = torch.cat([gemm8(x8, k) for k in ("q", "k", "v")], dim=-1).float()
+        return dict(max_abs=float((rowwise(x8, qkv8, qkv_rows).float() - separate).abs().max()),
+                    max_separate=float(separate.abs().max()))
+
+    return cases, fused_check
+
+
+def bench_gemm_fusion(name: str, results: dict, tiny: bool = False) -> None:
+    """One generation layer's GEMMs at this shape (both branches' tokens stacked, as in the batched step): bf16 with
+    q/k/v and gate/up separate (the checkpoint's layers) and fused (one weight concatenated at load); and NVIDIA's
+    FP8 layers (``Fp8Linear``, the product's class) — the W8A8 GEMMs alone on already quantized inputs
+    (``fp8_matmul``: ``torch._scaled_mm`` with per-tensor scales, as the product calls it), q/k/v and gate/up fused
+    with per-output-channel weight scales (what one fused FP8 layer would need; checked equal to the separate ones),
+    the activation quantize of the layer's four GEMM inputs (what a layer fusing q/k/v and gate/up would still do;
+    the product quantizes once per linear, 7 times), the whole W8A8 forward of the 7 linears as they run uncompiled,
+    and their W8A16 forward (the weight dequantized per call). ``layer_ms``: the per-layer sums; ``step_ms``: × 36
+    layers. ``tiny``: small widths on the CPU (the script runs; not a measurement)."""
+    h, w, frames = (TINY_RESOLUTIONS if tiny else RESOLUTIONS)[name]
+    d, f, kv = (64, 192, 16) if tiny else (4096, 12288, 1024)
+    m = 2 * ((frames - 1) // 4 + 1) * -(-h // 32) * -(-w // 32)
+    cases, fused_check = _gemm_cases(m, d, f, kv, "cpu" if tiny else "cuda")
     flops = {"qkv": 2 * m * d * (d + 2 * kv), "gate_up": 4 * m * d * f, "o": 2 * m * d * d, "down": 2 * m * f * d}
-    flops["all"] = sum(flops.values())
+    flops["layer"] = sum(flops.values())
     out = {}
     for label, fn in cases.items():
         seconds = timed(fn, warmup=3, iters=10)
-        kind = next((k for k in ("gate_up", "qkv", "o", "down", "all") if k in label), None)
         out[label] = dict(ms=round(seconds * 1e3, 3))
-        if kind and "quantize" not in label:
-            out[label]["tflops"] = round(flops[kind] / seconds / 1e12, 1)
+        if label in _GEMM_FLOPS_OF:
+            out[label]["tflops"] = round(flops[_GEMM_FLOPS_OF[label]] / seconds / 1e12, 1)
     bf16_layer = sum(out[k]["ms"] for k in ("bf16_qkv_separate", "bf16_gate_up_separate", "bf16_o", "bf16_down"))
     fp8_layer = sum(out[k]["ms"] for k in ("fp8_qkv_separate", "fp8_gate_up_separate", "fp8_o", "fp8_down",
-                                           "fp8_quantize_x_and_hidden"))
+                                           "fp8_quantize_layer_inputs"))
     out["layer_ms"] = dict(bf16=round(bf16_layer, 3), fp8_gemms_and_quantize=round(fp8_layer, 3),
                            w8a8_forward=out["w8a8_forward_all"]["ms"], w8a16_forward=out["w8a16_forward_all"]["ms"])
     out["step_ms"] = {k: round(36 * v, 1) for k, v in out["layer_ms"].items()}
-    separate = torch.cat([gemm8(x8, k) for k in ("q", "k", "v")], dim=-1).float()
-    out["fp8_qkv_fused_rowwise_vs_separate"] = dict(  # a fused FP8 layer is only worth having if it equals these
-        max_abs=float((rowwise(x8, qkv8, qkv_rows).float() - separate).abs().max()),
-        max_separate=float(separate.abs().max()))
+    out["fp8_qkv_fused_rowwise_vs_separate"] = fused_check()  # a fused FP8 layer must equal the separate GEMMs
     out["m"] = m
     results.setdefault("gemm_fusion", {})[name] = out
     print("gemm fusion", name, json.dumps(out), flush=True)
+
+
+def gemm_fusion_only(args) -> None:
+    """``--gemm-fusion``: only the GEMM cases (no model, no diffusers), on the GPU or with ``--tiny`` on the CPU."""
+    results = dict(date=datetime.date.today().isoformat(), tiny=args.tiny, torch=torch.__version__,
+                   gpu=None if args.tiny else torch.cuda.get_device_name())
+    for name in args.gemm_fusion.split(","):
+        bench_gemm_fusion(name, results, tiny=args.tiny)
+        Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 def best_route(results: dict, name: str):
@@ -517,7 +547,7 @@ def main() -> None:
     p.add_argument("--skip-reference", action="store_true", help="do not time diffusers' step (saves device time)")
     p.add_argument("--attention", default="", help="attention backend micro-benchmark at these shapes")
     p.add_argument("--gemm-fusion", default="",
-                   help="one layer's GEMMs at these shapes: bf16 separate vs fused, FP8 W8A8/W8A16 (alone: no model)")
+                   help="only this: one layer's GEMMs at these shapes, bf16 separate vs fused, FP8 W8A8/W8A16")
     p.add_argument("--routes", action="store_true",
                    help="time the step per route (eager/compiled x SDPA/FlashAttention-4); e2e uses the best")
     p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at these shapes, then exit")
@@ -530,11 +560,8 @@ def main() -> None:
     if args.warm_start:
         warm_start(args.warm_start, args.out, args.tiny)
         return
-    if args.tiny and args.gemm_fusion:
-        results = dict(tiny=True)
-        for name in args.gemm_fusion.split(","):
-            bench_gemm_fusion(name, results, tiny=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+    if args.gemm_fusion:
+        gemm_fusion_only(args)
         return
     if args.probe_warmup:  # the product's compile settings, untouched
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -555,11 +582,6 @@ def main() -> None:
     for name in filter(None, args.attention.split(",")):
         bench_attention(name, results)
         Path(args.out).write_text(json.dumps(results, indent=1))
-    for name in filter(None, args.gemm_fusion.split(",")):
-        bench_gemm_fusion(name, results)
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    if args.gemm_fusion and not (args.resolutions or args.e2e or args.e2e_diffusers or args.loop):
-        return
     t0 = time.perf_counter()
     ref, ours = build_models(device)
     results["init_s"] = round(time.perf_counter() - t0, 1)

@@ -28,6 +28,8 @@ def test_tiny_fast_modes_run_and_compare(tmp_path):
     for mode in ("t2i/fp8", "t2i/fp8+sea"):
         assert 0.9 < runs["compare"][mode]["latent_cosine"] < 0.99999, runs["compare"][mode]
     assert len(runs["t2i/exact"]["step_s"]) == 35 and "w8a8_step_s" not in runs["t2i/exact"]
+    for mode in ("t2i/exact", "t2i/fp8", "t2i/fp8+sea"):  # the steps account for the run: none missing or extra
+        assert abs(sum(runs[mode]["step_s"]) - runs[mode]["denoise_s"]) < 0.02 + 0.2 * runs[mode]["denoise_s"]
     assert runs["t2i/fp8"]["w8a8_step_s"] > 0 and runs["t2i/fp8"]["w8a16_step_s"] > 0
     both = runs["t2i/fp8+sea"]
     assert set(both["step_s_by_contexts_computed"]) >= {"0", "2"}, both["step_s_by_contexts_computed"]
@@ -73,3 +75,10 @@ def test_reuse_projection_solves_for_the_published_speedup():
     assert proj["reuse_fraction_needed"] == 0.5 and proj["measured_reuse_fraction"] == 0.4
     assert proj["sea_35_steps_s"] == 17.5 and proj["fp8_sea_35_steps_s"] == 14.0
     assert bench.project_reuse(runs, "480p") is None
+    # out of reach: 1.8× over exact would need more than every context reused; the fraction stops at 1 and the
+    # time is that of every step reused (35 × 0.1 s), not exact / 1.8
+    runs["720p/exact"]["denoise_35_steps_s"] = 5.0
+    proj = bench.project_reuse(runs, "720p")
+    assert proj["reuse_fraction_needed"] == 1.0 and proj["sea_35_steps_s"] == 3.5
+    runs["720p/sea"]["cost_model"]["per_context_s"] = 0.0  # reuse saves nothing: no fraction to solve for
+    assert bench.project_reuse(runs, "720p")["reuse_fraction_needed"] is None
