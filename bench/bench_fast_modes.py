@@ -50,7 +50,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import LONG_PROMPT, RESOLUTIONS, TINY_RESOLUTIONS, build_ours, make_components, sync  # noqa: E402
+from common import (  # noqa: E402
+    LONG_PROMPT,
+    RESOLUTIONS,
+    TINY_RESOLUTIONS,
+    build_ours,
+    fp8_linear,
+    make_components,
+    sync,
+)
 from cosmos3_core import api
 
 MODES = ("exact", "fp8", "sea", "fp8+sea")
@@ -79,7 +87,6 @@ def calibrate(pipe, text, options, sound: bool) -> dict[str, float]:
 def to_fp8_(model, input_amax: dict[str, float]) -> int:
     """Every decoder-layer linear replaced by an ``Fp8Linear`` in the ModelOpt layout, in place; the model then
     declares NVIDIA's policy (``model.fp8_checkpoint``)."""
-    from cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
     from cosmos3_core.model.precision import FIRST_LAST_N_FP8_POLICY, linear_path
     from cosmos3_core.model.weights import Fp8Checkpoint
 
@@ -88,15 +95,7 @@ def to_fp8_(model, input_amax: dict[str, float]) -> int:
         if not (name.startswith("layers.") and type(module) is torch.nn.Linear):
             continue
         parent, attr = name.rsplit(".", 1)
-        q, scale = quantize_weight(module.weight)
-        with torch.device("meta"):
-            fp8 = Fp8Linear(module.in_features, module.out_features, bias=module.bias is not None)
-        fp8.weight = torch.nn.Parameter(q, requires_grad=False)
-        fp8.scale_weight = torch.nn.Parameter(scale, requires_grad=False)
-        if module.bias is not None:
-            fp8.bias = module.bias
-        fp8.input_scale = torch.tensor(input_amax.get(name, 1.0), device=q.device) / 448.0
-        fp8.w8a8_weight_scale = scale
+        fp8 = fp8_linear(module.weight, input_amax.get(name, 1.0), module.bias)
         fp8.path = linear_path(name)
         setattr(model.get_submodule(parent), attr, fp8)
         count += 1

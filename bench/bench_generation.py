@@ -68,6 +68,7 @@ from common import (  # noqa: E402
     build_models,
     build_tiny_ours,
     compile_stats,
+    fp8_linear,
     fresh_processes,
     gib,
     make_components,
@@ -233,20 +234,6 @@ def bench_attention(name: str, results: dict) -> None:
     print("attention", name, routes, flush=True)
 
 
-def _fp8_layer(n: int, k: int, device: str, g: torch.Generator):
-    """An ``Fp8Linear`` [n, k] in ModelOpt's layout (the product's class): the weight rounded to e4m3 with one
-    per-tensor scale, a calibrated activation scale (amax 4)."""
-    from cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
-
-    q, scale = quantize_weight(torch.randn(n, k, device=device, generator=g) * 0.02)
-    with torch.device("meta"):
-        layer = Fp8Linear(k, n, bias=False)
-    layer.weight = torch.nn.Parameter(q, requires_grad=False)
-    layer.scale_weight = torch.nn.Parameter(scale, requires_grad=False)
-    layer.input_scale, layer.w8a8_weight_scale = torch.tensor(4.0 / 448.0, device=device), scale
-    return layer
-
-
 _GEMM_FLOPS_OF = {  # which FLOP count each timed case does (the quantize does none)
     "bf16_qkv_separate": "qkv", "bf16_qkv_fused": "qkv", "bf16_gate_up_separate": "gate_up",
     "bf16_gate_up_fused": "gate_up", "bf16_o": "o", "bf16_down": "down", "fp8_qkv_separate": "qkv",
@@ -265,7 +252,8 @@ def _gemm_cases(m: int, d: int, f: int, kv: int, device: str):
     shapes = dict(q=(d, d), k=(kv, d), v=(kv, d), o=(d, d), gate=(f, d), up=(f, d), down=(d, f))
     bf16 = {k: torch.randn(n, kk, device=device, dtype=torch.bfloat16, generator=g) * 0.02
             for k, (n, kk) in shapes.items()}
-    fp8 = {k: _fp8_layer(n, kk, device, g) for k, (n, kk) in shapes.items()}
+    fp8 = {k: fp8_linear(torch.randn(n, kk, device=device, generator=g) * 0.02, 4.0)  # amax 4: a calibrated scale
+           for k, (n, kk) in shapes.items()}
     scale_a = fp8["q"].input_scale
     rows_a = torch.ones(m, 1, device=device) * scale_a  # per-row activation scale: one value, as a fused call needs
     x8, hidden8 = quantize_activation(x, scale_a), quantize_activation(hidden, scale_a)

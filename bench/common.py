@@ -79,6 +79,25 @@ def random_bf16_weights(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
+def fp8_linear(weight: torch.Tensor, input_amax: float, bias: torch.Tensor | None = None) -> torch.nn.Module:
+    """An ``Fp8Linear`` (the product's class) in NVIDIA's ModelOpt layout made from a dense ``weight`` [out, in]: the
+    weight rounded once to e4m3 with one per-tensor scale (``quantize_weight``, ModelOpt's max calibration), the
+    activation scale ``input_amax / 448`` as a calibrated checkpoint stores it, ``bias`` as given."""
+    from cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
+    from cosmos3_core.model.weights import E4M3_MAX
+
+    q, scale = quantize_weight(weight)
+    with torch.device("meta"):
+        layer = Fp8Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    layer.weight = torch.nn.Parameter(q, requires_grad=False)
+    layer.scale_weight = torch.nn.Parameter(scale, requires_grad=False)
+    if bias is not None:
+        layer.bias = bias
+    layer.input_scale = torch.tensor(input_amax, device=q.device) / E4M3_MAX
+    layer.w8a8_weight_scale = scale
+    return layer
+
+
 OURS_SKIP = ("lm_head", "action_proj_in", "action_proj_out", "action_modality_embed")  # generation needs none
 
 
