@@ -138,12 +138,17 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
+def step_modes(plan) -> list[str | None]:
+    """Each step's FP8 mode of the generation tower (``"W8A16"`` / ``"W8A8"``), None where no FP8 layer runs."""
+    return [None if p is None else p.generation for p in plan.precision]
+
+
 def step_breakdown(step_s: list[float], plan) -> dict:
     """Per-step time split by what the step ran: its FP8 mode (W8A16 / W8A8) and, under SeaCache, how many of its
     contexts (branch × item) ran the layer stack; the SeaCache cost model ``step = fixed + per_context × computed``
     fitted over the steps (least squares), so a reused context's saving is read directly."""
     out = {"step_s": [round(t, 4) for t in step_s]}
-    modes = [None if p is None else p.generation for p in plan.precision]
+    modes = step_modes(plan)
     for mode in ("W8A16", "W8A8"):
         if mode in modes:
             out[f"{mode.lower()}_step_s"] = _mean([t for t, m in zip(step_s, modes) if m == mode])
@@ -170,7 +175,7 @@ def projected_35(breakdown: dict, plan) -> float | None:
         return None
     if plan.fp8 is None:
         return round(STEPS * sum(breakdown["step_s"]) / len(breakdown["step_s"]), 2)
-    w8a8 = [p is not None and p.generation == "W8A8" for p in plan.precision]
+    w8a8 = [m == "W8A8" for m in step_modes(plan)]
     if not any(w8a8):  # too short to reach a W8A8 step (or FP8 compute not run here): no W8A8 time to project
         return None
     if all(w8a8):
@@ -214,7 +219,7 @@ def run_mode(pipe, text, name: str, mode: str, options, shape, args) -> dict:
                 denoise_35_steps_s=round(seconds, 2) if steps == STEPS else projected_35(breakdown, plan),
                 projected=steps != STEPS, warmup_steps=warm,
                 peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
-                fp8=plan.fp8, fp8_w8a8_steps=sum(p is not None and p.generation == "W8A8" for p in plan.precision),
+                fp8=plan.fp8, fp8_w8a8_steps=step_modes(plan).count("W8A8"),
                 reused_contexts=sum(not c for *_, c in trace) if trace else None,
                 contexts=len(trace) or None, compiled=options.on(plan.device).compiles, frames=frames, height=h,
                 width=w, **breakdown)
@@ -246,14 +251,18 @@ def project_reuse(runs: dict, name: str, speedup: float = PUBLISHED_SEA_SPEEDUP)
     return out
 
 
-def merge(path: str | None, results: dict) -> None:
-    """Merge ``results`` into the JSON at ``path`` now (a run cut off later keeps what it measured), through a file
-    beside it renamed over it: a process killed while writing leaves the earlier record whole."""
+def merge(path: str | None, results: dict, section: str | None = None) -> None:
+    """Merge ``results`` into the JSON at ``path`` now (a run cut off later keeps what it measured) — at its top
+    level, or into its dict ``section`` (kept entries stay) — through a file beside it renamed over it: a process
+    killed while writing leaves the earlier record whole."""
     if not path:
         return
     file = Path(path)
     old = json.loads(file.read_text()) if file.is_file() else {}
-    old.update(results)
+    if section is None:
+        old.update(results)
+    else:
+        old[section] = {**old.get(section, {}), **results}
     partial = file.with_name(file.name + ".partial")
     partial.write_text(json.dumps(old, indent=1))
     os.replace(partial, file)
@@ -325,7 +334,7 @@ def merge_projections(path: str | None, names: list[str]) -> None:
 def compare(args, make_pipe, device: str) -> None:
     from safetensors.torch import load_file
 
-    vae, out_dir, report = make_pipe().vae, Path(args.dir), {}
+    vae, out_dir = make_pipe().vae, Path(args.dir)
     for name in args.resolutions.split(","):
         exact = load_file(str(out_dir / f"{name}-exact.safetensors"))["latents"]
         exact_frames = vae.decode(exact.to(device)).float()
@@ -336,14 +345,12 @@ def compare(args, make_pipe, device: str) -> None:
             lat = load_file(str(path))["latents"]
             frames = vae.decode(lat.to(device)).float()
             mse = torch.mean((frames - exact_frames) ** 2).item()
-            report[f"{name}/{mode}"] = dict(
+            entry = dict(
                 latent_cosine=round(torch.nn.functional.cosine_similarity(
                     lat.flatten().double(), exact.flatten().double(), dim=0).item(), 5),
                 frames_psnr_db=round(10 * torch.log10(torch.tensor(1.0 / max(mse, 1e-12))).item(), 2))
-            print(name, mode, report[f"{name}/{mode}"], flush=True)
-            if args.out:
-                old = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
-                merge(args.out, {"compare": {**old.get("compare", {}), **report}})
+            print(name, mode, entry, flush=True)
+            merge(args.out, {f"{name}/{mode}": entry}, section="compare")
 
 
 def machine(options) -> dict:
@@ -380,10 +387,7 @@ def main() -> None:
         sys.exit("bench_fast_modes: needs a CUDA GPU (FP8 W8A8 needs sm 8.9+); --tiny checks the script on the CPU.")
     shapes = TINY_RESOLUTIONS if args.tiny else RESOLUTIONS
     options = RuntimeOptions(compile="off", fp8_gemm="emulate") if args.tiny else RuntimeOptions(compile=args.compile)
-    if args.out and Path(args.out).is_file():  # a later call adds to the record of the machine, keeping its notes
-        merge(args.out, {"machine": {**json.loads(Path(args.out).read_text()).get("machine", {}), **machine(options)}})
-    else:
-        merge(args.out, {"machine": machine(options)})
+    merge(args.out, machine(options), section="machine")  # a later call keeps the record's notes on the machine
     with tempfile.TemporaryDirectory() as tmp:
         make_pipe, device = pipeline_factory(args.tiny, Path(tmp))
         if not args.compare:
