@@ -14,6 +14,7 @@ import pytest
 from support import comfy_host
 
 BENCH = comfy_host.REPO_ROOT / "bench" / "bench_lowvram.py"
+SUMMARY = comfy_host.REPO_ROOT / "bench" / "lent" / "summary.py"
 
 
 def bench_module():
@@ -58,6 +59,11 @@ def test_tiny_card_sizes_run_every_weights_kind(tmp_path):
     assert all(r["fits"] and r["sample"]["steps"] == 10 and r["frames_shape"][0] == 9 for r in runs)
     assert "step_s_w8a8" in runs[1]["sample"] and "step_s" in runs[0]["sample"]
     assert "step_s_w8a8" in runs[2]["sample"] and "approximate" in runs[2]["fp8"] and "approximate" not in runs[1]["fp8"]
+    # a lent machine's short view of the same output (bench/lent/summary.py): one line per case, log lines skipped
+    summary = subprocess.run([sys.executable, str(SUMMARY)], input=proc.stdout, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    assert [line.split()[0] for line in summary] == cases.split(",")
+    assert all(line.split()[1] == "fits" for line in summary) and "'step_s_w8a8'" in summary[1]
 
 
 def test_a_failed_case_records_where_it_failed():

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run here, from the repository root, before a session's calls to a lent GPU machine (which reaches no package
+# index): puts what the benchmarks and GPU tests need there into .lent/ (ignored by git), for `carry`.
+#   .lent/whl/    diffusers 0.42.1 (the reference), gguf 0.19.0, einops, torchsde, trampoline, pytest and its two
+#                 dependencies: what the machine's image (torch, transformers, Triton, numpy, safetensors…) lacks
+#   .lent/mo/     with --modelopt: nvidia-modelopt 0.43.0 and the modules its import needs there
+#   .lent/comfy.tgz  the test venv's ComfyUI (tests/run.sh installs it; COSMOS3_SETUP_ONLY=1 stops after that)
+# On the machine: `. bench/lent/env.sh` (see there). ≈ 14 MB, with ModelOpt ≈ 21 MB, of a call's 64 MiB.
+set -euo pipefail
+comfy="${COMFYUI_DIR:-$HOME/.cache/cosmos3/venv/ComfyUI}"
+get() {  # get DIR SPEC...: CPython 3.12 x86-64 wheels, no dependencies (each one named)
+    local dir=$1; shift
+    mkdir -p "$dir"
+    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$dir" "$@" 2>&1 | grep -v "is ignored" || true
+}
+grep -qx '/.lent/' .git/info/exclude 2>/dev/null || echo '/.lent/' >> .git/info/exclude
+get .lent/whl diffusers==0.42.1 gguf==0.19.0 einops==0.8.2 torchsde==0.2.6 trampoline==0.1.2 pytest==9.2.0 \
+    pluggy==1.7.0 iniconfig==2.3.1
+if [ "${1:-}" = "--modelopt" ]; then
+    # nvidia-modelopt's own requirements the image lacks, and theirs (pydantic, rich, omegaconf and their needs)
+    get .lent/mo nvidia-modelopt==0.43.0 nvidia-ml-py pulp omegaconf ninja pydantic pydantic-core annotated-types \
+        typing-inspection typing-extensions rich markdown-it-py mdurl pygments
+fi
+[ -d "$comfy" ] || { echo "no ComfyUI at $comfy: run COSMOS3_SETUP_ONLY=1 bash tests/run.sh first" >&2; exit 1; }
+tar czf .lent/comfy.tgz -C "$(dirname "$comfy")" --exclude=.git --exclude=__pycache__ "$(basename "$comfy")"
+du -sh .lent
+echo 'carry: [".lent"]; on the machine: export T_START=$(date +%s); . bench/lent/env.sh'
