@@ -1,6 +1,7 @@
 """``bench/bench_lowvram.py --card-sizes`` (issue 37's card-size batch) keeps working on the CPU, and its step
 timing leaves each graph's compile out of the step means: the first step (the W8A16 / only graph) and, under
-NVIDIA's FP8 policy, the first W8A8 step, each counted once as it ran in the 35-step projection.
+NVIDIA's FP8 policy, the first W8A8 step, each counted once as it ran in the 35-step projection; the lent machine's
+one-line-per-card view of its output (``bench/lent/summary.py``) names each case.
 """
 from __future__ import annotations
 

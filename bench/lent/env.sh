@@ -1,18 +1,22 @@
-# Sourced on a lent GPU machine at the start of each call, from the repository root, after `export
-# T_START=$(date +%s)` (bench/lent/wheels.sh made the .lent/ it reads; carry it). Installs the carried wheels into
-# /tmp/site and ComfyUI into /tmp/comfy once per machine (a warm machine keeps /tmp between calls), sets the
-# environment, prints the card, the torch and the commit, and defines:
-#   capped SECONDS_LEFT_AT_END CMD...   CMD under a timeout that ends it that many seconds before the call's cap
+# Sourced on a lent GPU machine at the start of each call, from the repository root (bench/lent/wheels.sh made the
+# .lent/ it reads; carry it). Installs the carried wheels into /tmp/site and ComfyUI into /tmp/comfy once per
+# machine and per contents of .lent (a warm machine keeps /tmp between calls), sets the environment, prints the card,
+# the torch and ModelOpt's import (or its error), and defines:
+#   capped SECONDS_LEFT_AT_END CMD...   CMD under a timeout that ends it that many seconds before the call's cap;
+#                                       skipped (status 125, a line on stderr) when under 30 s would be left for it
 #   cards NAME ARGS...                  one `bench_lowvram.py --card-sizes` process (ARGS: --cases…, --steps…) into
-#                                       $OUT/cards_NAME.json and $OUT/log_NAME.txt, then one line per case
-# CAP (default 590 s) is the call's own limit, counted from T_START.
-export PYTHONPATH=/tmp/site COMFYUI_DIR=/tmp/comfy/ComfyUI PYTHONUNBUFFERED=1
+#                                       $OUT/cards_NAME.json and $OUT/log_NAME.txt, one line per case; its status
+# CAP (default 590 s) is the call's own limit, counted from T_START (default: when this file is sourced).
+: "${T_START:=$(date +%s)}"
+export T_START PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" COMFYUI_DIR=/tmp/comfy/ComfyUI PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [ ! -f /tmp/site/.installed ]; then
+_stamp="/tmp/site/.installed-$(ls -l .lent/whl .lent/mo .lent/comfy.tgz 2>/dev/null | md5sum | cut -c1-12)"
+if [ ! -f "$_stamp" ]; then
+    rm -rf /tmp/site /tmp/comfy
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .lent/whl/*.whl $(ls .lent/mo/*.whl 2>/dev/null) || return 1
     mkdir -p /tmp/comfy && tar xzf .lent/comfy.tgz -C /tmp/comfy || return 1
-    touch /tmp/site/.installed
+    touch "$_stamp"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
@@ -21,15 +25,17 @@ python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', 
 capped() {
     local end=$1; shift
     local left=$(( ${CAP:-590} - end - ($(date +%s) - T_START) ))
-    if [ "$left" -lt 30 ]; then echo "== skipped, ${left}s left: $*"; return 0; fi
-    timeout "$left" "$@"
+    if [ "$left" -lt 30 ]; then echo "== skipped, ${left}s left: $*" >&2; return 125; fi
+    timeout -k 10 "$left" "$@"
 }
 
 cards() {
     local name=$1; shift
     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync capped 0 python3 bench/bench_lowvram.py \
         --comfyui /tmp/comfy/ComfyUI --card-sizes --out "$OUT/cards_$name.json" "$@" > "$OUT/log_$name.txt" 2>&1
-    echo "== $name rc=$? t=$(( $(date +%s) - T_START ))s"
+    local rc=$?
+    echo "== $name rc=$rc$([ $rc = 125 ] && echo ' (skipped: too little time left)') t=$(( $(date +%s) - T_START ))s"
     python3 bench/lent/summary.py < "$OUT/log_$name.txt"
     grep -E 'Traceback|Error' "$OUT/log_$name.txt" | tail -3
+    return "$rc"
 }

@@ -9,7 +9,10 @@ def main() -> None:
     for line in sys.stdin:
         if not line.startswith("{"):
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a log line that happens to start with "{"
+            continue
         sample = row.get("sample", {})
         steps = {k: v for k, v in sample.items() if k.startswith(("step_s", "first", "projected", "graphs"))}
         phases = {k: (row[k].get("seconds"), row[k].get("peak_gib"))

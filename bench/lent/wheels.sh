@@ -5,27 +5,28 @@
 #                 dependencies: what the machine's image (torch, transformers, Triton, numpy, safetensors…) lacks
 #   .lent/mo/     with --modelopt: nvidia-modelopt 0.43.0 and the modules its import needs there
 #   .lent/comfy.tgz  the test venv's ComfyUI (tests/run.sh installs it; COSMOS3_SETUP_ONLY=1 stops after that)
-# On the machine: `. bench/lent/env.sh` (see there). ≈ 20 MB, with ModelOpt ≈ 35 MB, of a call's 64 MiB.
+# Each run starts the folders afresh. On the machine: `. bench/lent/env.sh` (see there). ≈ 14 MB, with ModelOpt
+# ≈ 35 MB, of a call's 64 MiB.
 set -euo pipefail
 comfy="${COMFYUI_DIR:-$HOME/.cache/cosmos3/venv/ComfyUI}"
-get() {  # get DIR SPEC...: CPython 3.12 x86-64 wheels, no dependencies (each one named)
+get() {  # get DIR SPEC...: CPython 3.12 x86-64 wheels, no dependencies (each one named); a failed download stops
     local dir=$1; shift
-    mkdir -p "$dir"
+    rm -rf "$dir" && mkdir -p "$dir"
     python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 -d "$dir" "$@" 2>&1 | grep -v "is ignored" || true
+        --platform manylinux2014_x86_64 -d "$dir" "$@" 2>&1 | { grep -v "is ignored" || true; }
 }
-grep -qx '/.lent/' .git/info/exclude 2>/dev/null || echo '/.lent/' >> .git/info/exclude
+[ -d "$comfy" ] || { echo "no ComfyUI at $comfy: run COSMOS3_SETUP_ONLY=1 bash tests/run.sh first" >&2; exit 1; }
 get .lent/whl diffusers==0.42.1 gguf==0.19.0 einops==0.8.2 torchsde==0.2.6 trampoline==0.1.2 pytest==9.2.0 \
     pluggy==1.7.0 iniconfig==2.3.1
+rm -rf .lent/mo
 if [ "${1:-}" = "--modelopt" ]; then
     # nvidia-modelopt's own requirements the image lacks, and theirs, at the test venv's versions (PuLP 4 imports
-    # orloge, which the machine lacks: ModelOpt's import failed there on 2026-12-06 with PuLP 4.2.0)
+    # orloge, which the machine lacks; PuLP 3 does not)
     get .lent/mo nvidia-modelopt==0.43.0 nvidia-ml-py==13.615.71 pulp==3.3.2 omegaconf==2.4.0 ninja==1.13.2 \
         pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
         typing-extensions==4.16.0 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0
 fi
-[ -d "$comfy" ] || { echo "no ComfyUI at $comfy: run COSMOS3_SETUP_ONLY=1 bash tests/run.sh first" >&2; exit 1; }
 tar czf .lent/comfy.tgz -C "$(dirname "$comfy")" --exclude=.git --exclude=__pycache__ "$(basename "$comfy")"
 du -sh .lent
-echo 'carry: [".lent"]; on the machine: export T_START=$(date +%s); . bench/lent/env.sh'
+echo 'carry: [".lent"]; on the machine, first: . bench/lent/env.sh'
