@@ -1,7 +1,7 @@
 # Sourced on a lent GPU machine at the start of each call, from the repository root (bench/lent/wheels.sh made the
 # .lent/ it reads; carry it). Installs the carried wheels into /tmp/site and ComfyUI into /tmp/comfy once per
-# machine and per contents of .lent (a warm machine keeps /tmp between calls), sets the environment, prints the card,
-# the torch and ModelOpt's import (or its error), and defines:
+# machine and per contents of .lent (a warm machine keeps /tmp between calls; the install prints the torch and
+# ModelOpt's import, or its error), sets the environment, prints the card, and defines:
 #   capped SECONDS_LEFT_AT_END CMD...   CMD under a timeout that ends it that many seconds before the call's cap;
 #                                       skipped (status 125, a line on stderr) when under 30 s would be left for it
 #   cards NAME ARGS...                  one `bench_lowvram.py --card-sizes` process (ARGS: --cases…, --steps…) into
@@ -17,10 +17,10 @@ if [ ! -f "$_stamp" ]; then
         .lent/whl/*.whl $(ls .lent/mo/*.whl 2>/dev/null) || return 1
     mkdir -p /tmp/comfy && tar xzf .lent/comfy.tgz -C /tmp/comfy || return 1
     touch "$_stamp"
+    python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+    [ -d .lent/mo ] && python3 -c "import modelopt, modelopt.torch.quantization; print('modelopt', modelopt.__version__)" 2>&1 | tail -2
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-[ -d .lent/mo ] && python3 -c "import modelopt, modelopt.torch.quantization; print('modelopt', modelopt.__version__)" 2>&1 | tail -2
 
 capped() {
     local end=$1; shift
@@ -32,7 +32,7 @@ capped() {
 cards() {
     local name=$1; shift
     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync capped 0 python3 bench/bench_lowvram.py \
-        --comfyui /tmp/comfy/ComfyUI --card-sizes --out "$OUT/cards_$name.json" "$@" > "$OUT/log_$name.txt" 2>&1
+        --comfyui "$COMFYUI_DIR" --card-sizes --out "$OUT/cards_$name.json" "$@" > "$OUT/log_$name.txt" 2>&1
     local rc=$?
     echo "== $name rc=$rc$([ $rc = 125 ] && echo ' (skipped: too little time left)') t=$(( $(date +%s) - T_START ))s"
     python3 bench/lent/summary.py < "$OUT/log_$name.txt"
