@@ -17,9 +17,12 @@ shape, strides, dtype and device, every module's class, parameter metadata and t
 scalar) it keeps one full graph, static but for ``dynamic_dims``:
 
 * in memory after the first call with that signature;
-* on disk as ``<cache root>/aot/<function>-<digest>.bin``; the digest covers the signature, the grad / inference
-  mode, the caller's ``key_extra()`` (process settings the graph bakes in, such as the attention route), this
-  package's source files, the backend, the versions of torch, Triton and diffusers, and the GPU. A new signature
+* on disk as ``<cache root>/aot/<function>-<digest>.bin``, ``<function>`` named from this package's root
+  (``cosmos3_core.model.transformer.generation_layer``) whatever name a host imported the package under (ComfyUI
+  imports a custom node under its folder's path: ``portable_name``); the digest covers the signature, the grad /
+  inference mode, the caller's ``key_extra()`` (process settings the graph bakes in, such as the attention route),
+  every source file of ``cosmos3_core`` (torch's loader checks no source: a graph of older code would run), the
+  backend, the versions of torch, Triton and diffusers, and the GPU. A new signature
   compiles and saves its file; an existing file is loaded. A graph whose guards differ from those on disk for the
   same digest (state the signature cannot describe, such as which attributes a host wrote onto a module) is kept
   beside them (``<function>-<digest>.<i>.bin``, up to ``VARIANTS`` per digest), never in their place.
@@ -43,11 +46,13 @@ model of torch's own compile caches there (which pickle too). Nothing downloaded
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import importlib.metadata
 import inspect
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,6 +62,10 @@ from .caches import cache_root, prepare_compile
 
 _log = logging.getLogger(__name__)
 VARIANTS = 4  # graphs kept on disk per call signature whose guards differ (see ``PrecompiledFunction.variants``)
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # cosmos3_core/: the code a compiled graph may inline
+# What a host put in front of this package's own module names: ComfyUI imports a custom-node folder under its path
+# (``/…/custom_nodes/<pack>``, dots written ``_x_``), so the core is ``/…/custom_nodes/<pack>.cosmos3_core``.
+HOST_PREFIX = __name__.removesuffix("cosmos3_core.kernels.precompiled")
 
 
 class CompileError(ValueError):
@@ -95,14 +104,45 @@ def code_digest() -> str:
     """What the traced code is: every source file of this package (a graph inlines code from several of them) and
     the versions of torch, Triton and diffusers (whose VAE modules the decoder stages read)."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        h.update(path.name.encode() + path.read_bytes())
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        h.update(path.relative_to(PACKAGE_ROOT).as_posix().encode() + path.read_bytes())
     for dist in ("torch", "triton", "diffusers"):
         try:
             h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
         except importlib.metadata.PackageNotFoundError:
             h.update(f"{dist}=-".encode())
     return h.hexdigest()
+
+
+def portable_name(module: str, qualname: str) -> str:
+    """``module.qualname`` without the host's ``HOST_PREFIX``, as a file name may hold it: a host's path must not
+    become part of a cache file's name (an absolute path would put the file beside the pack instead of in the
+    cache) nor of a cache key (a moved install would compile everything again)."""
+    if HOST_PREFIX and module.startswith(HOST_PREFIX):
+        module = module[len(HOST_PREFIX):]
+    return re.sub(r"[^\w.-]", "_", f"{module}.{qualname}")
+
+
+_MISPLACED = re.compile(r"cosmos3_core\.[\w.]+-[0-9a-f]{24}(\.\d+)?\.bin")
+
+
+@functools.lru_cache(maxsize=None)
+def remove_misplaced_files() -> int:
+    """Delete graph files named with the host's path in front (``<HOST_PREFIX>cosmos3_core.<function>-<digest>.bin``,
+    which a name not made by ``portable_name`` put beside the pack, e.g. in ComfyUI's ``custom_nodes`` folder, where
+    nothing reads them); how many. Once per process."""
+    if not os.path.isabs(HOST_PREFIX):
+        return 0
+    folder, start = os.path.split(HOST_PREFIX)
+    removed = 0
+    for path in Path(folder).glob(f"{glob.escape(start)}cosmos3_core.*.bin"):
+        if _MISPLACED.fullmatch(path.name[len(start):]):
+            path.unlink(missing_ok=True)
+            removed += 1
+    if removed:
+        _log.info("removed %d compiled-graph file(s) kept in %s instead of the cache %s", removed, folder,
+                  cache_root() / "aot")
+    return removed
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,7 +153,7 @@ def _class_source(cls: type) -> str:
         digest = hashlib.sha256(Path(inspect.getsourcefile(cls) or "").read_bytes()).hexdigest()[:16]
     except (OSError, TypeError):
         digest = "?"
-    return f"{cls.__module__}.{cls.__qualname__}:{digest}"
+    return f"{portable_name(cls.__module__, cls.__qualname__)}:{digest}"
 
 
 def _describe(value: Any, dynamic: frozenset = frozenset()) -> Any:
@@ -173,7 +213,7 @@ class PrecompiledFunction:
                  compile_missing: bool = True):
         self.fn, self.backend, self.fullgraph = fn, backend, fullgraph  # fullgraph: of the plain path (AOT needs it)
         self.dynamic_dims, self.key_extra, self.aot_allowed = dynamic_dims, key_extra, aot_allowed
-        self.name = f"{fn.__module__}.{fn.__qualname__}"
+        self.name = portable_name(fn.__module__, fn.__qualname__)
         self._by_key: dict[tuple, list[Callable]] = {}
         self._plain: Callable | None = None  # torch.compile(fn): calls AOT compile cannot or may not serve
         self._aot_failed = False  # AOT compile raised for this function once: plain torch.compile from then on
@@ -235,6 +275,7 @@ class PrecompiledFunction:
 
     def _get(self, args: tuple, dynamic: frozenset) -> Callable:
         prepare_compile()
+        remove_misplaced_files()
         unavailable = self._aot_failed or not aot_supported()
         paths = [] if unavailable else self.variants(args, dynamic)
         on_disk = [p for p in paths if p.exists()]
