@@ -16,7 +16,9 @@ exists, so a stage cut short keeps what it measured):
   ``--compile``. Every run has a new seed and a new one-token prompt tag, so the text encode runs each time (as in
   each diffusers call) and the loader is cached after the first run of the session.
 * ``restart``: a new server on the same compile cache; one ``restart`` run per shape (the first shape's includes the
-  model load).
+  model load). ``--settle S`` waits S seconds between a server being up and its first prompt, as a user opening
+  the page would (the pack imports what a first run needs meanwhile: ``nodes/warmup.py``); 0, the default, queues
+  at once.
 * ``load``: ``Cosmos3Pipeline.load`` straight to the GPU (what the CLI does) and diffusers' ``from_pretrained`` +
   ``.to("cuda")``, each in a fresh process, twice (the second from a warm page cache and a started CUDA).
 * ``diffusers``: in this process, ``Cosmos3OmniPipeline.from_pretrained(<checkpoint>, torch_dtype=bf16)`` then
@@ -264,12 +266,13 @@ def stage_server(args, res: Results, kind: str) -> None:
         server = dict(startup_s=round(srv.startup_s, 2),
                       pack_import_s=server_probe.pack_import_seconds(srv.log_text(), comfy_host.PACK_NAME),
                       comfyui_version=stats.get("system", {}).get("comfyui_version"),
-                      devices=[d.get("name") for d in stats.get("devices", [])])
+                      devices=[d.get("name") for d in stats.get("devices", [])], settle_s=args.settle)
         res.data.setdefault("server", {})[kind] = server
         if kind == "ours":
             res.data["pack_import_s"] = server["pack_import_s"]
         res.save()
         print(f"[{kind}] server up: {server}", flush=True)
+        time.sleep(args.settle)  # a user opening the page before queueing: the server's idle time (nodes/warmup.py)
         stream = server_probe.EventStream("127.0.0.1", srv.port, srv.client_id)
         try:
             for name in args.shapes:
@@ -431,6 +434,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--python", default=sys.executable, help="the server's Python (default: this one)")
     p.add_argument("--shapes", default=None, help=f"comma-separated of {', '.join(SHAPES)} (default all)")
     p.add_argument("--runs", default="first,second", help="the ours stage's runs per shape: first[,second]")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="seconds between a server being up and its first prompt (default 0: queued at once)")
     p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; --tiny 2)")
     p.add_argument("--compile", choices=["as-shipped", "auto", "on", "off"], default="as-shipped",
                    help="the sampler's compile input (default: as the shipped workflow has it)")

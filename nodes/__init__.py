@@ -15,6 +15,7 @@ from .multigpu import Cosmos3GuidanceOnTwoGPUs
 from .reasoner import Cosmos3Reasoner
 from .sampler import Cosmos3KSamplerUniPCDualTower
 from .text import Cosmos3TextEncode
+from .warmup import preload_when_the_server_starts, waits_for_preload
 
 NODES: list[type[io.ComfyNode]] = [
     Cosmos3Loader,
@@ -32,8 +33,9 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3SaveActions,
     Cosmos3LoadActions,
 ]
-for _node in NODES:  # torch's multi-line out-of-memory report becomes one line naming the node and the fix
-    with_out_of_memory_message(_node)
+for _node in NODES:  # torch's multi-line out-of-memory report becomes one line naming the node and the fix;
+    with_out_of_memory_message(_node)  # each node starts once the server's preload of a first run's imports is done
+    waits_for_preload(_node)
 
 
 class Cosmos3Extension(ComfyExtension):
@@ -43,4 +45,5 @@ class Cosmos3Extension(ComfyExtension):
 
 async def comfy_entrypoint() -> Cosmos3Extension:
     register_model_folder()
+    preload_when_the_server_starts()
     return Cosmos3Extension()

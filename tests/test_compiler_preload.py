@@ -73,3 +73,42 @@ def test_load_runs_no_preload_beside_the_reads(monkeypatch, edge):
     assert started == [] and pipe.transformer is not None
     caches.preload_compiler()  # the recorder sees a preload when one is started (the check above can fail)
     assert len(started) == 1
+
+
+FIRST_RUN_PROCESS = r"""
+import json, sys
+from cosmos3_core.kernels.caches import RUN_MODULES, preload_first_run, wait_for_preload
+
+LAZY = ("diffusers", "transformers", "peft", "accelerate", "tokenizers", "huggingface_hub")
+before = sorted(m for m in sys.modules if m.split(".")[0] in LAZY)
+thread = preload_first_run(compiles=False)
+wait_for_preload()
+preloaded = set(sys.modules)
+from cosmos3_core.cli.main import main
+code = main(sys.argv[1:])
+print(json.dumps(dict(before=before, failed=thread.failed, alive=thread.is_alive(), code=code,
+                      once=preload_first_run(compiles=True) is thread,
+                      imported_by_the_run=sorted(m for m in set(sys.modules) - preloaded if m.split(".")[0] in LAZY))))
+"""
+
+
+def test_the_first_run_preload_leaves_a_text_to_video_with_sound_run_nothing_to_import(tmp_path, tiny_checkpoint):
+    """``preload_first_run`` (a ComfyUI server's idle time, nodes/warmup.py) must import the modules of diffusers,
+    transformers and their dependencies that a first T2AV run through the CLI imports — text encode, sampling, the
+    VAE and the sound decoder, the mp4 with sound — but for a few small scheduler modules."""
+    nano = tiny_checkpoint("nano", seed=2)
+    args = ["--checkpoint", str(nano), "--prompt", "a red car on a street", "--height", "64", "--width", "96",
+            "--num-frames", "9", "--fps", "24", "--steps", "2", "--device", "cpu", "--dtype", "fp32",
+            "--out", str(tmp_path / "clip.mp4")]
+    env = {**os.environ, "COSMOS3_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", FIRST_RUN_PROCESS, *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["before"] == [], "importing the package already imported them: nothing to preload"
+    assert out["failed"] == {} and not out["alive"] and out["once"], out
+    assert out["code"] == 0 and (tmp_path / "clip.mp4").stat().st_size > 0
+    # left to the run: the scheduler classes diffusers resolves as UniPC's compatibles at its first from_config
+    # (about 15 small modules, 0.02 s on the CPU machine)
+    left = [m for m in out["imported_by_the_run"] if not m.startswith("diffusers.schedulers.scheduling_")]
+    assert left == [], left

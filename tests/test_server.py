@@ -4,14 +4,17 @@ One server per module (``--preview-method auto``), its home holding the tiny Nan
 Every shipped API workflow is POSTed (shrunk) to /prompt and must finish with status ``success`` in /history and
 write a readable file (reasoner_to_i2v, on a tiny checkpoint with vision_encoder/, also returns the reasoner's caption
 through PreviewAny); /object_info serves all seven Cosmos3 nodes; a second run with another seed reports the
-loader and the text encode in ``execution_cached``.
+loader and the text encode in ``execution_cached``. Once up, before any prompt, the server imports what a first run
+needs (nodes/warmup.py).
 """
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 
+from cosmos3_core.kernels.caches import RUN_MODULES
 from support import comfy_host
 from test_workflows import (
     MODES,
@@ -43,6 +46,17 @@ def server(tmp_path_factory, tiny_checkpoint):
 
 def status_messages(entry: dict) -> list:
     return (entry.get("status") or {}).get("messages") or []
+
+
+def test_the_server_imports_what_a_first_run_needs_once_it_is_up(server):
+    """nodes/warmup.py: started by the server's start, with no prompt queued; on this CPU server (compile 'auto' is
+    off) without the compiler's modules."""
+    deadline = time.monotonic() + 120
+    while "Cosmos3: imported what a first run needs" not in server.log_text():
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.5)
+    line = next(t for t in server.log_text().splitlines() if "Cosmos3: imported what a first run needs" in t)
+    assert f"({len(RUN_MODULES)} modules)" in line, line
 
 
 def test_object_info_lists_all_nodes(server):

@@ -25,7 +25,10 @@ first compile — through ``prepare_compile`` — or FlashAttention-4 import) po
   two threads (not safe in torch 2.11). It only pays while the main thread leaves the interpreter idle for long
   stretches: the imports hold the GIL, and a main thread that releases it often (a weight load: after every tensor
   read and copy) waits up to a switch interval (5 ms) each time to take it back, so ``Cosmos3Pipeline.load`` does not
-  start it (docs/benchmark-log.md, "Loading from a warm page cache").
+  start it (docs/benchmark-log.md, "Loading from a warm page cache"). A host with such idle time — a ComfyUI server
+  between starting and its first prompt — calls ``preload_first_run``, which also imports the modules a first
+  generation imports lazily (``RUN_MODULES``: diffusers' VAE and sound decoder, the scheduler, the tokenizer), and
+  ``wait_for_preload`` before each run.
 
 Settings the user made win: a ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` /
 ``FLASH_ATTENTION_CUTE_DSL_CACHE_*`` already in the environment is kept, and ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` /
@@ -60,6 +63,15 @@ COMPILER_MODULES = (
     "networkx",
     "torch.distributed.tensor.experimental",
     "torch.export._trace",
+)
+# What a generation's first run imports where it first needs it (deferred, so that importing the package stays fast):
+# the tokenizer's transformers module, the UniPC scheduler, and the Wan VAE's and the sound decoder's diffusers
+# modules (which pull in most of diffusers, transformers and peft: ~800 modules, 1–2 s).
+RUN_MODULES = (
+    "transformers.models.auto.tokenization_auto",
+    "diffusers.schedulers.scheduling_unipc_multistep",
+    "diffusers.models.autoencoders.autoencoder_kl_wan",
+    "diffusers.models.autoencoders.autoencoder_cosmos3_audio",
 )
 RECOMPILE_LIMIT = 64  # static graphs kept per compiled function and process (torch's default is 8)
 
@@ -131,9 +143,9 @@ class CompilerPreload(threading.Thread):
     did not import (a module missing from this torch version, say); the compile that needs one raises the real
     error itself, so the preload reports nothing else."""
 
-    def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES):
+    def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False):
         super().__init__(name="cosmos3-compiler-preload", daemon=True)
-        self.modules = modules
+        self.modules, self.report = modules, report  # report: one log line when done
         self.failed: dict[str, str] = {}
         self.seconds: float | None = None  # how long the imports took, once done
 
@@ -145,13 +157,36 @@ class CompilerPreload(threading.Thread):
             except Exception as e:  # noqa: BLE001 — recorded; the first compile imports it again and reports
                 self.failed[name] = f"{type(e).__name__}: {e}"
         self.seconds = time.perf_counter() - start
+        if self.report:
+            _log.info("Cosmos3: imported what a first run needs (%d modules%s) in the background in %.1f s",
+                      len(self.modules), ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else "",
+                      self.seconds)
 
 
-def preload_compiler() -> CompilerPreload:
-    """Start importing the compiler's modules in the background (see the module docstring) and return the thread.
-    The on-disk caches are pointed at ``cache_root()`` first: importing ``torch._dynamo`` writes torch's default
-    cache folder into the environment."""
+def preload_compiler(modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False) -> CompilerPreload:
+    """Start importing ``modules`` (the compiler's) in the background (see the module docstring) and return the
+    thread. The on-disk caches are pointed at ``cache_root()`` first: importing ``torch._dynamo`` writes torch's
+    default cache folder into the environment."""
     enable_persistent_caches()
-    thread = CompilerPreload()
+    thread = CompilerPreload(modules, report)
     thread.start()
     return thread
+
+
+_FIRST_RUN: list[CompilerPreload] = []
+
+
+def preload_first_run(compiles: bool) -> CompilerPreload:
+    """Start importing what a process's first generation imports — ``RUN_MODULES``, and ``COMPILER_MODULES`` when
+    its runs compile — on a daemon thread, once per process: for a host's idle time before its first run (a
+    ComfyUI server once it is up). A run calls ``wait_for_preload`` before it starts."""
+    if not _FIRST_RUN:
+        _FIRST_RUN.append(preload_compiler(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True))
+    return _FIRST_RUN[0]
+
+
+def wait_for_preload() -> None:
+    """Return once ``preload_first_run``'s imports are done (at once when none was started), so that a run never
+    imports beside it: two threads importing the same packages can deadlock on Python's module locks."""
+    if _FIRST_RUN:
+        _FIRST_RUN[0].join()
