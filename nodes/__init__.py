@@ -33,9 +33,9 @@ NODES: list[type[io.ComfyNode]] = [
     Cosmos3SaveActions,
     Cosmos3LoadActions,
 ]
-for _node in NODES:  # torch's multi-line out-of-memory report becomes one line naming the node and the fix;
-    with_out_of_memory_message(_node)  # each node starts once the server's preload of a first run's imports is done
-    waits_for_preload(_node)
+for _node in NODES:
+    with_out_of_memory_message(_node)  # torch's multi-line out-of-memory report: one line naming the node and the fix
+    waits_for_preload(_node)  # a node starts once the server's imports of what a first run needs are done
 
 
 class Cosmos3Extension(ComfyExtension):

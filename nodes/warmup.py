@@ -3,12 +3,13 @@
 When the server starts listening (aiohttp's ``on_startup``, after every custom node is imported), the modules a
 first Cosmos3 run would import are imported on a daemon thread (``cosmos3_core.kernels.caches.preload_first_run``):
 diffusers' VAE and sound decoder with the scheduler and the tokenizer, and torch's compiler where the sampler's
-``compile`` 'auto' compiles (a CUDA device with Triton). A restarted server's first run then finds them loaded
-instead of importing them itself (1–2 s for the first group on a desktop CPU, 2–3 s for the compiler on an H200
-machine). Every Cosmos3 node's ``execute`` first waits for that thread (at once once it is done): a prompt queued
-while it still runs does its imports on one thread only, and pays no more than it would have without it.
+``compile`` 'auto' compiles (a CUDA device with Triton). A first run after that finds them loaded. Every Cosmos3
+node's ``execute`` first waits for that thread (``wait_for_preload``; at once when it is done), so a Cosmos3 node
+never imports beside it; a prompt queued before it is done waits for the rest of it (the compiler's share too, on
+a GPU, even if that prompt turns compile off). Nodes of other packs and the server's own requests do not wait.
 
-Where no server starts (a script driving ComfyUI's executor), nothing is preloaded.
+A failure here never stops the server: the preload is skipped with one warning. Where no server starts (a script
+driving ComfyUI's executor), nothing is preloaded and nothing waits.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ _log = logging.getLogger(__name__)
 
 
 async def _on_server_start(_app) -> None:
-    import comfy.model_management as mm
+    try:
+        import comfy.model_management as mm
 
-    device = mm.get_torch_device()
-    preload_first_run(compiles=getattr(device, "type", None) == "cuda" and compile_pays())
+        device = mm.get_torch_device()
+        preload_first_run(compiles=getattr(device, "type", None) == "cuda" and compile_pays())
+    except Exception as e:  # noqa: BLE001 — an optional head start must never stop the server
+        _log.warning("Cosmos3: the background imports of a first run's modules did not start (%s: %s); a first "
+                     "run imports them itself.", type(e).__name__, e)
 
 
 def preload_when_the_server_starts() -> bool:

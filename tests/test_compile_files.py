@@ -32,6 +32,9 @@ def _digest_of(root: Path, monkeypatch) -> str:
 
 
 def test_the_source_digest_covers_every_subpackage(tmp_path, monkeypatch):
+    import cosmos3_core
+
+    assert precompiled.PACKAGE_ROOT == Path(cosmos3_core.__file__).resolve().parent  # the whole package, read below
     copy = tmp_path / "cosmos3_core"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     seen = {_digest_of(copy, monkeypatch)}
@@ -63,12 +66,15 @@ def test_under_comfyui_graph_files_are_named_from_the_package_and_kept_in_the_ca
     assert path.parent == tmp_path / "cache" / "aot", path
     assert path.name.startswith("cosmos3_core.model.transformer.generation_layer-"), path.name
 
+    # where graph files named ``<module>.<function>`` went when the module was ComfyUI's path-like name: the
+    # absolute name replaced the cache folder's path
+    module = f"{layer.__module__}.{layer.__qualname__}"
+    misplaced = [Path(f"{module}-{'ab12' * 6}.bin"), Path(f"{module}-{'0f' * 12}.2.bin")]
     custom_nodes = Path(loaded.HOST_PREFIX).parent
-    pack = Path(loaded.HOST_PREFIX).name  # "<pack folder>." as the prefix of a misplaced file's name
-    misplaced = [custom_nodes / f"{pack}cosmos3_core.model.transformer.generation_layer-{'ab12' * 6}.bin",
-                 custom_nodes / f"{pack}cosmos3_core.vae.frame_decoder._stage-{'0f' * 12}.2.bin"]
+    assert all(p.is_absolute() and p.parent == custom_nodes for p in misplaced), misplaced
+    pack = Path(loaded.HOST_PREFIX).name
     kept = [custom_nodes / f"{pack}cosmos3_core.notes.bin", custom_nodes / "other_pack.bin",
-            custom_nodes / f"{pack}cosmos3_core.model.transformer.generation_layer-{'ab12' * 6}.txt"]
+            Path(f"{module}-{'ab12' * 6}.txt"), Path(f"{module}-{'ab12' * 5}.bin")]
     for p in misplaced + kept:
         p.write_bytes(b"x")
     try:

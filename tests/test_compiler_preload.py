@@ -112,3 +112,45 @@ def test_the_first_run_preload_leaves_a_text_to_video_with_sound_run_nothing_to_
     # (about 15 small modules, 0.02 s on the CPU machine)
     left = [m for m in out["imported_by_the_run"] if not m.startswith("diffusers.schedulers.scheduling_")]
     assert left == [], left
+
+
+@pytest.mark.comfy
+def test_a_wrapped_node_starts_after_the_preload_and_a_hung_one_is_waited_out_once(tmp_path, monkeypatch, caplog):
+    """nodes/warmup.py's ``waits_for_preload`` around a node's ``execute`` (the pack as ComfyUI imports it): it runs
+    once the preload's imports are done; an import that outlasts the wait lets the node run with one warning, and
+    the next node does not wait."""
+    from support import comfy_host
+
+    comfy_host.get_executor().assert_pack_loaded()
+    pack = next(n for n in sys.modules if n.endswith(".nodes.warmup")).removesuffix("nodes.warmup")
+    caches, waits_for_preload = sys.modules[pack + "cosmos3_core.kernels.caches"], sys.modules[
+        pack + "nodes.warmup"].waits_for_preload
+    assert sys.modules[pack + "nodes"].Cosmos3Loader.execute.__func__.__wrapped__  # the shipped nodes are wrapped
+
+    (tmp_path / "cosmos3_slow_probe.py").write_text("import time\ntime.sleep(1.0)\n")
+    (tmp_path / "cosmos3_hung_probe.py").write_text("import time\ntime.sleep(4.0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Node:
+        ran: list = []
+
+        @classmethod
+        def execute(cls, value):
+            cls.ran.append((value, [t.is_alive() for t in caches._FIRST_RUN]))
+            return value
+
+    waits_for_preload(Node)
+    for module, timeout in (("cosmos3_slow_probe", caches.PRELOAD_WAIT_S), ("cosmos3_hung_probe", 0.5)):
+        thread = caches.CompilerPreload((module,))
+        monkeypatch.setattr(caches, "_FIRST_RUN", [thread])
+        monkeypatch.setattr(caches, "PRELOAD_WAIT_S", timeout)
+        monkeypatch.setattr(caches.wait_for_preload, "__defaults__", (timeout,))
+        thread.start()
+        Node.ran.clear()
+        assert Node.execute(1) == 1 and Node.execute(2) == 2
+        if module == "cosmos3_slow_probe":
+            assert Node.ran == [(1, [False]), (2, [False])] and thread.failed == {}
+        else:  # waited out: the first call ran beside the import after 0.5 s, the second at once, one warning
+            assert Node.ran == [(1, [True]), (2, [True])] and thread.waited_out
+            assert sum("still running" in r.getMessage() for r in caplog.records) == 1
+            thread.join()

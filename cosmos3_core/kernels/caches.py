@@ -139,54 +139,66 @@ def prepare_compile() -> None:
 
 
 class CompilerPreload(threading.Thread):
-    """Imports ``COMPILER_MODULES`` in order on a daemon thread. ``failed``: ``{module: error}`` for those that
-    did not import (a module missing from this torch version, say); the compile that needs one raises the real
-    error itself, so the preload reports nothing else."""
+    """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread. ``failed``: ``{module:
+    error}`` for those that did not import (a module missing from this torch version, say); the run that needs one
+    raises the real error itself. ``report``: one log line when done, with how many imported."""
 
     def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False):
-        super().__init__(name="cosmos3-compiler-preload", daemon=True)
-        self.modules, self.report = modules, report  # report: one log line when done
+        super().__init__(name="cosmos3-preload", daemon=True)
+        self.modules, self.report = modules, report
         self.failed: dict[str, str] = {}
         self.seconds: float | None = None  # how long the imports took, once done
+        self.waited_out = False  # a run gave up waiting for it (wait_for_preload): later runs do not wait
 
     def run(self) -> None:
         start = time.perf_counter()
         for name in self.modules:
             try:
                 importlib.import_module(name)
-            except Exception as e:  # noqa: BLE001 — recorded; the first compile imports it again and reports
+            except Exception as e:  # noqa: BLE001 — recorded; the run that needs it imports it again and reports
                 self.failed[name] = f"{type(e).__name__}: {e}"
         self.seconds = time.perf_counter() - start
         if self.report:
-            _log.info("Cosmos3: imported what a first run needs (%d modules%s) in the background in %.1f s",
-                      len(self.modules), ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else "",
-                      self.seconds)
+            compiler = ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else ""
+            failed = f"; {len(self.failed)} did not import, e.g. {next(iter(self.failed))}" if self.failed else ""
+            _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s",
+                      len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed)
 
 
-def preload_compiler(modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False) -> CompilerPreload:
-    """Start importing ``modules`` (the compiler's) in the background (see the module docstring) and return the
+def preload_compiler(modules: tuple[str, ...] = COMPILER_MODULES) -> CompilerPreload:
+    """Start importing the compiler's ``modules`` in the background (see the module docstring) and return the
     thread. The on-disk caches are pointed at ``cache_root()`` first: importing ``torch._dynamo`` writes torch's
     default cache folder into the environment."""
     enable_persistent_caches()
-    thread = CompilerPreload(modules, report)
+    thread = CompilerPreload(modules)
     thread.start()
     return thread
 
 
 _FIRST_RUN: list[CompilerPreload] = []
+PRELOAD_WAIT_S = 120.0  # a run waits this long at most for the preload (a hung import must not hang every run)
 
 
 def preload_first_run(compiles: bool) -> CompilerPreload:
     """Start importing what a process's first generation imports — ``RUN_MODULES``, and ``COMPILER_MODULES`` when
     its runs compile — on a daemon thread, once per process: for a host's idle time before its first run (a
-    ComfyUI server once it is up). A run calls ``wait_for_preload`` before it starts."""
+    ComfyUI server once it is up). Its runs call ``wait_for_preload`` before they start. Nothing else changes: the
+    compile caches are set up by the first compile, as without it."""
     if not _FIRST_RUN:
-        _FIRST_RUN.append(preload_compiler(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True))
+        thread = CompilerPreload(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True)
+        thread.start()
+        _FIRST_RUN.append(thread)
     return _FIRST_RUN[0]
 
 
-def wait_for_preload() -> None:
-    """Return once ``preload_first_run``'s imports are done (at once when none was started), so that a run never
-    imports beside it: two threads importing the same packages can deadlock on Python's module locks."""
-    if _FIRST_RUN:
-        _FIRST_RUN[0].join()
+def wait_for_preload(timeout: float = PRELOAD_WAIT_S) -> None:
+    """Return once ``preload_first_run``'s imports are done (at once when none was started, or when they are), so
+    that the run does not import beside them: two threads importing the same packages can deadlock on Python's
+    module locks. After ``timeout`` seconds the run goes on, with one warning, and later runs do not wait."""
+    thread = _FIRST_RUN[0] if _FIRST_RUN else None
+    if thread is not None and thread.is_alive() and not thread.waited_out:
+        thread.join(timeout)
+        if thread.is_alive():
+            thread.waited_out = True
+            _log.warning("Cosmos3: the background imports of a first run's modules are still running after %.0f s; "
+                         "the run starts beside them.", timeout)

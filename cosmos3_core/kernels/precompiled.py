@@ -128,17 +128,24 @@ _MISPLACED = re.compile(r"cosmos3_core\.[\w.]+-[0-9a-f]{24}(\.\d+)?\.bin")
 
 @functools.lru_cache(maxsize=None)
 def remove_misplaced_files() -> int:
-    """Delete graph files named with the host's path in front (``<HOST_PREFIX>cosmos3_core.<function>-<digest>.bin``,
-    which a name not made by ``portable_name`` put beside the pack, e.g. in ComfyUI's ``custom_nodes`` folder, where
-    nothing reads them); how many. Once per process."""
+    """Delete the graph files whose name is the host's absolute module path (``<HOST_PREFIX>cosmos3_core.<function>
+    -<digest>[.<i>].bin``: a name not made by ``portable_name``, which the cache folder's path cannot hold, so the
+    file sits where that path points — ComfyUI's ``custom_nodes`` folder, or for an install path with dots a folder
+    named after it with ``_x_`` for each dot — and nothing reads it); how many. Once per process; a file that cannot
+    be deleted is left, with one warning."""
     if not os.path.isabs(HOST_PREFIX):
         return 0
     folder, start = os.path.split(HOST_PREFIX)
     removed = 0
     for path in Path(folder).glob(f"{glob.escape(start)}cosmos3_core.*.bin"):
-        if _MISPLACED.fullmatch(path.name[len(start):]):
+        if not _MISPLACED.fullmatch(path.name[len(start):]):
+            continue
+        try:
             path.unlink(missing_ok=True)
             removed += 1
+        except OSError as e:
+            _log.warning("could not remove %s, a compiled graph kept outside the cache (%s); delete it by hand.",
+                         path, e)
     if removed:
         _log.info("removed %d compiled-graph file(s) kept in %s instead of the cache %s", removed, folder,
                   cache_root() / "aot")
