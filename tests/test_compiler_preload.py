@@ -154,3 +154,43 @@ def test_a_wrapped_node_starts_after_the_preload_and_a_hung_one_is_waited_out_on
             assert Node.ran == [(1, [True]), (2, [True])] and thread.waited_out
             assert sum("still running" in r.getMessage() for r in caplog.records) == 1
             thread.join()
+
+
+NODES_FIRST_RUN_PROCESS = r"""
+import json, shutil, sys
+from pathlib import Path
+from support import comfy_host
+from test_workflows import load_api, shrink_api
+
+LAZY = ("diffusers", "transformers", "peft", "accelerate", "tokenizers", "huggingface_hub")
+host = comfy_host.get_executor()
+host.assert_pack_loaded()
+shutil.copytree(sys.argv[1], host.base_dir / "models" / "diffusers" / "Cosmos3-Nano")
+pack = next(n for n in sys.modules if n.endswith(".nodes.warmup")).removesuffix("nodes.warmup")
+caches = sys.modules[pack + "cosmos3_core.kernels.caches"]
+thread = caches.preload_first_run(compiles=False)  # what the server's start does (nodes/warmup.py)
+caches.wait_for_preload()
+preloaded = set(sys.modules)
+outputs = host.run_ok(shrink_api(load_api("t2av"), checkpoint="Cosmos3-Nano"))  # raises unless it succeeds
+print(json.dumps(dict(failed=thread.failed, outputs=len(outputs),
+                      imported_by_the_run=sorted(m for m in set(sys.modules) - preloaded if m.split(".")[0] in LAZY))))
+"""
+
+
+@pytest.mark.comfy
+def test_the_first_run_preload_leaves_a_t2av_workflow_nothing_to_import(tmp_path, tiny_checkpoint):
+    """The same through the nodes: ComfyUI's executor in a fresh process runs the shipped T2AV workflow (shrunk) on
+    a tiny Nano after the preload; the workflow imports nothing of diffusers, transformers and their dependencies
+    but a few scheduler modules."""
+    from support import comfy_host
+
+    nano = tiny_checkpoint("nano", seed=2)
+    env = {**os.environ, "COSMOS3_CACHE_DIR": str(tmp_path / "cache"), "COMFYUI_DIR": str(comfy_host.comfyui_dir()),
+           "PYTHONPATH": str(REPO / "tests")}
+    proc = subprocess.run([sys.executable, "-c", NODES_FIRST_RUN_PROCESS, str(nano)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["failed"] == {} and out["outputs"] > 0, out
+    left = [m for m in out["imported_by_the_run"] if not m.startswith("diffusers.schedulers.scheduling_")]
+    assert left == [], left
