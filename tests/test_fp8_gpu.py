@@ -42,14 +42,17 @@ CLIP = dict(prompt="a red robot walking", negative_prompt="blurry", num_frames=9
 
 
 def layer(k: int, n: int, bias: bool) -> Fp8Linear:
+    """An FP8 layer whose scales are what the loader makes of the checkpoint's amax tensors (``amax / 448`` in
+    fp32, as ModelOpt computes them); the amaxes ride along as ``weight_amax`` / ``input_amax``."""
     g = torch.Generator("cuda").manual_seed(k + n)
     w = torch.randn(n, k, device="cuda", generator=g) * 0.02
     amax = w.abs().amax()
     m = Fp8Linear(k, n, bias=bias, device="cuda")
     m.weight = torch.nn.Parameter((w / (amax / 448)).to(torch.float8_e4m3fn), requires_grad=False)
     m.scale_weight = torch.nn.Parameter((amax / 448).reshape(()), requires_grad=False)
-    m.w8a8_weight_scale = (amax / 448.0).float()
-    m.input_scale = torch.tensor(6.0 / 448.0, device="cuda")
+    m.weight_amax, m.input_amax = amax, torch.tensor(6.0, device="cuda")
+    m.w8a8_weight_scale = m.weight_amax.float() / 448.0
+    m.input_scale = m.input_amax.float() / 448.0
     if bias:
         m.bias = torch.nn.Parameter(torch.randn(n, device="cuda", generator=g), requires_grad=False)
     return m
@@ -64,8 +67,8 @@ def test_fp8_gemm_equals_modelopt(k, n, m, bias):
     lin = layer(k, n, bias)
     x = (torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)) * 2).bfloat16()
     module = types.SimpleNamespace(
-        input_quantizer=types.SimpleNamespace(amax=lin.input_scale * 448.0),
-        weight_quantizer=types.SimpleNamespace(amax=lin.w8a8_weight_scale * 448.0), weight=lin.weight)
+        input_quantizer=types.SimpleNamespace(amax=lin.input_amax),
+        weight_quantizer=types.SimpleNamespace(amax=lin.weight_amax), weight=lin.weight)
     want = fpg.fp8_per_tensor_gemm(module, x, None if lin.bias is None else lin.bias.bfloat16())
     got = lin.w8a8(x)
     assert torch.equal(got, want)
