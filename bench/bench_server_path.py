@@ -65,6 +65,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -260,7 +261,7 @@ def stage_server(args, res: Results, kind: str) -> None:
     pid_file = args.work / "home" / "server.pid"  # the server's command line holds <work>/home: checked on reuse
     _stop_leftover_server(pid_file)
     with comfy_host.ComfyServer(home, cpu=args.tiny, python=args.python, env=_env(cache), log_path=log,
-                                start_timeout=300) as srv:
+                                start_timeout=300, extra_args=shlex.split(args.server_args)) as srv:
         pid_file.write_text(str(srv.proc.pid))
         stats = srv.system_stats()
         server = dict(startup_s=round(srv.startup_s, 2),
@@ -434,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--python", default=sys.executable, help="the server's Python (default: this one)")
     p.add_argument("--shapes", default=None, help=f"comma-separated of {', '.join(SHAPES)} (default all)")
     p.add_argument("--runs", default="first,second", help="the ours stage's runs per shape: first[,second]")
+    p.add_argument("--server-args", default="",
+                   help="more arguments for ComfyUI's main.py, e.g. '--front-end-root DIR' where the frontend "
+                        "package is not installed (a lent GPU machine)")
     p.add_argument("--settle", type=float, default=0.0,
                    help="seconds between a server being up and its first prompt (default 0: queued at once)")
     p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; --tiny 2)")

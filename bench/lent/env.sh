@@ -10,11 +10,11 @@
 : "${T_START:=$(date +%s)}"
 export T_START PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" COMFYUI_DIR=/tmp/comfy/ComfyUI PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-_stamp="/tmp/site/.installed-$(ls -l .lent/whl .lent/mo .lent/comfy.tgz 2>/dev/null | md5sum | cut -c1-12)"
+_stamp="/tmp/site/.installed-$(ls -l .lent/whl .lent/mo .lent/srv .lent/comfy.tgz 2>/dev/null | md5sum | cut -c1-12)"
 if [ ! -f "$_stamp" ]; then
     rm -rf /tmp/site /tmp/comfy
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .lent/whl/*.whl $(ls .lent/mo/*.whl 2>/dev/null) || return 1
+        .lent/whl/*.whl $(ls .lent/mo/*.whl .lent/srv/*.whl 2>/dev/null) || return 1
     mkdir -p /tmp/comfy && tar xzf .lent/comfy.tgz -C /tmp/comfy || return 1
     touch "$_stamp"
     python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
