@@ -33,8 +33,9 @@ W8A8 GEMMs on a quantized input, fused with per-output-channel scales, the activ
 W8A16 forwards), with the per-layer sums and the 36-layer step: where an FP8 step's time goes, against the measured
 step.
 
-``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs two fresh
-processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes)
+``--warm-start t2i,480p`` measures what the on-disk compile caches (cosmos3_core/kernels/caches.py) save: it runs three fresh
+processes one after the other on one new, empty ``COSMOS3_CACHE_DIR`` (each a ``--probe-warmup`` of those shapes, the
+third after the imports a ComfyUI server makes while it waits for its first prompt, ``--preload``)
 and reports, per process and shape, the compile warm-up (first compiled step minus the steady one), the inductor /
 AOT-autograd cache hits and misses and the steady compiled step. ``--tiny`` runs the same code on the CPU with a
 tiny random model (a check that it runs, not a measurement):
@@ -445,15 +446,23 @@ def bench_loop(ours, files, vae, audio, tokenizer, name: str, results: dict) -> 
     print("loop", name, row, flush=True)
 
 
-def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
+def probe_warmup(names: list[str], out_path: str, tiny: bool = False, preload: bool = False) -> None:
     """In this (fresh) process, per shape in order: the first compiled step as a user's first run pays it (Dynamo,
     inductor or its on-disk caches, FlashAttention-4's JIT), the steady compiled step, the compile counters and
-    times it added, and the compiled step's relative difference from the eager one."""
+    times it added, and the compiled step's relative difference from the eager one. ``preload``: first what a
+    ComfyUI server imports while it waits for its first prompt (``caches.preload_first_run``, to its end)."""
+    from cosmos3_core.kernels.caches import preload_first_run, wait_for_preload
     from cosmos3_core.kernels.compile import prepared
     from cosmos3_core.model.layout import build_layout
     from cosmos3_core.runtime import RuntimeOptions
 
     t0 = time.perf_counter()
+    if preload:
+        thread = preload_first_run(compiles=True)
+        wait_for_preload()
+        preloaded = dict(preload_s=round(time.perf_counter() - t0, 2), preload_failed=thread.failed)
+        print("preload", preloaded, flush=True)
+        t0 = time.perf_counter()
     device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)
     ours = build_tiny_ours() if tiny else build_models(device)[1]
     vocab, lengths = (1000, (50, 10)) if tiny else (151000, (COND_TOKENS, UNCOND_TOKENS))
@@ -461,7 +470,8 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
     kvs = [ours.prefill(torch.randint(0, vocab, (n,), generator=g).tolist()) for n in lengths]
     sync()
     res = dict(setup_s=round(time.perf_counter() - t0, 1), torch=torch.__version__,
-               device=torch.cuda.get_device_name() if device == "cuda" else device, shapes={})
+               device=torch.cuda.get_device_name() if device == "cuda" else device, shapes={},
+               **(preloaded if preload else {}))
     compiled_options, eager_options = RuntimeOptions(compile=True), RuntimeOptions(compile=False)
     prepared()
     res["inductor_cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -494,9 +504,11 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False) -> None:
 
 
 def warm_start(names: str, out_path: str, tiny: bool) -> None:
-    """Two fresh ``--probe-warmup`` processes, one after the other, on one new empty cache root."""
+    """Three fresh ``--probe-warmup`` processes, one after the other, on one new empty cache root: a machine's
+    first, a restart, and a restart after the imports a ComfyUI server makes while it waits (``--preload``)."""
     results = dict(date=datetime.date.today().isoformat(), shapes=names.split(","), tiny=tiny, processes=[])
-    fresh_processes([__file__, "--probe-warmup", names] + ["--tiny"] * tiny, 2, results, out_path)
+    fresh_processes([__file__, "--probe-warmup", names] + ["--tiny"] * tiny, 3, results, out_path,
+                    extra=[[], [], ["--preload"]])
     for i, run in enumerate(results["processes"], 1):
         for name, r in run["shapes"].items():
             print(f"process {i} {name}: warm-up {r['compile_warmup_s']} s, steady {r['compiled_step_s']} s, "
@@ -539,6 +551,8 @@ def main() -> None:
     p.add_argument("--routes", action="store_true",
                    help="time the step per route (eager/compiled x SDPA/FlashAttention-4); e2e uses the best")
     p.add_argument("--probe-warmup", default="", help="fresh-process compile warm-up at these shapes, then exit")
+    p.add_argument("--preload", action="store_true",
+                   help="--probe-warmup after a ComfyUI server's preload of a first run's imports")
     p.add_argument("--warm-start", default="",
                    help="two fresh --probe-warmup processes at these shapes on one new empty cache dir, then exit")
     p.add_argument("--loop", default="", help="compiled 35-step loop vs isolated step vs GPU busy time")
@@ -553,7 +567,7 @@ def main() -> None:
         return
     if args.probe_warmup:  # the product's compile settings, untouched
         torch.backends.cuda.matmul.allow_tf32 = False
-        probe_warmup(args.probe_warmup.split(","), args.out, args.tiny)
+        probe_warmup(args.probe_warmup.split(","), args.out, args.tiny, args.preload)
         return
     import diffusers
     import transformers

@@ -18,7 +18,8 @@ exists, so a stage cut short keeps what it measured):
 * ``restart``: a new server on the same compile cache; one ``restart`` run per shape (the first shape's includes the
   model load). ``--settle S`` waits S seconds between a server being up and its first prompt, as a user opening
   the page would (the pack imports what a first run needs meanwhile: ``nodes/warmup.py``); 0, the default, queues
-  at once.
+  at once. ``--server-args='…'`` adds arguments to ComfyUI's ``main.py`` (``--front-end-root DIR`` where the frontend
+  package is not installed).
 * ``load``: ``Cosmos3Pipeline.load`` straight to the GPU (what the CLI does) and diffusers' ``from_pretrained`` +
   ``.to("cuda")``, each in a fresh process, twice (the second from a warm page cache and a started CUDA).
 * ``diffusers``: in this process, ``Cosmos3OmniPipeline.from_pretrained(<checkpoint>, torch_dtype=bf16)`` then
@@ -436,8 +437,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shapes", default=None, help=f"comma-separated of {', '.join(SHAPES)} (default all)")
     p.add_argument("--runs", default="first,second", help="the ours stage's runs per shape: first[,second]")
     p.add_argument("--server-args", default="",
-                   help="more arguments for ComfyUI's main.py, e.g. '--front-end-root DIR' where the frontend "
-                        "package is not installed (a lent GPU machine)")
+                   help="more arguments for ComfyUI's main.py, e.g. --server-args='--front-end-root DIR' where the "
+                        "frontend package is not installed (a lent GPU machine)")
     p.add_argument("--settle", type=float, default=0.0,
                    help="seconds between a server being up and its first prompt (default 0: queued at once)")
     p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; --tiny 2)")

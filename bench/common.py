@@ -232,21 +232,23 @@ def git_commit() -> str:
         return "unknown"
 
 
-def fresh_processes(argv: list[str], count: int, results: dict, out_path: str) -> None:
-    """Run ``python argv… --out <file>`` ``count`` times, one fresh process after another, on one new, empty
-    ``COSMOS3_CACHE_DIR`` (the compile settings the environment held are dropped so that every cache lands there);
-    each process's JSON, with its wall time, is appended to ``results["processes"]`` and ``results`` written to
-    ``out_path`` after each process."""
+def fresh_processes(argv: list[str], count: int, results: dict, out_path: str,
+                    extra: list[list[str]] | None = None) -> None:
+    """Run ``python argv… --out <file>`` ``count`` times (process ``i`` with ``extra[i]`` added), one fresh process
+    after another, on one new, empty ``COSMOS3_CACHE_DIR`` (the compile settings the environment held are dropped
+    so that every cache lands there); each process's JSON, with its wall time, is appended to
+    ``results["processes"]`` and ``results`` written to ``out_path`` after each process."""
     cache = Path(tempfile.mkdtemp(prefix="cosmos3-fresh-processes-"))
     drop = ("TORCHINDUCTOR_", "TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE", "TORCH_COMPILE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["COSMOS3_CACHE_DIR"] = str(cache)
     results.setdefault("processes", [])
     try:
-        for _ in range(count):
+        for i in range(count):
             probe = cache / "process.json"
             start = time.perf_counter()
-            subprocess.run([sys.executable, *argv, "--out", str(probe)], env=env, check=True, timeout=560)
+            more = extra[i] if extra else []
+            subprocess.run([sys.executable, *argv, *more, "--out", str(probe)], env=env, check=True, timeout=560)
             run = json.loads(probe.read_text())
             run["process_wall_s"] = round(time.perf_counter() - start, 1)
             results["processes"].append(run)

@@ -22,7 +22,7 @@ import torch
 
 from cosmos3_core import api
 from cosmos3_core.api import generate
-from cosmos3_core.model.fp8 import Fp8Linear, emulated_scaled_mm, fp8_gemm_available, quantize_activation
+from cosmos3_core.model.fp8 import Fp8Linear, emulated_scaled_mm, fp8_gemm_available, quantize_activation, scale_of_amax
 from cosmos3_core.pipeline import Cosmos3Pipeline
 from cosmos3_core.request import Request
 from cosmos3_core.resolve import resolve
@@ -42,8 +42,9 @@ CLIP = dict(prompt="a red robot walking", negative_prompt="blurry", num_frames=9
 
 
 def layer(k: int, n: int, bias: bool) -> Fp8Linear:
-    """An FP8 layer whose scales are what the loader makes of the checkpoint's amax tensors (``amax / 448`` in
-    fp32, as ModelOpt computes them); the amaxes ride along as ``weight_amax`` / ``input_amax``."""
+    """An FP8 layer whose W8A8 scales are what the loader makes of the checkpoint's amax tensors (read on the CPU,
+    ``scale_of_amax``, then moved); the amaxes ride along as ``weight_amax`` / ``input_amax`` for ModelOpt, which
+    computes its own scales from them on the GPU."""
     g = torch.Generator("cuda").manual_seed(k + n)
     w = torch.randn(n, k, device="cuda", generator=g) * 0.02
     amax = w.abs().amax()
@@ -51,8 +52,8 @@ def layer(k: int, n: int, bias: bool) -> Fp8Linear:
     m.weight = torch.nn.Parameter((w / (amax / 448)).to(torch.float8_e4m3fn), requires_grad=False)
     m.scale_weight = torch.nn.Parameter((amax / 448).reshape(()), requires_grad=False)
     m.weight_amax, m.input_amax = amax, torch.tensor(6.0, device="cuda")
-    m.w8a8_weight_scale = m.weight_amax.float() / 448.0
-    m.input_scale = m.input_amax.float() / 448.0
+    m.w8a8_weight_scale = scale_of_amax(m.weight_amax.cpu()).cuda()
+    m.input_scale = scale_of_amax(m.input_amax.cpu()).cuda()
     if bias:
         m.bias = torch.nn.Parameter(torch.randn(n, device="cuda", generator=g), requires_grad=False)
     return m
@@ -76,6 +77,16 @@ def test_fp8_gemm_equals_modelopt(k, n, m, bias):
     emulated = emulated_scaled_mm(x8, lin.weight.t(), lin.input_scale, lin.w8a8_weight_scale,
                                   None if lin.bias is None else lin.bias.bfloat16(), torch.float32)
     assert rel(want.float(), emulated) <= 1e-2  # fast accumulation and the bf16 output against an fp32 emulation
+
+
+def test_scales_round_as_the_references_cuda_division():
+    """``scale_of_amax`` on the CPU (where the loader reads the checkpoint) gives what ModelOpt's
+    ``amax.float() / 448.0`` gives on the GPU, for every amax: torch's CUDA division by a Python number multiplies by
+    the fp32 reciprocal, the CPU's divides exactly (they differ in about half the values)."""
+    amax = torch.rand(100_000, generator=torch.Generator().manual_seed(0)) * 20 + 1e-3
+    on_gpu = amax.cuda().float() / 448.0
+    assert torch.equal(scale_of_amax(amax).cuda(), on_gpu)
+    assert not torch.equal((amax / 448.0).cuda(), on_gpu)  # the CPU's division would not do
 
 
 @pytest.fixture(scope="module")

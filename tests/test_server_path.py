@@ -34,9 +34,15 @@ def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 def test_tiny_server_path_reports_every_field(tmp_path):
-    work, out = tmp_path / "work", tmp_path / "server_path.json"
-    _bench("--stage", "all", "--work", str(work), "--comfyui", str(comfy_host.comfyui_dir()), "--out", str(out))
+    work, out, page = tmp_path / "work", tmp_path / "server_path.json", tmp_path / "page"
+    page.mkdir()
+    (page / "index.html").write_text("<html></html>")  # served instead of the frontend package (a lent GPU machine)
+    _bench("--stage", "all", "--work", str(work), "--comfyui", str(comfy_host.comfyui_dir()), "--out", str(out),
+           "--settle", "0.5", f"--server-args=--front-end-root {page}")
     data = json.loads(out.read_text())
+    for kind in ("ours", "restart"):
+        assert data["server"][kind]["settle_s"] == 0.5
+        assert f"web root: {page}" in (work / f"comfyui-{kind}.log").read_text()
 
     assert data["meta"]["tiny"] is True and data["meta"]["steps"] == 2 and data["meta"]["cond_tokens"] > 40
     assert data["checkpoint"]["kept_existing"] is False and data["checkpoint"]["size_gb"] > 0

@@ -10,6 +10,7 @@
 # Each run starts the folders afresh. On the machine: `. bench/lent/env.sh` (see there). ≈ 14 MB, with ModelOpt
 # ≈ 35 MB, with the server's ≈ 61 MB (not both: a call carries 64 MiB with the working tree).
 set -euo pipefail
+case "$#:${1:-}" in 0:|1:--modelopt|1:--server) ;; *) echo "usage: $0 [--modelopt | --server]" >&2; exit 2 ;; esac
 comfy="${COMFYUI_DIR:-$HOME/.cache/cosmos3/venv/ComfyUI}"
 get() {  # get DIR SPEC...: CPython 3.12 x86-64 wheels, no dependencies (each one named); a failed download stops
     local dir=$1; shift
@@ -22,7 +23,6 @@ get() {  # get DIR SPEC...: CPython 3.12 x86-64 wheels, no dependencies (each on
 get .lent/whl diffusers==0.42.1 gguf==0.19.0 einops==0.8.2 torchsde==0.2.6 trampoline==0.1.2 pytest==9.2.0 \
     pluggy==1.7.0 iniconfig==2.3.1
 rm -rf .lent/mo .lent/srv
-case "${1:-}" in --modelopt|--server|"") ;; *) echo "usage: $0 [--modelopt | --server]" >&2; exit 2 ;; esac
 if [ "${1:-}" = "--server" ]; then
     # ComfyUI 0.3.75's requirements that the image lacks, at the test venv's versions (the image has torch,
     # torchvision, torchaudio, transformers, tokenizers, sentencepiece, safetensors, numpy, scipy, Pillow, PyYAML,

@@ -73,6 +73,17 @@ def check_fp8_compute(asked: str | None, device: torch.device | str, gemm: str =
             "compute dtype), or run on a GPU with FP8 tensor cores (sm 8.9+).")
 
 
+_INV_E4M3_MAX = float(torch.tensor(1.0) / E4M3_MAX)  # 1/448 rounded to fp32, as a CUDA division by 448 uses it
+
+
+def scale_of_amax(amax: torch.Tensor) -> torch.Tensor:
+    """A calibrated range's per-tensor FP8 scale (``scale_a`` / ``scale_b``): ModelOpt's ``amax.float() / 448.0``
+    as the reference's W8A8 path computes it, on a CUDA GPU, where torch divides by a Python number by multiplying
+    with its fp32 reciprocal (``BinaryDivTrueKernel.cu``). Computed so on every device: the CPU's exact division
+    differs by one ulp for about half the values, which would move the GPU's W8A8 GEMMs off the reference's."""
+    return amax.float() * _INV_E4M3_MAX
+
+
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """ModelOpt's ``_to_fp8``, the same expression (the division rounds to ``x``'s dtype first, as the reference's
     eager and CPU-compiled code; on CUDA ``quantize_activation`` compiles it as the reference does)."""

@@ -45,7 +45,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, _transformer_dir
-from .fp8 import Fp8Linear, quantize_weight
+from .fp8 import Fp8Linear, quantize_weight, scale_of_amax
 from .gguf_file import GgufFile, check_model, read_gguf
 from .gguf_quants import QUANTIZED, GgufLinear, dequantize, packed_shape
 from .layers import KEEP_FP32
@@ -54,7 +54,6 @@ from .towers import tower_module
 from .transformer import Cosmos3Transformer
 from .weights import (
     AMAX_SUFFIX,
-    E4M3_MAX,
     FP8_DTYPES,
     INPUT_SCALE_SUFFIXES,
     WEIGHT_SCALE_SUFFIXES,
@@ -337,8 +336,9 @@ def _read_gguf(model, gguf: GgufFile, names: list[str], expected: dict, linear_w
 def _set_w8a8_scales(model: Cosmos3Transformer, files: dict[str, Path], folder: Path, *, approximate: bool,
                      device) -> None:
     """Each FP8 ``Fp8Linear``'s path class, activation scale (``scale_a``) and W8A8 weight scale (``scale_b``) from
-    the checkpoint's quantizer tensors, as ModelOpt computes them (``amax / 448``; an ``input_scale`` is that
-    already); approximate mode: dynamic activation scales and ``scale_b`` = the weight's own scale."""
+    the checkpoint's quantizer tensors, as ModelOpt computes them on the GPU (``fp8.scale_of_amax``; an
+    ``input_scale`` is ``amax / 448`` already); approximate mode: dynamic activation scales and ``scale_b`` = the
+    weight's own scale."""
     layers = {name: m for name, m in model.named_modules()
               if isinstance(m, Fp8Linear) and m.weight.dtype == torch.float8_e4m3fn}
     wanted = [name + suffix for name in layers for suffix in (*INPUT_SCALE_SUFFIXES, AMAX_SUFFIX)]
@@ -357,10 +357,10 @@ def _set_w8a8_scales(model: Cosmos3Transformer, files: dict[str, Path], folder: 
             continue
         amax, given = scalars.get(name + INPUT_SCALE_SUFFIXES[0]), scalars.get(name + INPUT_SCALE_SUFFIXES[1])
         if amax is not None or given is not None:
-            module.input_scale = (amax / E4M3_MAX if amax is not None else given).to(device)
+            module.input_scale = (scale_of_amax(amax) if amax is not None else given).to(device)
         weight_amax = scalars.get(name + AMAX_SUFFIX)
         if weight_amax is not None:
-            module.w8a8_weight_scale = (weight_amax / E4M3_MAX).to(device)
+            module.w8a8_weight_scale = scale_of_amax(weight_amax).to(device)
 
 
 def check_fp8_storage(modelopt: bool, storage_dtype: torch.dtype | None, where: str) -> None:
