@@ -9,7 +9,8 @@ export names the scales ``X.weight_scale`` / ``X.input_scale`` (= amax / 448); b
 * **W8A16** (``forward``, what the step policy calls high precision): diffusers 0.42.1 ``_w8a16_linear`` —
   ``F.linear(x, weight.to(x.dtype) · scale_weight.to(x.dtype), bias)``.
 * **W8A8** (``w8a8``): ModelOpt's restored real-quant forward (``backends/fp8_per_tensor_gemm.py``,
-  ``fp8_per_tensor_gemm``): ``scale_a = input_amax / 448``, ``scale_b = weight_amax / 448``; the activation is
+  ``fp8_per_tensor_gemm``): ``scale_a = input_amax / 448``, ``scale_b = weight_amax / 448`` (``scale_of_amax``:
+  rounded as that division rounds on the GPU); the activation is
   ``(x / scale_a).clamp(±448) → e4m3`` (the reference's ``_to_fp8``, compiled on CUDA as there); then
   ``torch._scaled_mm(x8, w8ᵀ, scale_a, scale_b, bias, out_dtype=x.dtype, use_fast_accum=True)`` on a CUDA GPU with
   FP8 tensor cores (sm ≥ 8.9), the bias added afterwards for fp32 outputs. On the CPU ``emulated_scaled_mm``
