@@ -144,7 +144,6 @@ def test_a_wrapped_node_starts_after_the_preload_and_a_hung_one_is_waited_out_on
         thread = caches.CompilerPreload((module,))
         monkeypatch.setattr(caches, "_FIRST_RUN", [thread])
         monkeypatch.setattr(caches, "PRELOAD_WAIT_S", timeout)
-        monkeypatch.setattr(caches.wait_for_preload, "__defaults__", (timeout,))
         thread.start()
         Node.ran.clear()
         assert Node.execute(1) == 1 and Node.execute(2) == 2

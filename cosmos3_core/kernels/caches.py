@@ -165,12 +165,12 @@ class CompilerPreload(threading.Thread):
                       len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed)
 
 
-def preload_compiler(modules: tuple[str, ...] = COMPILER_MODULES) -> CompilerPreload:
-    """Start importing the compiler's ``modules`` in the background (see the module docstring) and return the
-    thread. The on-disk caches are pointed at ``cache_root()`` first: importing ``torch._dynamo`` writes torch's
-    default cache folder into the environment."""
+def preload_compiler() -> CompilerPreload:
+    """Start importing the compiler's modules in the background (see the module docstring) and return the thread.
+    The on-disk caches are pointed at ``cache_root()`` first: importing ``torch._dynamo`` writes torch's default
+    cache folder into the environment."""
     enable_persistent_caches()
-    thread = CompilerPreload(modules)
+    thread = CompilerPreload()
     thread.start()
     return thread
 
@@ -191,14 +191,14 @@ def preload_first_run(compiles: bool) -> CompilerPreload:
     return _FIRST_RUN[0]
 
 
-def wait_for_preload(timeout: float = PRELOAD_WAIT_S) -> None:
+def wait_for_preload() -> None:
     """Return once ``preload_first_run``'s imports are done (at once when none was started, or when they are), so
     that the run does not import beside them: two threads importing the same packages can deadlock on Python's
-    module locks. After ``timeout`` seconds the run goes on, with one warning, and later runs do not wait."""
+    module locks. After ``PRELOAD_WAIT_S`` seconds the run goes on, with one warning, and later runs do not wait."""
     thread = _FIRST_RUN[0] if _FIRST_RUN else None
     if thread is not None and thread.is_alive() and not thread.waited_out:
-        thread.join(timeout)
+        thread.join(PRELOAD_WAIT_S)
         if thread.is_alive():
             thread.waited_out = True
             _log.warning("Cosmos3: the background imports of a first run's modules are still running after %.0f s; "
-                         "the run starts beside them.", timeout)
+                         "the run starts beside them.", PRELOAD_WAIT_S)
