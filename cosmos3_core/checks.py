@@ -295,13 +295,15 @@ def check_options(options: RuntimeOptions) -> None:
 
 # ---------------------------------------------------------------------------------------------- the card
 GIB = 2**30
+# smaller weights, from the fastest to the smallest (README "Which weights for your card")
+SMALLER_WEIGHTS = ("load smaller weights: NVIDIA's FP8 checkpoint (the repository's fp8 revision; W8A8 on RTX 40/50), "
+                   "weight_dtype fp8_e4m3fn, or a GGUF file in Load Cosmos3 Checkpoint's gguf input (Q8_0 for "
+                   "12 GiB, Q4_0 for 8 GiB cards)")
 CARD_FIX = ("lower width, height or num_frames (Cosmos3 Text Encode; CLI: --height/--width/--num-frames): the "
             "step's working memory grows with the latent tokens, ≈3 GiB at 480p/93f and ≈13 GiB at 720p/189f for "
-            "Nano; if the weights that stay on the GPU are the large part, load them smaller (weight_dtype "
-            "fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 Checkpoint's gguf input)")
+            "Nano; if the weights that stay on the GPU are the large part, " + SMALLER_WEIGHTS)
 # the text tower's prefill: its working memory grows with the prompt, not the video
-TEXT_CARD_FIX = ("load the weights smaller (weight_dtype fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 "
-                 "Checkpoint's gguf input) or shorten the prompt")
+TEXT_CARD_FIX = SMALLER_WEIGHTS + ", or shorten the prompt"
 
 
 def check_card_memory(needed: dict[str, int], card_bytes: int, card: str = "the GPU", fix: str = CARD_FIX) -> None:

@@ -145,7 +145,7 @@ class Cosmos3Config:
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path) -> "Cosmos3Config":
         """Read ``<checkpoint_dir>/transformer/config.json`` (or a ``transformer`` folder given directly)."""
-        path = _transformer_dir(checkpoint_dir) / "config.json"
+        path = transformer_dir(checkpoint_dir) / "config.json"
         if (path.exists() or path.is_symlink()) and not path.is_file():
             raise CheckpointError(
                 f"{path} exists but is not a readable file (a folder or a broken link); replace it with the "
@@ -226,6 +226,6 @@ _KINDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _transformer_dir(checkpoint_dir: str | Path) -> Path:
+def transformer_dir(checkpoint_dir: str | Path) -> Path:
     root = Path(checkpoint_dir)
     return root if root.name == "transformer" else root / "transformer"

@@ -19,11 +19,11 @@ from contextlib import contextmanager
 
 import torch
 
+from ..cosmos3_core.checks import SMALLER_WEIGHTS
+
 _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)")
 _DEVICE = re.compile(r"\b(?:GPU|device) (\d+)\b")  # torch's allocators name the GPU that ran out
-OUT_OF_MEMORY_FIX = ("lower width, height, num_frames or batch_size; load the checkpoint smaller (weight_dtype "
-                     "fp8_e4m3fn, or a GGUF Q8_0/Q4_0 file in Load Cosmos3 Checkpoint's gguf input); or start "
-                     "ComfyUI with --lowvram")
+OUT_OF_MEMORY_FIX = f"lower width, height, num_frames or batch_size; {SMALLER_WEIGHTS}; or start ComfyUI with --lowvram"
 
 
 class Cosmos3OutOfMemoryError(torch.OutOfMemoryError):

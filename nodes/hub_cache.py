@@ -13,17 +13,28 @@ Listed: every snapshot of a ``models--*--*Cosmos3*`` repository whose ``transfor
 ``Cosmos3OmniTransformer``, as ``<org>/<name> (hub <revision>)`` — ``main``, ``fp8``, … the refs pointing at it, or
 ``@<commit[:8]>`` when none does. Nothing is read beyond the config: a snapshot with missing files is listed, and
 loading it names the file that is missing (``missing_files``, then the loader's own checks).
+
+A complete snapshot's ``transformer/`` holds its weights as the core loader reads them (cosmos3_core/model/loader.py
+``weight_files``): ``diffusion_pytorch_model.safetensors.index.json`` and every shard its ``weight_map`` names, or
+the one file ``diffusion_pytorch_model.safetensors`` (no index). Shards without their index (the index's blob never
+arrived, or was deleted) lack the index, and any shard of the ``-0000K-of-0000N`` sequence not there; a folder with
+no weights at all lacks ``transformer/diffusion_pytorch_model*`` (whichever of the two layouts the repository has:
+``hf download --include`` fetches it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 HUB_KEY = "cosmos3_hub"  # extra_model_paths.yaml key for more Hub cache folders
 REPO_GLOB = "models--*--*"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
+SINGLE = "diffusion_pytorch_model.safetensors"  # an unsharded transformer: complete without an index
+SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d{5})-of-(?P<n>\d{5})\.safetensors")  # save_pretrained's shard names
+WEIGHTS = "transformer/diffusion_pytorch_model*"  # the weights when not one file of them is there (a glob)
 
 
 def default_cache() -> Path:
@@ -104,18 +115,43 @@ def hub_revision(snapshots: dict[str, Path], repo_name: str) -> tuple[str, Path]
 
 
 def missing_files(snapshot: Path) -> list[str]:
-    """The transformer shards ``snapshot``'s index lists that are absent (a link to a blob never downloaded)."""
-    index = snapshot / "transformer" / INDEX
-    try:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (OSError, ValueError, KeyError, AttributeError):
+    """The transformer weight files of ``snapshot`` that are absent (a link to a blob never downloaded, or no link),
+    as repository paths: the shards its index lists; else, when there is neither the index nor the single
+    ``diffusion_pytorch_model.safetensors``, the index and the shards missing from the sequence those present
+    (or dangling) belong to; ``WEIGHTS`` (a glob) when there is no weight file at all. [] when complete, or when
+    the index is unreadable (the core loader names that)."""
+    folder = snapshot / "transformer"
+    index = folder / INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            return []
+        return [f"transformer/{s}" for s in shards if not (folder / s).is_file()]
+    if (folder / SINGLE).is_file():
         return []
-    return [f"transformer/{s}" for s in shards if not (snapshot / "transformer" / s).is_file()]
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    expected: set[str] = set()
+    for name in names:
+        shard = SHARD.fullmatch(name)
+        if shard:
+            stem, count = shard["stem"], shard["n"]
+            expected.update(f"{stem}-{k:05d}-of-{count}.safetensors" for k in range(1, int(count) + 1))
+    if expected or os.path.lexists(index):  # sharded: the index is what is missing (and any shard not there)
+        return [f"transformer/{INDEX}", *(f"transformer/{s}" for s in sorted(expected) if not (folder / s).is_file())]
+    if os.path.lexists(folder / SINGLE):  # its link dangles: the blob is gone
+        return [f"transformer/{SINGLE}"]
+    return [WEIGHTS]
 
 
 def download_fix(snapshot: Path, names: list[str]) -> str:
-    """How to complete a Hub snapshot: the ``hf download`` line of its repository and revision."""
+    """How to complete a Hub snapshot: the ``hf download`` line of its repository and revision for the files
+    ``names`` (a glob among them, ``WEIGHTS``: as ``--include`` patterns, quoted for the shell)."""
     repo = snapshot.parent.parent
     refs = _refs(repo).get(snapshot.name, [])
     revision = None if "main" in refs else refs[0] if refs else snapshot.name
-    return f"hf download {repo_id(repo)}" + (f" --revision {revision}" if revision else "") + " " + " ".join(names)
+    files = (" ".join(f'--include "{n}"' for n in names) if any("*" in n for n in names) else " ".join(names))
+    return f"hf download {repo_id(repo)}" + (f" --revision {revision}" if revision else "") + " " + files

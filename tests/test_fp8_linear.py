@@ -13,7 +13,8 @@ called here unchanged (its uncompiled body; torch's CPU ``_scaled_mm``). Checked
   ``F.linear``): ours equals that within fp32 rounding too, and the test counts how often the two roundings of the
   reference disagree on an FP8 value (its own CPU-vs-GPU spread);
 * W8A16 is diffusers' ``_w8a16_linear`` bit for bit; the approximate mode's weights are ModelOpt's max-calibrated
-  compression bit for bit and its dynamic activation scale is the reference's ``reduce_amax`` path;
+  compression bit for bit, and its dynamic activation scales run each token as the reference's uncalibrated
+  ``reduce_amax`` path runs that token alone (so a batch item's output is its own single run's);
 * a weight-only FP8 layer (no activation scale) runs W8A16 as its native path, and a schedule of W8A8 steps on a
   weight-only checkpoint is one clear error.
 """
@@ -170,17 +171,26 @@ def test_approximate_weights_are_modelopt_max_calibration():
     assert torch.equal(scale, layer.weight_quantizer._scale.reshape(()))
 
 
-def test_dynamic_activation_scale_is_the_references_uncalibrated_path(pair):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dynamic_activation_scales_run_each_token_as_the_references_uncalibrated_path(pair, dtype):
     _, ours = pair
-    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(6)) * 5
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(2, 9, 64, generator=g) * torch.logspace(-2, 2, 9)[:, None]).to(dtype)  # rows of unlike ranges
+    weight_scale = ours.w8a8_weight_scale
     saved = ours.input_scale
     try:
         ours.input_scale, ours.dynamic_input = None, True
-        scale_a = fpg.reduce_amax(x).float() / 448.0  # fp8_per_tensor_gemm with no input amax
-        want = REF_GEMM(x, ours.weight, scale_a, ours.w8a8_weight_scale, None)
-        if ours.bias is not None:
-            want = want + ours.bias
-        assert rel(ours.w8a8(x), want) <= 2e-6
+        got = ours.w8a8(x)
+        for item in range(2):
+            for token in range(9):
+                lone = x[item, token : token + 1]
+                scale_a = fpg.reduce_amax(lone).float() / 448.0  # fp8_per_tensor_gemm with no input amax, one token
+                want = REF_GEMM(lone.float(), ours.weight, scale_a, weight_scale, None)
+                if ours.bias is not None:
+                    want = want + ours.bias
+                assert rel(got[item, token : token + 1].float(), want) <= (2e-6 if dtype == torch.float32 else 4e-3)
+        assert torch.equal(ours.w8a8(x[1:]), got[1:])  # an item alone: its rows of the batch, bit for bit
+        assert torch.equal(ours.w8a8(x[:, 4:]), got[:, 4:])  # and a share of the tokens (another GPU's, a window)
     finally:
         ours.input_scale, ours.dynamic_input = saved, False
 

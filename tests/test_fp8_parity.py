@@ -240,3 +240,18 @@ def test_compiled_w8a8_and_sea_cache_steps_equal_eager(checkpoints):
         runs.append((ours.run(plan).latents, plan.cache.trace))
     assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
     assert not all(computed for *_, computed in runs[0][1])
+
+
+def test_approximate_fp8_batch_items_equal_their_single_runs(tiny_checkpoint):
+    """The approximate mode (a bf16 checkpoint's weights rounded to FP8, ``fp8_e4m3fn_fast``) scales each token's
+    activation by its own range, so a batch item — and each guidance branch, whichever device it runs on — equals
+    its own single run, as in every other mode (a scale over the whole batch moved item 0 by 1.2e-2)."""
+    ours = Cosmos3Pipeline.load(tiny_checkpoint("nano", sound=True, seed=7), dtype=torch.float32, device="cpu",
+                                fp8_compute=True)
+    text = ours.encode_text(PROMPT, NEGATIVE, num_frames=F, height=H, width=W, fps=24.0)
+    batch = api.plan(ours, text, seed=SEED, steps=STEPS, guidance=6.0, options=EMULATE, batch_size=2)
+    assert "approximate" in batch.fp8 and any(p.generation == "W8A8" for p in batch.precision)
+    both = ours.run(batch).latents
+    for k in range(2):
+        one = ours.run(api.plan(ours, text, seed=SEED + k, steps=STEPS, guidance=6.0, options=EMULATE)).latents
+        assert rel(both[k : k + 1], one) <= 1e-6, k

@@ -101,6 +101,32 @@ def test_converter_writes_the_documented_types_and_metadata(nano, q8_file):
     assert raw.get_field(CONFIG_KEY) is not None and raw.get_field("general.file_type").contents() == 7
 
 
+def _contents(path) -> tuple[dict, dict]:
+    """A GGUF file as the ``gguf`` package's reader sees it: its metadata, and each tensor's (type, shape, bytes)."""
+    reader = gguf.GGUFReader(str(path))
+    fields = {key: field.contents() for key, field in reader.fields.items()}
+    tensors = {t.name: (t.tensor_type, tuple(t.shape), np.array(t.data)) for t in reader.tensors}
+    return fields, tensors
+
+
+def test_the_converter_takes_the_transformer_folder_itself(nano, q8_file, tmp_path, capsys):
+    """``--checkpoint <ckpt>/transformer`` (which the config check accepts) writes the file that ``<ckpt>`` writes:
+    the same metadata (the checkpoint's name included) and the same tensors, type, shape and bytes."""
+    from cosmos3_core.cli.gguf import main
+
+    out = tmp_path / "from-transformer.gguf"
+    assert main(["--checkpoint", str(nano / "transformer"), "--type", "Q8_0", "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    fields, tensors = _contents(out)
+    ref_fields, ref_tensors = _contents(q8_file)
+    assert fields == ref_fields and fields["general.name"] == nano.name
+    assert sorted(tensors) == sorted(ref_tensors) and len(tensors) > 60
+    for name, (kind, shape, data) in tensors.items():
+        ref_kind, ref_shape, ref_data = ref_tensors[name]
+        assert (kind, shape) == (ref_kind, ref_shape) and np.array_equal(data, ref_data), name
+    assert {kind for kind, _, _ in tensors.values()} == {T.Q8_0, T.F32}
+
+
 def test_a_gguf_load_computes_with_the_dequantized_weights(nano, q8_file):
     """The GGUF model equals, bit for bit, the fp32 model whose linear weights are gguf's dequantization of the file;
     and stays within 3e-2 (relative) of the fp32 checkpoint at Q8_0."""
@@ -251,6 +277,52 @@ def test_a_gguf_of_another_model_is_refused_by_name(nano, q8_file, tiny_checkpoi
         load_transformer(edge, dtype=torch.float32, gguf_file=q8_file)
 
 
+def _dense_as_gguf(nano, path, prefix: str) -> int:
+    """A GGUF of architecture ``cosmos3`` holding nano's weights (F32) under another tool's names (``prefix`` +
+    the checkpoint key, as ComfyUI's single-file checkpoints name them); returns how many tensors it holds."""
+    dense = load_transformer(nano, dtype=torch.float32, skip_modules=("lm_head",))
+    w = gguf.GGUFWriter(str(path), ARCHITECTURE)
+    for name, p in sorted(dense.state_dict().items()):
+        w.add_tensor(prefix + name, p.numpy())
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return len(dense.state_dict())
+
+
+def test_a_cosmos3_gguf_with_foreign_tensor_names_names_the_gguf(nano, tmp_path):
+    """The file is blamed, not the checkpoint folder: its name, the unexpected names (counted, a few shown) and the
+    fix. Loaded with a folder whose transformer/ holds only config.json, the names it leaves missing are counted."""
+    path = tmp_path / "comfy-named.gguf"
+    n = _dense_as_gguf(nano, path, "model.diffusion_model.")
+    fix = r"convert the Hub checkpoint with python -m cosmos3_core\.gguf .*or pick the GGUF made for this model\."
+    with pytest.raises(CheckpointError, match=rf"^GGUF file {path}: its tensor names are not those of the Cosmos3 "
+                                              rf"transformer that {nano}/transformer/config\.json describes — {n} "
+                                              rf"unexpected \(e\.g\. \['model\.diffusion_model\.[^)]*\)\. .*{fix}") as e:
+        _load(nano, path)
+    assert "missing" not in str(e.value)  # the folder's safetensors hold every weight the model needs
+    configs_only = tmp_path / "configs-only"
+    (configs_only / "transformer").mkdir(parents=True)
+    (configs_only / "transformer" / "config.json").write_bytes((nano / "transformer" / "config.json").read_bytes())
+    with pytest.raises(CheckpointError, match=rf"^GGUF file {path}: .* {n} unexpected .*, {n} missing from both the "
+                                              r"GGUF and the checkpoint folder \(e\.g\. \['action_modality_embed'.*" + fix):
+        load_transformer(configs_only, dtype=torch.float32, skip_modules=("lm_head",), gguf_file=path)
+
+
+def test_foreign_safetensors_names_still_blame_the_checkpoint_folder(tiny_checkpoint, q8_file):
+    """A key the model lacks in transformer/'s safetensors is the folder's fault, with or without a GGUF."""
+    from safetensors.torch import save_file
+
+    ckpt = tiny_checkpoint("nano", seed=0, copy=True)
+    folder = ckpt / "transformer"
+    save_file({"model.diffusion_model.extra.weight": torch.zeros(2, 2)}, str(folder / "extra.safetensors"))
+    index = json.loads((folder / "diffusion_pytorch_model.safetensors.index.json").read_text())
+    index["weight_map"]["model.diffusion_model.extra.weight"] = "extra.safetensors"
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+    for gguf_file in (None, q8_file):
+        with pytest.raises(CheckpointError, match=rf"^{folder}: weights do not match config\.json — 0 missing .*1 "
+                                                  r"unexpected \(e\.g\. \['model\.diffusion_model\.extra\.weight'\]\)"):
+            load_transformer(ckpt, dtype=torch.float32, skip_modules=("lm_head",), gguf_file=gguf_file)
+
+
 def test_the_converter_command_line(nano, tmp_path, tiny_checkpoint):
     from cosmos3_core.cli.gguf import main
 
@@ -264,3 +336,21 @@ def test_the_converter_command_line(nano, tmp_path, tiny_checkpoint):
     build_fp8_checkpoint(nano, fp8)
     assert main(["--checkpoint", str(fp8), "--type", "Q8_0", "--out", str(tmp_path / "y.gguf")]) == 2
     assert not (tmp_path / "y.gguf").exists() and not (tmp_path / "y.gguf.part").exists()
+
+
+def test_the_converter_names_a_missing_out_folder(nano, tmp_path, capsys):
+    """``--out`` in a folder that does not exist (or under a file) is one ``error:`` line naming --out, the path and
+    the fix; nothing is written, no folder is created."""
+    from cosmos3_core.cli.gguf import main
+
+    out = tmp_path / "no" / "such" / "x.gguf"
+    assert main(["--checkpoint", str(nano), "--type", "Q8_0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --out {out}: the folder {out.parent} does not exist; create that folder first, or give a "
+                   "path in an existing folder.\n")
+    assert not (tmp_path / "no").exists()
+    (tmp_path / "file").write_text("")
+    under_file = tmp_path / "file" / "x.gguf"
+    assert main(["--checkpoint", str(nano), "--type", "Q8_0", "--out", str(under_file)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {under_file}: {tmp_path / 'file'} is a file, not a folder; "
+                                       "choose another output path.\n")

@@ -114,3 +114,92 @@ def test_a_snapshot_with_a_missing_shard_names_the_file_and_the_download(loader,
     finally:
         shutil.rmtree(snapshot)
         (repo / "refs" / "stopped").unlink()
+
+
+INDEX = "diffusion_pytorch_model.safetensors.index.json"
+SINGLE = "diffusion_pytorch_model.safetensors"
+
+
+@pytest.fixture
+def stopped(cache):
+    """A copy of the Nano ``fp8`` snapshot as commit ``5…`` under the ref ``stopped``, removed afterwards."""
+    repo = cache[0] / "models--nvidia--Cosmos3-Nano"
+    snapshot = lay_snapshot(repo, "5" * 40, repo / "snapshots" / FP8, "stopped")
+    yield snapshot
+    shutil.rmtree(snapshot)
+    (repo / "refs" / "stopped").unlink()
+
+
+def load_error(cls) -> str:
+    with pytest.raises(ValueError) as err:
+        cls.execute(checkpoint="nvidia/Cosmos3-Nano (hub stopped)", dtype="fp32", device="cpu")
+    return str(err.value)
+
+
+def stopped_message(names: str, fix: str) -> str:
+    return (f"lacks {names}: its download stopped before it finished. Complete it with: hf download "
+            f"nvidia/Cosmos3-Nano --revision stopped {fix}")
+
+
+@pytest.mark.parametrize("lost", ["link", "blob"])
+def test_a_snapshot_without_its_shard_index_names_the_index_and_the_download(loader, stopped, lost):
+    """The index deleted (``link``) or its blob never arrived (``blob``: the link dangles), every shard there: the
+    index is the one file named, and the ``hf download`` line fetches exactly it."""
+    cls, _ = loader
+    index = stopped / "transformer" / INDEX
+    assert sorted((stopped / "transformer").glob("*-of-*.safetensors"))  # the tiny checkpoint is sharded
+    (index.resolve() if lost == "blob" else index).unlink()
+    message = load_error(cls)
+    assert message.startswith("Cosmos3Loader: checkpoint 'nvidia/Cosmos3-Nano (hub stopped)'"), message
+    assert message.endswith(stopped_message(f"transformer/{INDEX}", f"transformer/{INDEX}")), message
+    assert "not a Cosmos3 transformer folder" not in message
+
+
+def test_a_snapshot_without_its_index_and_a_shard_names_both(loader, stopped):
+    """No index, so the shards expected are those of the ``-0000K-of-0000N`` sequence of the ones there."""
+    cls, _ = loader
+    shards = sorted((stopped / "transformer").glob("*-of-*.safetensors"))
+    assert len(shards) >= 3
+    (stopped / "transformer" / INDEX).unlink()
+    shards[1].unlink()
+    missing = f"transformer/{INDEX} transformer/{shards[1].name}"
+    assert load_error(cls).endswith(stopped_message(missing.replace(" ", ", "), missing))
+
+
+def test_a_snapshot_with_no_transformer_weights_downloads_them_by_pattern(loader, stopped):
+    """Neither the index nor any weight file: the repository may be sharded or one file, so the line fetches
+    whichever it has (``--include``), never a file name that may not exist there."""
+    cls, _ = loader
+    for path in (stopped / "transformer").iterdir():
+        if path.name != "config.json":
+            path.unlink()
+    weights = "transformer/diffusion_pytorch_model*"
+    assert load_error(cls).endswith(stopped_message(weights, f'--include "{weights}"'))
+
+
+def single_file_transformer(snapshot: Path) -> Path:
+    """``snapshot``'s sharded transformer rewritten as the one ``diffusion_pytorch_model.safetensors`` (a link to
+    its blob, as the Hub client writes it), no index."""
+    from safetensors.torch import load_file, save_file
+
+    folder = snapshot / "transformer"
+    shards = sorted(folder.glob("*-of-*.safetensors"))
+    state = {k: v for shard in shards for k, v in load_file(shard).items()}
+    for path in [*shards, folder / INDEX]:
+        path.unlink()
+    blob = snapshot.parent.parent / "blobs" / f"{snapshot.name[:4]}-single"
+    save_file(state, blob, metadata={"format": "pt"})
+    (folder / SINGLE).symlink_to(blob)
+    return folder / SINGLE
+
+
+def test_a_single_file_transformer_without_an_index_is_complete(loader, stopped):
+    cls, module = loader
+    hub = sys.modules[module.__name__.rpartition(".")[0] + ".hub_cache"]
+    single = single_file_transformer(stopped)
+    assert hub.missing_files(stopped) == []
+    handle = cls.execute(checkpoint="nvidia/Cosmos3-Nano (hub stopped)", dtype="fp32", device="cpu").result[0]
+    assert handle.path == stopped
+    single.resolve().unlink()  # its blob gone: the one file is what is missing
+    assert hub.missing_files(stopped) == [f"transformer/{SINGLE}"]
+    assert load_error(cls).endswith(stopped_message(f"transformer/{SINGLE}", f"transformer/{SINGLE}"))

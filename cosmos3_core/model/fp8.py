@@ -18,9 +18,12 @@ export names the scales ``X.weight_scale`` / ``X.input_scale`` (= amax / 448); b
   a numerical reference for tests (``RuntimeOptions(fp8_gemm="emulate")``), not a fast path.
 * **Approximate FP8 compute** (a bf16 checkpoint loaded with ``fp8_compute``, ComfyUI's ``fp8_e4m3fn_fast``):
   ``quantize_weight`` rounds each weight once with one per-tensor scale (``amax / 448``, ModelOpt's max calibration
-  of a weight); with no calibrated activation range the W8A8 forward scales each activation by its own amax
-  (dynamic per-tensor, on the device: no host sync). Not a reference behaviour: outputs differ from the bf16
-  checkpoint at FP8 rounding level; everywhere this mode is offered it is labelled approximate.
+  of a weight); with no calibrated activation range the W8A8 forward gives each token its own scale, its amax over
+  the features / 448 (``token_scales``, on the device: no host sync) — each token quantized as ModelOpt's
+  uncalibrated path (``reduce_amax``) quantizes a lone token, so a token's output does not depend on what else is in
+  the batch (other items, the other guidance branch, another GPU's share): ``per_token_matmul``. Not a reference
+  behaviour: outputs differ from the bf16 checkpoint at FP8 rounding level; everywhere this mode is offered it is
+  labelled approximate.
 
 ``fp8_steps`` turns a run's resolved policy (``precision.MixedPrecision``) into each step's modes on the loaded
 layers and the run's device: W8A8 where the GPU has FP8 GEMMs, else W8A16 at every step with one notice — unless
@@ -115,6 +118,25 @@ def emulated_scaled_mm(a8: torch.Tensor, b8_t: torch.Tensor, scale_a: torch.Tens
     return out.to(out_dtype)
 
 
+def token_scales(x: torch.Tensor) -> torch.Tensor:
+    """The approximate mode's activation scales: each token's own ``amax / 448`` over the features, fp32,
+    ``[..., 1]`` (a token of zeros gets the smallest normal number, as a per-tensor scale would)."""
+    return (x.detach().abs().amax(dim=-1, keepdim=True).float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def per_token_matmul(x: torch.Tensor, w8: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ w8ᵀ`` in FP8 with one scale per token (``scale_a`` ``[..., 1]``, ``token_scales``) and the per-tensor
+    ``scale_b``: the per-tensor FP8 GEMM (``fp8_matmul``, unit activation scale) into fp32, each row times its own
+    scale, the bias added, rounded once to ``x``'s dtype. ``x [..., K]`` → ``[M, N]``."""
+    x8 = quantize_activation(x, scale_a).reshape(-1, x.shape[-1])
+    unit = torch.ones((), dtype=torch.float32, device=x8.device)
+    out = fp8_matmul(x8, w8, unit, scale_b, None, torch.float32) * scale_a.reshape(-1, 1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
 def fp8_matmul(x8: torch.Tensor, w8: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """``x8 [M, K] @ w8ᵀ`` (``w8`` ``[N, K]``) scaled, with ``bias``, as ModelOpt's ``_fp8_gemm_impl`` calls it."""
@@ -148,11 +170,12 @@ class Fp8Linear(CastLinear):
         return self.weight.dtype == torch.float8_e4m3fn and (self.input_scale is not None or self.dynamic_input)
 
     def activation_scale(self, x: torch.Tensor) -> torch.Tensor:
-        """``scale_a`` of the W8A8 forward on ``x``: the calibrated one, or ``x``'s own amax / 448 (dynamic)."""
+        """``scale_a`` of the W8A8 forward on ``x``: the calibrated per-tensor one, or each token's own
+        (``token_scales``: the approximate mode)."""
         if self.input_scale is not None:
             return self.input_scale
         if self.dynamic_input:
-            return (x.detach().abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+            return token_scales(x)
         raise ValueError("Fp8Linear: this layer has no activation scale (input_quantizer._amax); it runs W8A16 only.")
 
     @property
@@ -166,11 +189,16 @@ class Fp8Linear(CastLinear):
     @staticmethod
     def w8a8_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale_a: torch.Tensor,
                   scale_b: torch.Tensor) -> torch.Tensor:
-        """The W8A8 forward with these tensors (a layer's own, or copies a host streamed to ``x``'s device)."""
+        """The W8A8 forward with these tensors (a layer's own, or copies a host streamed to ``x``'s device); a
+        ``scale_a`` shaped as ``x`` but for its last dimension (``[..., 1]``) is per token (``per_token_matmul``),
+        any other per tensor."""
         shape = x.shape
-        x8 = quantize_activation(x, scale_a).reshape(-1, shape[-1])
         bias = None if bias is None else bias.to(x.dtype)
-        out = fp8_matmul(x8, weight, scale_a, scale_b, bias, x.dtype)
+        if scale_a.dim() == 0 or scale_a.shape[:-1] != shape[:-1]:
+            x8 = quantize_activation(x, scale_a).reshape(-1, shape[-1])
+            out = fp8_matmul(x8, weight, scale_a, scale_b, bias, x.dtype)
+        else:
+            out = per_token_matmul(x, weight, scale_a, scale_b, bias)
         return out.reshape(*shape[:-1], out.shape[-1])
 
 

@@ -1,6 +1,8 @@
 """The GGUF converter: ``transformer/`` of a Hub-layout Cosmos3 checkpoint written as one GGUF file (the layout and
 metadata ``gguf_file.py`` reads), quantized by the ``gguf`` package (``gguf.quants.quantize``), written by its
-``GGUFWriter``. ``python -m cosmos3_core.gguf --checkpoint DIR --type Q8_0 --out FILE`` runs it.
+``GGUFWriter``. ``python -m cosmos3_core.gguf --checkpoint DIR --type Q8_0 --out FILE`` runs it. The source is the
+checkpoint folder or its ``transformer/`` folder itself (as everywhere a checkpoint is read); either writes the same
+file, ``general.name`` being the checkpoint folder's name.
 
 What it writes: every tensor of ``transformer/`` except ``lm_head`` (the reasoner reads that from the Hub folder).
 The linear weights of the decoder layers (``layers.*``, both towers) in the asked type — Q8_0, Q5_1, Q5_0, Q4_1,
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from ..config import CheckpointError, Cosmos3Config
+from ..config import CheckpointError, Cosmos3Config, transformer_dir
 from .gguf_file import ARCHITECTURE, CONFIG_KEY, gguf_package
 from .gguf_quants import BY_NAME, PLAIN
 from .layers import KEEP_FP32
@@ -69,8 +71,8 @@ def _tensors(checkpoint_dir: str | Path):
 
 
 def write_gguf(checkpoint_dir: str | Path, out: str | Path, qtype: str) -> dict[str, int]:
-    """Write ``<checkpoint_dir>/transformer`` to the GGUF file ``out`` in type ``qtype``; returns how many tensors
-    were written in each GGML type."""
+    """Write ``<checkpoint_dir>/transformer`` (or ``checkpoint_dir`` when it is that ``transformer`` folder) to the
+    GGUF file ``out`` in type ``qtype``; returns how many tensors were written in each GGML type."""
     if qtype not in WRITABLE:
         raise ValueError(f"--type {qtype!r} is not one the converter writes; choose one of {', '.join(WRITABLE)} "
                          "(K-quants: write BF16, then quantize it with llama.cpp).")
@@ -80,9 +82,10 @@ def write_gguf(checkpoint_dir: str | Path, out: str | Path, qtype: str) -> dict[
         raise CheckpointError(f"{source} is an NVIDIA FP8 (ModelOpt) checkpoint; convert the bf16 checkpoint (the "
                               "main revision) to GGUF instead.")
     gguf = gguf_package()
-    raw_config = json.loads((source / "transformer" / "config.json").read_text())
+    folder = transformer_dir(source)
+    raw_config = json.loads((folder / "config.json").read_text())
     writer = gguf.GGUFWriter(str(out), ARCHITECTURE)
-    writer.add_name(source.resolve().name)
+    writer.add_name(folder.absolute().parent.resolve().name)  # the checkpoint's name, whichever folder was given
     writer.add_string(CONFIG_KEY, json.dumps(raw_config, sort_keys=True))
     writer.add_file_type(FILE_TYPES[qtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -7,7 +7,8 @@ each tensor is read memory-mapped from safetensors (never pickle), cast to the r
 stays fp32) and assigned in place — so the peak host memory is one tensor, not a second copy of the model.
 
 Every key must be accounted for: a key the model lacks, a key the checkpoint lacks, or a shape that disagrees
-with ``config.json`` is one error naming the first few offenders. Weights deliberately left out
+with ``config.json`` is one error naming the first few offenders (and the GGUF file, with the fix, when a GGUF's
+tensor names are the ones that do not fit). Weights deliberately left out
 (``skip_modules``: ``lm_head`` for generation-only use, the action heads) are listed explicitly.
 
 ``load_diffusers_folder`` is the one guarded entry for the diffusers modules of a checkpoint (``vae/``,
@@ -44,7 +45,7 @@ from typing import Protocol, Sequence
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..config import CheckpointError, Cosmos3Config, _transformer_dir
+from ..config import CheckpointError, Cosmos3Config, transformer_dir
 from .fp8 import Fp8Linear, quantize_weight, scale_of_amax
 from .gguf_file import GgufFile, check_model, read_gguf
 from .gguf_quants import QUANTIZED, GgufLinear, dequantize, packed_shape
@@ -85,7 +86,7 @@ class WeightSharding(Protocol):
 
 def weight_files(checkpoint_dir: str | Path) -> dict[str, Path]:
     """Map every tensor name to the safetensors file that holds it (validating that the files exist)."""
-    folder = _transformer_dir(checkpoint_dir)
+    folder = transformer_dir(checkpoint_dir)
     index = folder / INDEX_FILE
     if index.is_file():
         try:
@@ -160,7 +161,7 @@ def load_transformer(
     ``ops.quantized_linear`` and the quantized ones keep their GGML blocks; tensors the file lacks come from
     ``transformer/`` as usual."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
-    folder = _transformer_dir(checkpoint_dir)
+    folder = transformer_dir(checkpoint_dir)
     config_values = _config_values(folder)
     gguf = None if gguf_file is None else _open_gguf(gguf_file, config, folder, fp8_compute, storage_dtype, sharding)
     files = weight_files(checkpoint_dir) if gguf is None else _companion_files(checkpoint_dir, config_values)
@@ -182,7 +183,7 @@ def load_transformer(
     linear_weights = {f"{name}.weight" for name, m in model.named_modules()
                       if isinstance(m, torch.nn.Linear) and name.split(".")[0] not in KEEP_FP32}
     from_gguf = set() if gguf is None else {name for name in gguf.tensors if not _skipped(name, skip_modules)}
-    wanted = _wanted_files(files, from_gguf, expected, skip_modules, folder)
+    wanted = _wanted_files(files, from_gguf, expected, skip_modules, folder, None if gguf is None else gguf.path)
     storage = _Storage(folder, files, dtype, storage_dtype, device, modelopt, fp8_compute)
     state = _read_files(wanted, slices, linear_weights, storage)
     if gguf is not None:
@@ -218,16 +219,20 @@ def _layer_class(ops: LinearOps, *, keep_fp8: bool, gguf: bool, storage_dtype, d
 
 
 def _wanted_files(files: dict[str, Path], from_gguf: set[str], expected: dict, skip_modules: Sequence[str],
-                  folder: Path) -> dict[str, Path]:
+                  folder: Path, gguf_path: Path | None = None) -> dict[str, Path]:
     """The safetensors tensors to read (by name, with their file), once every key is accounted for: the model's
     keys less the GGUF's and the scales (read with their weight), against the files' less the skipped and dropped
-    ones. A mismatch is one error naming the first few offenders."""
+    ones. A mismatch is one error naming the first few offenders — and the GGUF file ``gguf_path`` when it holds
+    names the model lacks or lacks names the model has (the folder's safetensors filling in none of them)."""
     scales = {name for name in expected if name.endswith(".scale_weight")}
     wanted = {name: path for name, path in files.items()
               if not _skipped(name, skip_modules) and not is_dropped(name)
               and not name.endswith(WEIGHT_SCALE_SUFFIXES) and name not in from_gguf}
     missing = sorted(set(expected) - set(wanted) - from_gguf - scales)
-    unexpected = sorted((set(wanted) | from_gguf) - set(expected))
+    foreign = sorted(from_gguf - set(expected))
+    if gguf_path is not None and (foreign or missing):
+        raise _gguf_names_error(gguf_path, folder, foreign, missing)
+    unexpected = sorted(set(wanted) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
             f"{folder}: weights do not match config.json — "
@@ -235,6 +240,19 @@ def _wanted_files(files: dict[str, Path], from_gguf: set[str], expected: dict, s
             "The config and the weights belong to different models, or the download is incomplete."
         )
     return wanted
+
+
+def _gguf_names_error(path: Path, folder: Path, foreign: list[str], missing: list[str]) -> CheckpointError:
+    """A GGUF whose tensor names are not this model's (another tool's naming, e.g. ``model.diffusion_model.*``, or
+    another model), named with a few of the unexpected and missing names and the fix."""
+    found = [f"{len(names)} {what} (e.g. {names[:4]})" for names, what in (
+        (foreign, "unexpected"), (missing, "missing from both the GGUF and the checkpoint folder")) if names]
+    return CheckpointError(
+        f"GGUF file {path}: its tensor names are not those of the Cosmos3 transformer that {folder}/config.json "
+        f"describes — {', '.join(found)}. It was written for another model or by another tool; convert the Hub "
+        "checkpoint with python -m cosmos3_core.gguf --checkpoint DIR --type Q8_0 --out FILE, or pick the GGUF made "
+        "for this model."
+    )
 
 
 @dataclass(frozen=True)
@@ -303,7 +321,7 @@ def _open_gguf(path, config: Cosmos3Config, folder: Path, fp8_compute: bool, sto
 def _companion_files(checkpoint_dir: str | Path, config_values: dict) -> dict[str, Path]:
     """The safetensors weights of the Hub folder a GGUF load reads the tensors the GGUF lacks from: none when the
     folder holds no transformer weights (only its configs, VAE and tokenizer) or holds the FP8 revision's."""
-    folder = _transformer_dir(checkpoint_dir)
+    folder = transformer_dir(checkpoint_dir)
     if not (folder / INDEX_FILE).is_file() and not (folder / SINGLE_FILE).is_file():
         return {}
     files = weight_files(checkpoint_dir)
@@ -376,7 +394,7 @@ def check_fp8_storage(modelopt: bool, storage_dtype: torch.dtype | None, where: 
 def read_fp8_checkpoint(checkpoint_dir: str | Path, fp8_compute: bool = False) -> Fp8Checkpoint | None:
     """The transformer's FP8 layout (``weights.fp8_checkpoint``) from its config and tensor names, before any
     weight is read; a damaged or missing weights file is left to the load, which names it."""
-    folder = _transformer_dir(checkpoint_dir)
+    folder = transformer_dir(checkpoint_dir)
     try:
         names = weight_files(checkpoint_dir)
     except CheckpointError:
@@ -477,7 +495,7 @@ def checkpoint_fingerprint(checkpoint_dir: str | Path) -> str:
     root = Path(checkpoint_dir)
     digest = hashlib.sha256(str(root.resolve()).encode())
     try:
-        digest.update((_transformer_dir(root) / "config.json").read_bytes())
+        digest.update((transformer_dir(root) / "config.json").read_bytes())
     except OSError as exc:
         digest.update(f"config unreadable: {exc.errno}".encode())
     for dirpath, dirnames, filenames in os.walk(root):
