@@ -60,16 +60,41 @@ def gguf_files() -> list[str]:
 
 
 def gguf_path(gguf: str) -> Path | None:
-    """The file a ``gguf`` input names (None: ``none``); a name that is no listed file is refused."""
+    """The file a ``gguf`` input names (None: ``none``); a name that is no listed file is refused (a folder's name:
+    said so, with the ``.gguf`` files inside it to pick instead)."""
     if gguf in (None, GGUF_NONE):
         return None
     path = folder_paths.get_full_path(GGUF_KEY, gguf) if GGUF_KEY in folder_paths.folder_names_and_paths else None
     if path is None:
-        folders = ", ".join(folder_paths.get_folder_paths("diffusion_models"))
-        raise ValueError(f"gguf file {gguf!r} was not found in {folders}; put the .gguf file there "
+        roots = folder_paths.get_folder_paths("diffusion_models")
+        name = os.path.relpath(os.path.join("/", gguf), "/")  # the name as get_full_path reads it
+        for root in roots if name != "." else ():
+            if os.path.isdir(os.path.join(root, name)):
+                raise ValueError(_gguf_folder_message(gguf, root, name))
+        raise ValueError(f"gguf file {gguf!r} was not found in {', '.join(roots)}; put the .gguf file there "
                          "(python -m cosmos3_core.gguf writes one from a checkpoint), press r to refresh, then pick "
                          "it — or set gguf to none.")
     return Path(path)
+
+
+def _gguf_folder_message(gguf: str, root: str, name: str, shown: int = 4) -> str:
+    """A ``gguf`` input naming a folder of ``root``: what it is and the fix — the ``.gguf`` files inside it (the
+    first ``shown``, as the gguf list names them), or, with none there, where to put one."""
+    folder = os.path.join(root, name)
+    inside: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):  # ComfyUI's own listing follows links
+        dirnames.sort()
+        inside += [os.path.relpath(os.path.join(dirpath, f), root) for f in sorted(filenames)
+                   if f.lower().endswith(".gguf")]
+        if len(inside) > shown:
+            break
+    said = f"gguf {gguf!r} is a folder ({folder}), not a .gguf file"
+    if not inside:
+        return (f"{said}, and it holds no .gguf file; put the .gguf file in it or in {root} (python -m "
+                "cosmos3_core.gguf writes one from a checkpoint), press r to refresh, then pick the file — or set "
+                "gguf to none.")
+    listed = ", ".join(repr(n) for n in inside[:shown]) + (", …" if len(inside) > shown else "")
+    return f"{said}; pick the .gguf file inside it: {listed} (press r to refresh if it is not listed)."
 
 
 def hub_roots() -> list[Path]:

@@ -6,19 +6,25 @@
 * ``fp8_e4m3fn_fast`` (a bf16 checkpoint's weights rounded to FP8 at load, dynamic activation scales) likewise equals
   the core's approximate mode; on a device without FP8 GEMMs the loader stores fp8_e4m3fn instead (W8A16) and says so
   once;
-* a LoRA on FP8 weights gets each patched weight a new FP8 scale (its own ``amax / 448``: nothing clipped), the same
-  whether ComfyUI merges it at load or the layer patches per call; strength 0 and the unpatched model afterwards are
-  the model as before, bit for bit.
+* ComfyUI's ``--fast fp8_matrix_mult`` (or a bare ``--fast``) makes ``fp8_e4m3fn`` the same FP8 compute as
+  ``fp8_e4m3fn_fast`` where the card has FP8 tensor cores, and leaves it FP8 storage (W8A16, silently, as ComfyUI's own
+  fallback) elsewhere; without the flag, or with other ``--fast`` features only, ``fp8_e4m3fn`` is FP8 storage;
+* a LoRA on FP8 weights gets each patched weight a new FP8 scale (its own ``amax / 448``: nothing clipped) and the
+  merged weight (the dequantized FP8 weight plus ``up @ down · alpha/rank · strength``, within e4m3 rounding), the
+  same whether ComfyUI merges it at load or the layer patches per call; strength 0 and the unpatched model afterwards
+  are the model as before, bit for bit.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import sys
 
 import pytest
 import torch
+from safetensors import safe_open
 from test_lora import write_lora
 
 from support.compare import rel
@@ -110,6 +116,65 @@ def test_fp8_e4m3fn_fast_equals_the_cores_approximate_mode(host, setup, caplog):
     assert fallback.pipeline.transformer.layers[0].mlp.up_proj.weight.dtype == torch.float8_e4m3fn
 
 
+def host_fast(monkeypatch, *argv: str) -> None:
+    """ComfyUI's ``args.fast`` as ``main.py <argv>`` sets it: its own parser, then cli_args' normalisation (no
+    ``--fast``: nothing; a bare ``--fast``: every feature; else the features named); monkeypatch restores it."""
+    from comfy import cli_args
+
+    fast = cli_args.parser.parse_args(list(argv)).fast
+    fast = set() if fast is None else set(cli_args.PerformanceFeature) if fast == [] else set(fast)
+    monkeypatch.setattr(cli_args.args, "fast", fast)
+
+
+@pytest.mark.parametrize("argv, fp8_card, compute", [
+    ((), True, False),                                # no --fast: fp8_e4m3fn is FP8 storage (W8A16) on any card
+    (("--fast", "fp16_accumulation"), True, False),   # another --fast feature only: the same
+    (("--fast", "fp8_matrix_mult"), True, True),      # FP8 compute (W8A8, approximate) on an FP8 card
+    (("--fast",), True, True),                        # a bare --fast enables every feature, fp8_matrix_mult too
+    (("--fast", "fp8_matrix_mult"), False, False),    # no FP8 tensor cores (the CPU): FP8 storage, W8A16
+])
+def test_comfyuis_fast_fp8_matrix_mult_makes_fp8_e4m3fn_fp8_compute(host, setup, monkeypatch, caplog, argv,
+                                                                   fp8_card, compute):
+    """ComfyUI's ``--fast fp8_matrix_mult`` computes FP8 weights in FP8 where the card can (comfy.ops
+    ``pick_operations``); the loader maps it onto the pack's W8A8: ``weight_dtype`` fp8_e4m3fn loads as
+    fp8_e4m3fn_fast does. An FP8 card is simulated (the loader's ``device_fp8_problem`` says none); without one the
+    weights stay FP8 storage with no notice — the user asked for fp8_e4m3fn, which is what they get, as ComfyUI's
+    own fallback is silent."""
+    _, pack = setup
+    host_fast(monkeypatch, *argv)
+    if fp8_card:
+        monkeypatch.setattr(sys.modules[f"{pack}.nodes.loader"], "device_fp8_problem", lambda device: None)
+    with caplog.at_level(logging.INFO):
+        handle = load(host, TINY_NANO, weight_dtype="fp8_e4m3fn")
+        plain = load(host, TINY_NANO, weight_dtype="auto")
+    model = handle.pipeline.transformer
+    assert model.layers[0].mlp.up_proj.weight.dtype == torch.float8_e4m3fn
+    if compute:  # the weights rounded at load with per-tensor scales, the W8A8 forward labelled approximate
+        assert model.fp8_checkpoint is not None and model.fp8_checkpoint.approximate
+        assert type(model.layers[0].mlp.up_proj).__name__ == "StreamingFp8Linear"
+    else:
+        assert model.fp8_checkpoint is None
+    said = [r.getMessage() for r in caplog.records if "FP8 tensor cores" in r.getMessage()]
+    assert not said, said
+    # weight_dtype auto is the checkpoint's own dtype whatever --fast says: no FP8 at all
+    assert plain.pipeline.transformer.fp8_checkpoint is None
+    assert plain.pipeline.transformer.layers[0].mlp.up_proj.weight.dtype == torch.float32
+
+
+def lora_deltas(path, strength: float) -> dict[str, torch.Tensor]:
+    """Each target layer's weight delta as the LoRA convention defines it, from the PEFT file's own tensors:
+    ``lora_B (up) @ lora_A (down) · lora_alpha / rank · strength`` (float64)."""
+    with safe_open(str(path), "pt") as f:
+        alpha = json.loads(f.metadata()["lora_adapter_metadata"])["transformer.lora_alpha"]
+        tensors = {k: f.get_tensor(k).double() for k in f.keys()}
+    out = {}
+    for key, down in tensors.items():
+        if key.endswith(".lora_A.weight"):
+            up = tensors[key.replace(".lora_A.", ".lora_B.")]
+            out[key[len("transformer."):-len(".lora_A.weight")]] = up @ down * (alpha / down.shape[0]) * strength
+    return out
+
+
 def test_lora_on_fp8_weights_recomputes_the_scale(host, setup):
     root, pack = setup
     node = host.node_class_mappings["Cosmos3LoraLoader"]
@@ -126,16 +191,31 @@ def test_lora_on_fp8_weights_recomputes_the_scale(host, setup):
     streamed = run(pack, patched.pipeline, towers(patched), lowvram=True)
     merged = run(pack, patched.pipeline, towers(patched))  # stays loaded: inspect the merged layers
     assert torch.equal(merged, streamed) and rel(merged, plain) > 1e-3
-    grown = 0
+    deltas = lora_deltas(host.base_dir / "models" / "loras" / "cosmos3_fp8_test.safetensors", strength=4.0)
+    grown, merged_layers = 0, []
     for name, (w, scale, _) in before.items():
         m = model.get_submodule(name)
         if torch.equal(m.weight, w):
+            assert name not in deltas
             continue  # not a LoRA target
         dense = m.weight.float() * m.scale_weight
         assert torch.equal(m.scale_weight, m.w8a8_weight_scale)
         assert abs(float(dense.abs().amax()) / float(m.scale_weight) - 448.0) < 1e-3  # its own amax / 448
         grown += float(m.scale_weight) > 1.01 * float(scale)  # a fixed scale would have clipped these
-    assert grown > 0
+        # The merged weight: the checkpoint's dequantized FP8 weight plus the LoRA delta (from the file itself),
+        # rounded to e4m3 once with the new scale s. e4m3 keeps 3 mantissa bits: round-to-nearest errs by at most
+        # 2^-4 of |x| for a normal x = w/s, and by half the subnormal step (2^-9 / 2 = 2^-10, times s) below 2^-6;
+        # so |err| <= 2^-4 |w| + 2^-10 s per element and, summed in L2, the relative error of the layer is at most
+        # 2^-4 + 2^-10 s sqrt(n) / ||w|| (+ 1e-5 for fp32 arithmetic of the merge and of this check).
+        want = w.double() * scale.double() + deltas[name]
+        got = m.weight.double() * m.scale_weight.double()
+        s = float(m.scale_weight)
+        bound = 2**-4 + 2**-10 * s * want.numel() ** 0.5 / float(want.norm()) + 1e-5
+        err = float((got - want).norm() / want.norm())
+        assert err <= bound, (name, err, bound)
+        assert float((w.double() * scale.double() - want).norm() / want.norm()) > 2 * bound  # the delta shows
+        merged_layers.append(name)
+    assert grown > 0 and sorted(merged_layers) == sorted(n for n in deltas if n in before)
 
     assert torch.equal(run(pack, base.pipeline, towers(base)), plain)  # unpatched: weights and scales restored
     for name, (w, scale, scale_b) in before.items():

@@ -145,3 +145,44 @@ def test_bad_gguf_input_names_node_value_and_fix(host, gguf_setup, tmp_path):
                                          r"from another Cosmos3 model"):
         host.node_class_mappings["Cosmos3Loader"].execute(checkpoint=edge.name, dtype="fp32", device="cpu", gguf=GGUF)
     assert host.run_ok(gguf_graph(GGUF))  # the next run works
+
+
+def test_a_gguf_input_naming_a_folder_says_so_and_lists_the_gguf_files_inside(host, gguf_setup):
+    """A ``gguf`` value naming a folder of models/diffusion_models (or models/unet) — a Hub download kept as its
+    folder, a name typed by hand — is said to be a folder, not a .gguf file, with the fix: the .gguf files inside it
+    as the gguf list names them (the first four), or, with none there, where to put one; a name listed there loads."""
+    models = host.base_dir / "models"
+    folder = models / "diffusion_models" / "cosmos3-test-folder"
+    (folder / "more").mkdir(parents=True, exist_ok=True)
+    if not (folder / "nano-q8.gguf").is_symlink():
+        (folder / "nano-q8.gguf").symlink_to(models / "diffusion_models" / GGUF)
+    for name in ("z-other.gguf", "more/q2.gguf", "more/q3.gguf", "more/q4.gguf"):  # never loaded: names only
+        (folder / name).write_bytes(b"GGUF")
+    (folder / "README.md").write_text("not a weight file")
+    empty = models / "unet" / "cosmos3-test-empty"
+    empty.mkdir(exist_ok=True)
+    (empty / "notes.txt").write_text("no .gguf here")
+
+    ok, _, messages = host.run(gguf_graph("cosmos3-test-folder"), prompt_id=str(uuid.uuid4()))
+    err = next(d for e, d in messages if e == "execution_error")
+    assert not ok and err["node_type"] == "Cosmos3Loader", err
+    inside = ", ".join(f"'cosmos3-test-folder/{n}'" for n in ("nano-q8.gguf", "z-other.gguf", "more/q2.gguf",
+                                                               "more/q3.gguf"))
+    want = (f"Cosmos3Loader: gguf 'cosmos3-test-folder' is a folder ({folder}), not a .gguf file; pick the .gguf "
+            f"file inside it: {inside}, … (press r to refresh if it is not listed).")
+    assert err["exception_message"].rstrip("\n") == want, err["exception_message"]  # ComfyUI adds a newline
+    loader = host.node_class_mappings["Cosmos3Loader"]
+    with pytest.raises(ValueError) as refused:  # a trailing separator names the same folder
+        loader.execute(checkpoint=TINY_NANO, dtype="fp32", device="cpu", gguf="cosmos3-test-folder/")
+    assert str(refused.value) == want.replace("gguf 'cosmos3-test-folder'", "gguf 'cosmos3-test-folder/'")
+    with pytest.raises(ValueError) as refused:
+        loader.execute(checkpoint=TINY_NANO, dtype="fp32", device="cpu", gguf="cosmos3-test-empty")
+    assert str(refused.value) == (
+        f"Cosmos3Loader: gguf 'cosmos3-test-empty' is a folder ({empty}), not a .gguf file, and it holds no .gguf "
+        f"file; put the .gguf file in it or in {models / 'unet'} (python -m cosmos3_core.gguf writes one from a "
+        "checkpoint), press r to refresh, then pick the file — or set gguf to none.")
+
+    (gguf_input,) = [i for i in loader.define_schema().inputs if i.id == "gguf"]
+    assert "cosmos3-test-folder/nano-q8.gguf" in gguf_input.options  # the fix: the name listed, picked, loads
+    handle = load(host, gguf="cosmos3-test-folder/nano-q8.gguf")
+    assert type(handle.pipeline.transformer.layers[1].self_attn.add_q_proj).__name__ == "StreamingGgufLinear"
