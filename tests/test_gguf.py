@@ -236,6 +236,9 @@ def test_truncated_and_corrupt_files_are_one_message(nano, q8_file, tmp_path):
             _load(nano, tmp_path / name)
     with pytest.raises(CheckpointError, match="does not exist"):
         _load(nano, tmp_path / "missing.gguf")
+    with pytest.raises(CheckpointError, match=r"is a folder, not a \.gguf file; give the \.gguf file's own path "
+                                              r"\(in it: empty\.gguf, header\.gguf, magic\.gguf, truncated\.gguf\)"):
+        _load(nano, tmp_path)
 
 
 def _retype(path, dest, tensor: str, type_id: int):

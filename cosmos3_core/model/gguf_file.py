@@ -105,6 +105,10 @@ def _field(reader, key: str):
 def read_gguf(path: str | Path) -> GgufFile:
     """The metadata and tensors of the GGUF file ``path`` (memory-mapped; nothing is copied yet)."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.gguf"))[:4]
+        raise CheckpointError(f"GGUF file {path} is a folder, not a .gguf file; give the .gguf file's own path"
+                              + (f" (in it: {', '.join(inside)})." if inside else "."))
     if not path.is_file():
         raise CheckpointError(f"GGUF file {path} does not exist; put the .gguf file under ComfyUI's "
                               "models/diffusion_models (or models/unet) folder, or give its full path.")
