@@ -296,9 +296,9 @@ def check_options(options: RuntimeOptions) -> None:
 # ---------------------------------------------------------------------------------------------- the card
 GIB = 2**30
 # smaller weights, from the fastest to the smallest (README "Which weights for your card")
-SMALLER_WEIGHTS = ("load smaller weights: NVIDIA's FP8 checkpoint (the repository's fp8 revision; W8A8 on RTX 40/50), "
-                   "weight_dtype fp8_e4m3fn, or a GGUF file in Load Cosmos3 Checkpoint's gguf input (Q8_0 for "
-                   "12 GiB, Q4_0 for 8 GiB cards)")
+SMALLER_WEIGHTS = ("load smaller weights: NVIDIA's FP8 checkpoint (the repository's fp8 revision; W8A8 on sm 8.9+: "
+                   "RTX 40/50, L4, L40, H100), weight_dtype fp8_e4m3fn, or a GGUF file in Load Cosmos3 "
+                   "Checkpoint's gguf input (Q8_0 for 12 GiB, Q4_0 for 8 GiB cards)")
 CARD_FIX = ("lower width, height or num_frames (Cosmos3 Text Encode; CLI: --height/--width/--num-frames): the "
             "step's working memory grows with the latent tokens, ≈3 GiB at 480p/93f and ≈13 GiB at 720p/189f for "
             "Nano; if the weights that stay on the GPU are the large part, " + SMALLER_WEIGHTS)

@@ -21,7 +21,7 @@ from ..cosmos3_core.model.weights import STORAGE_DTYPES, check_storage_device
 from ..cosmos3_core.sampling.distilled import read_distilled
 from .core_vae import Cosmos3CoreVAE
 from .errors import node_errors
-from .hub_cache import HUB_KEY, cache_roots, download_fix, hub_revision, hub_snapshots, missing_files
+from .hub_cache import HUB_KEY, WEIGHTS, cache_roots, download_fix, hub_revision, hub_snapshots, missing_files
 from .model_handle import Cosmos3ModelHandle
 from .types import CATEGORY, Cosmos3Model
 
@@ -215,12 +215,16 @@ def fp8_compute_choice(weight_dtype: str, device: torch.device) -> tuple[str, bo
     return "fp8_e4m3fn", False
 
 
-def check_snapshot_complete(name: str, path: Path) -> None:
+def check_snapshot_complete(name: str, path: Path, gguf_file: Path | None = None) -> None:
     """A Hub-cache snapshot whose transformer shards were not all downloaded: one message naming the missing files
-    and the ``hf download`` line that completes it (a folder's are named by the core loader)."""
+    and the ``hf download`` line that completes it (a folder's are named by the core loader). A snapshot with no
+    transformer weights at all is complete beside a ``gguf_file`` (configs, VAE and tokenizer only: the core loader
+    names any tensor neither holds)."""
     if " (hub " not in name:
         return
     missing = missing_files(path)
+    if missing == [WEIGHTS] and gguf_file is not None:
+        return
     if missing:
         raise ValueError(f"checkpoint {name!r} ({path}) lacks {', '.join(missing[:4])}"
                          f"{' …' if len(missing) > 4 else ''}: its download stopped before it finished. Complete it "
@@ -331,7 +335,7 @@ def _checked_sources(checkpoint: str, gguf: str, dtype: str, device: str, weight
     if resolved is None:
         raise ValueError(missing_checkpoint_message(checkpoint))
     name, path = resolved
-    check_snapshot_complete(name, path)
+    check_snapshot_complete(name, path, gguf_file)
     if name != checkpoint:
         _log.info("Cosmos3Loader: no checkpoint folder is named %r; loading %r (%s), the only %s checkpoint "
                   "found (%s to change it).", checkpoint, name, path, checkpoint_kind(path), PICK)

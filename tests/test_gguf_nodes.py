@@ -7,6 +7,7 @@ message naming the node, the value and the fix.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 
 import pytest
@@ -162,6 +163,14 @@ def test_a_gguf_input_naming_a_folder_says_so_and_lists_the_gguf_files_inside(ho
     empty = models / "unet" / "cosmos3-test-empty"
     empty.mkdir(exist_ok=True)
     (empty / "notes.txt").write_text("no .gguf here")
+    try:
+        _check_the_folder_messages(host, models, folder, empty)
+    finally:  # the host's model folders are shared by later tests' gguf lists
+        shutil.rmtree(folder)
+        shutil.rmtree(empty)
+
+
+def _check_the_folder_messages(host, models, folder, empty):
 
     ok, _, messages = host.run(gguf_graph("cosmos3-test-folder"), prompt_id=str(uuid.uuid4()))
     err = next(d for e, d in messages if e == "execution_error")

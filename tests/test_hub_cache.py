@@ -203,3 +203,26 @@ def test_a_single_file_transformer_without_an_index_is_complete(loader, stopped)
     single.resolve().unlink()  # its blob gone: the one file is what is missing
     assert hub.missing_files(stopped) == [f"transformer/{SINGLE}"]
     assert load_error(cls).endswith(stopped_message(f"transformer/{SINGLE}", f"transformer/{SINGLE}"))
+
+
+def test_a_snapshot_without_transformer_weights_loads_beside_a_gguf_holding_them(loader, stopped, host):
+    """A snapshot downloaded for its configs, VAE and tokenizer only, the transformer from a GGUF: complete."""
+    from cosmos3_core.model.gguf_write import write_gguf
+
+    cls, _ = loader
+    folder = host.base_dir / "models" / "diffusion_models"
+    folder.mkdir(parents=True, exist_ok=True)
+    gguf = folder / "cosmos3-test-hub-nano-q8_0.gguf"
+    write_gguf(host.base_dir / "models" / "diffusers" / TINY_NANO, gguf, "Q8_0")
+    try:
+        for path in (stopped / "transformer").iterdir():
+            if path.name != "config.json":
+                path.unlink()
+        handle = cls.execute(checkpoint="nvidia/Cosmos3-Nano (hub stopped)", dtype="fp32", device="cpu",
+                             gguf=gguf.name).result[0]
+        assert handle.path == stopped
+        quantized = [m for m in handle.pipeline.transformer.modules()  # the pack's own import of the core
+                     if "GgufLinear" in {c.__name__ for c in type(m).__mro__}]
+        assert quantized  # the transformer came from the GGUF
+    finally:
+        gguf.unlink()

@@ -47,9 +47,9 @@ def test_out_of_memory_is_one_line_naming_the_fix(host, monkeypatch):
     first, *rest = err["exception_message"].split("\n")
     assert first == ("Cosmos3KSamplerUniPCDualTower: out of GPU memory (it asked for 20.00 GiB more). To fit, lower "
                      "width, height, num_frames or batch_size; load smaller weights: NVIDIA's FP8 checkpoint (the "
-                     "repository's fp8 revision; W8A8 on RTX 40/50), weight_dtype fp8_e4m3fn, or a GGUF file in "
-                     "Load Cosmos3 Checkpoint's gguf input (Q8_0 for 12 GiB, Q4_0 for 8 GiB cards); or start "
-                     "ComfyUI with --lowvram."), first
+                     "repository's fp8 revision; W8A8 on sm 8.9+: RTX 40/50, L4, L40, H100), weight_dtype "
+                     "fp8_e4m3fn, or a GGUF file in Load Cosmos3 Checkpoint's gguf input (Q8_0 for 12 GiB, Q4_0 for "
+                     "8 GiB cards); or start ComfyUI with --lowvram."), first
     assert "PYTORCH_CUDA_ALLOC_CONF" not in err["exception_message"]  # torch's report is not repeated
     assert "ran out of memory on your GPU" in "\n".join(rest)  # ComfyUI's own OOM path ran (it unloads the models)
     assert_next_run_succeeds(host)

@@ -19,11 +19,11 @@ export names the scales ``X.weight_scale`` / ``X.input_scale`` (= amax / 448); b
 * **Approximate FP8 compute** (a bf16 checkpoint loaded with ``fp8_compute``, ComfyUI's ``fp8_e4m3fn_fast``):
   ``quantize_weight`` rounds each weight once with one per-tensor scale (``amax / 448``, ModelOpt's max calibration
   of a weight); with no calibrated activation range the W8A8 forward gives each token its own scale, its amax over
-  the features / 448 (``token_scales``, on the device: no host sync) — each token quantized as ModelOpt's
-  uncalibrated path (``reduce_amax``) quantizes a lone token, so a token's output does not depend on what else is in
-  the batch (other items, the other guidance branch, another GPU's share): ``per_token_matmul``. Not a reference
-  behaviour: outputs differ from the bf16 checkpoint at FP8 rounding level; everywhere this mode is offered it is
-  labelled approximate.
+  the features / 448 rounded up to a power of two (``token_scales``, on the device: no host sync), so a token's
+  output does not depend on what else is in the batch (other items, the other guidance branch, another GPU's
+  share): ``per_token_matmul``, ModelOpt's per-tensor GEMM (``_fp8_gemm_impl``) with each token's scale. Not a
+  reference behaviour: outputs differ from the bf16 checkpoint at FP8 rounding level; everywhere this mode is
+  offered it is labelled approximate.
 
 ``fp8_steps`` turns a run's resolved policy (``precision.MixedPrecision``) into each step's modes on the loaded
 layers and the run's device: W8A8 where the GPU has FP8 GEMMs, else W8A16 at every step with one notice — unless
@@ -89,8 +89,9 @@ def scale_of_amax(amax: torch.Tensor) -> torch.Tensor:
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """ModelOpt's ``_to_fp8``, the same expression (the division rounds to ``x``'s dtype first, as the reference's
-    eager and CPU-compiled code; on CUDA ``quantize_activation`` compiles it as the reference does)."""
+    """ModelOpt's ``_to_fp8``, the same expression (with a per-tensor scale the division rounds to ``x``'s dtype
+    first, as the reference's eager and CPU-compiled code; on CUDA ``quantize_activation`` compiles it as the
+    reference does; a per-token ``[..., 1]`` scale divides in fp32, exactly: ``token_scales``)."""
     return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
@@ -119,21 +120,33 @@ def emulated_scaled_mm(a8: torch.Tensor, b8_t: torch.Tensor, scale_a: torch.Tens
 
 
 def token_scales(x: torch.Tensor) -> torch.Tensor:
-    """The approximate mode's activation scales: each token's own ``amax / 448`` over the features, fp32,
-    ``[..., 1]`` (a token of zeros gets the smallest normal number, as a per-tensor scale would)."""
-    return (x.detach().abs().amax(dim=-1, keepdim=True).float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    """The approximate mode's activation scales: each token's own range, ``amax / 448`` over its features, rounded
+    up to a power of two (as MXFP8's shared exponents), fp32, ``[..., 1]``. A power of two makes dividing by it and
+    multiplying the GEMM's rows back by it exact in any float dtype, so the FP8 values and the product do not depend
+    on the dtype the division runs in; the largest value of a token then lands in [224, 448]."""
+    amax = x.detach().abs().amax(dim=-1, keepdim=True).float().clamp_min(_TINY * E4M3_MAX)
+    return torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
+
+
+_TINY = torch.finfo(torch.float32).tiny
+_UNIT: dict[torch.device, torch.Tensor] = {}
 
 
 def per_token_matmul(x: torch.Tensor, w8: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                      bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ w8ᵀ`` in FP8 with one scale per token (``scale_a`` ``[..., 1]``, ``token_scales``) and the per-tensor
-    ``scale_b``: the per-tensor FP8 GEMM (``fp8_matmul``, unit activation scale) into fp32, each row times its own
-    scale, the bias added, rounded once to ``x``'s dtype. ``x [..., K]`` → ``[M, N]``."""
+    """``x @ w8ᵀ`` in FP8 with one power-of-two scale per token (``scale_a`` ``[..., 1]``, ``token_scales``) and
+    the per-tensor ``scale_b``: the per-tensor FP8 GEMM (``fp8_matmul``) with a unit activation scale, its rows then
+    multiplied by their own scales in place (exact: powers of two) and the bias added — in bf16 as the per-tensor
+    path writes it (fp16 and fp32 inputs: in fp32, where a row's unscaled values cannot overflow). ``x [..., K]`` →
+    ``[M, N]``; each row depends on its own token only."""
     x8 = quantize_activation(x, scale_a).reshape(-1, x.shape[-1])
-    unit = torch.ones((), dtype=torch.float32, device=x8.device)
-    out = fp8_matmul(x8, w8, unit, scale_b, None, torch.float32) * scale_a.reshape(-1, 1)
+    unit = _UNIT.get(x8.device)
+    if unit is None:
+        unit = _UNIT.setdefault(x8.device, torch.ones((), dtype=torch.float32, device=x8.device))
+    out = fp8_matmul(x8, w8, unit, scale_b, None, x.dtype if x.dtype == torch.bfloat16 else torch.float32)
+    out.mul_(scale_a.reshape(-1, 1))
     if bias is not None:
-        out = out + bias.float()
+        out.add_(bias)
     return out.to(x.dtype)
 
 

@@ -222,15 +222,15 @@ def _wanted_files(files: dict[str, Path], from_gguf: set[str], expected: dict, s
                   folder: Path, gguf_path: Path | None = None) -> dict[str, Path]:
     """The safetensors tensors to read (by name, with their file), once every key is accounted for: the model's
     keys less the GGUF's and the scales (read with their weight), against the files' less the skipped and dropped
-    ones. A mismatch is one error naming the first few offenders — and the GGUF file ``gguf_path`` when it holds
-    names the model lacks or lacks names the model has (the folder's safetensors filling in none of them)."""
+    ones. A mismatch is one error naming the first few offenders — the GGUF file ``gguf_path`` when it holds names
+    the model lacks (with those the model then misses), else the folder."""
     scales = {name for name in expected if name.endswith(".scale_weight")}
     wanted = {name: path for name, path in files.items()
               if not _skipped(name, skip_modules) and not is_dropped(name)
               and not name.endswith(WEIGHT_SCALE_SUFFIXES) and name not in from_gguf}
     missing = sorted(set(expected) - set(wanted) - from_gguf - scales)
     foreign = sorted(from_gguf - set(expected))
-    if gguf_path is not None and (foreign or missing):
+    if gguf_path is not None and foreign:
         raise _gguf_names_error(gguf_path, folder, foreign, missing)
     unexpected = sorted(set(wanted) - set(expected))
     if missing or unexpected:
