@@ -99,6 +99,7 @@ def _second_device_nodes(host):  # noqa: F811
         yield _CAPTURED
     finally:
         del nodes["Cosmos3TestSecondDeviceCPU"], nodes["Cosmos3TestCaptureLatent"]
+        _CAPTURED.clear()  # the handle holds ComfyUI model patchers: never kept past the test
 
 
 def _plain_then_split(host, graph_of, calls: Counter | None = None):  # noqa: F811
@@ -118,9 +119,9 @@ def _plain_then_split(host, graph_of, calls: Counter | None = None):  # noqa: F8
             g["21"] = {"class_type": "Cosmos3TestCaptureLatent", "inputs": {"samples": ["3", 0], "key": key}}
             success, _, messages, _ = run(host, g)
             assert success, messages
-    branches = captured["handle"]._branch_split
+        branches = captured["handle"]._branch_split
+        plain, got = captured["plain"].double(), captured["split"].double()
     assert branches is not None and branches.devices == [torch.device("cpu"), torch.device("cpu")]  # the sampler used it
-    plain, got = captured["plain"].double(), captured["split"].double()
     assert got.shape == plain.shape
     return plain, got, branches, plain_calls
 
