@@ -29,10 +29,11 @@ import os
 import re
 from pathlib import Path
 
+from ..cosmos3_core.model.loader import INDEX_FILE as INDEX
+from ..cosmos3_core.model.loader import SINGLE_FILE as SINGLE  # an unsharded transformer: complete without an index
+
 HUB_KEY = "cosmos3_hub"  # extra_model_paths.yaml key for more Hub cache folders
 REPO_GLOB = "models--*--*"
-INDEX = "diffusion_pytorch_model.safetensors.index.json"
-SINGLE = "diffusion_pytorch_model.safetensors"  # an unsharded transformer: complete without an index
 SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d{5})-of-(?P<n>\d{5})\.safetensors")  # save_pretrained's shard names
 WEIGHTS = "transformer/diffusion_pytorch_model*"  # the weights when not one file of them is there (a glob)
 

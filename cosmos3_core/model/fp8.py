@@ -119,6 +119,10 @@ def emulated_scaled_mm(a8: torch.Tensor, b8_t: torch.Tensor, scale_a: torch.Tens
     return out.to(out_dtype)
 
 
+_TINY = torch.finfo(torch.float32).tiny
+_UNIT: dict[torch.device, torch.Tensor] = {}
+
+
 def token_scales(x: torch.Tensor) -> torch.Tensor:
     """The approximate mode's activation scales: each token's own range, ``amax / 448`` over its features, rounded
     up to a power of two (as MXFP8's shared exponents), fp32, ``[..., 1]``. A power of two makes dividing by it and
@@ -126,10 +130,6 @@ def token_scales(x: torch.Tensor) -> torch.Tensor:
     on the dtype the division runs in; the largest value of a token then lands in [224, 448]."""
     amax = x.detach().abs().amax(dim=-1, keepdim=True).float().clamp_min(_TINY * E4M3_MAX)
     return torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
-
-
-_TINY = torch.finfo(torch.float32).tiny
-_UNIT: dict[torch.device, torch.Tensor] = {}
 
 
 def per_token_matmul(x: torch.Tensor, w8: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
