@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -22,9 +23,11 @@ from typing import NamedTuple
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.ops
+import comfy.utils
 import torch
 
 from ..cosmos3_core.checks import CARD_FIX, TEXT_CARD_FIX, check_card_memory
+from ..cosmos3_core.kernels.host_copy import StagedCopier
 from ..cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
 from ..cosmos3_core.model.gguf_quants import GgufLinear
 from ..cosmos3_core.model.loader import LinearOps
@@ -201,12 +204,44 @@ class StreamingFp8Linear(_OwnHostState, Fp8Linear, comfy.ops.CastWeightBiasOp):
 FP8_SCALES = ("scale_weight", "w8a8_weight_scale")
 
 
+def staging_copier(device_to) -> StagedCopier | None:
+    """The pinned staging a load to ``device_to`` moves its weights through: a CUDA device while ComfyUI's pinned
+    memory is on (``--disable-pinned-memory`` turns both off), else none (ComfyUI's ``Module.to``)."""
+    if device_to is None or torch.device(device_to).type != "cuda" or mm.MAX_PINNED_MEMORY <= 0:
+        return None
+    return StagedCopier(device_to)
+
+
 class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
     """ComfyUI's ``ModelPatcher`` for the pack's towers. A patched GGUF layer keeps its blocks: the patch is handed
     to the layer as a per-call weight function (as ComfyUI does for streamed layers) instead of being merged; the
-    unpatch drops it. Every other weight patches as ComfyUI patches it."""
+    unpatch drops it. Every other weight patches as ComfyUI patches it. The weights a load moves whole to a GPU
+    and no patch changes go through pinned staging buffers (``kernels.host_copy``), not ComfyUI's pageable
+    ``Module.to``: off where ComfyUI's pinned memory is off (``--disable-pinned-memory``)."""
+
+    _copier: StagedCopier | None = None  # set for the length of one ``load``
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        self._copier, start = staging_copier(device_to), time.perf_counter()
+        try:
+            super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                         force_patch_weights=force_patch_weights, full_load=full_load)
+        finally:
+            copier, self._copier = self._copier, None
+            if copier is not None:
+                copier.finish()
+                if copier.staged_bytes:
+                    _log.info("Cosmos3: %s: %.2f GiB of weights moved to %s through pinned staging; load %.2f s",
+                              type(self.model).__name__, copier.staged_bytes / 2**30, device_to,
+                              time.perf_counter() - start)
 
     def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
+        if key not in self.patches:  # ComfyUI's load calls this for each weight it moves whole, then Module.to
+            if self._copier is not None and device_to is not None:
+                param = comfy.utils.get_attr(self.model, key)
+                if isinstance(param, torch.nn.Parameter):
+                    param.data = self._copier.copy(param.data)
+            return
         layer = self._layer(key)
         if key in self.patches and getattr(layer, "qtype", None) is not None and key.endswith(".weight"):
             layer.weight_function = [comfy.model_patcher.LowVramPatch(key, self.patches)]

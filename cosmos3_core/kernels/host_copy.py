@@ -1,0 +1,101 @@
+"""Weights moved from host memory to the GPU through pinned staging buffers.
+
+A weight in pageable host memory — the memory-mapped safetensors a checkpoint loads as, above all — reaches the GPU
+through CUDA's own small bounce buffer, one synchronous copy at a time: the host's page faults and memcpy and the
+GPU's read never overlap (about 8.5 GiB/s on an H100 host; a restarted ComfyUI server moves 27 GiB of Nano towers
+that way before its first image). ``StagedCopier`` copies each weight's bytes into one of a ring of pinned buffers
+and issues the GPU's read of it without waiting (``copy_(non_blocking=True)`` on the current stream), so the host
+fills the next buffer while the GPU reads the last; a buffer is written again only after the event recorded behind
+its last read. The copies are ordered on the current stream like any later kernel, so the weights are ready for
+whatever runs next on it; ``finish`` waits until the buffers are read (before they can be reused or freed).
+
+The bytes arrive as they are (any dtype: bf16, FP8, GGUF blocks); a tensor under ``min_bytes``, not contiguous or a
+tensor subclass goes by plain ``Tensor.to``. On a CPU (``device`` type ``cpu``) the buffers are ordinary memory and
+every copy is synchronous — the same slicing, for tests. The scheme is the double-buffered pinned staging CUDA's
+best-practice guide gives for overlapping transfers; the buffer sizes are the ones ``bench/probe_host_copy.py``
+measured.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+_log = logging.getLogger(__name__)
+
+SLOT_BYTES = 64 << 20  # one staging buffer
+SLOTS = 4  # buffers in the ring: the host fills one while the GPU reads the others
+MIN_BYTES = 1 << 20  # smaller tensors go by plain Tensor.to: a ring slot would not pay for itself
+
+
+class StagedCopier:
+    """Copies host tensors to ``device`` through a ring of ``slots`` buffers of ``slot_bytes`` (pinned on a GPU),
+    allocated at the first copy that uses them. Use as a context manager, or call ``finish`` when done."""
+
+    def __init__(self, device: torch.device, slot_bytes: int = SLOT_BYTES, slots: int = SLOTS,
+                 min_bytes: int = MIN_BYTES):
+        self.device, self.slot_bytes, self.slots, self.min_bytes = torch.device(device), slot_bytes, slots, min_bytes
+        self._buffers: list[torch.Tensor] = []
+        self._read: list[torch.cuda.Event | None] = []  # per buffer: recorded after the GPU's last read of it
+        self._next = 0
+        self.staged_bytes = 0  # what went through the buffers (the rest went by Tensor.to)
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on ``device``, same dtype, shape and bytes; on the current stream, ready for what runs next
+        on it."""
+        if not self._stages(tensor):
+            return tensor.to(self.device)
+        out = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+        source, target = _bytes(tensor), _bytes(out)
+        for start in range(0, source.numel(), self.slot_bytes):
+            end = min(start + self.slot_bytes, source.numel())
+            buffer = self._take_buffer()[: end - start]
+            buffer.copy_(source[start:end])
+            target[start:end].copy_(buffer, non_blocking=True)
+            self._mark_read()
+        self.staged_bytes += source.numel()
+        return out
+
+    def finish(self) -> None:
+        """Wait until the GPU has read every buffer, then let them go (back to torch's pinned-memory cache)."""
+        for event in self._read:
+            if event is not None:
+                event.synchronize()
+        self._buffers, self._read, self._next = [], [], 0
+
+    def __enter__(self) -> "StagedCopier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.finish()
+
+    def _stages(self, tensor: torch.Tensor) -> bool:
+        return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type == "cpu"
+                and tensor.is_contiguous() and tensor.numel() * tensor.element_size() >= self.min_bytes)
+
+    def _take_buffer(self) -> torch.Tensor:
+        """The next buffer of the ring, once the GPU has read what it held."""
+        if not self._buffers:
+            pinned = self.device.type == "cuda"
+            self._buffers = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned)
+                             for _ in range(self.slots)]
+            self._read = [None] * self.slots
+        index = self._next
+        event = self._read[index]
+        if event is not None:
+            event.synchronize()
+        return self._buffers[index]
+
+    def _mark_read(self) -> None:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._read[self._next] = event
+        self._next = (self._next + 1) % self.slots
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's storage as a flat uint8 view."""
+    flat = tensor.detach().reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)

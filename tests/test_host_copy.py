@@ -1,0 +1,143 @@
+"""Weights moved to the GPU through pinned staging buffers (``cosmos3_core.kernels.host_copy``), and ComfyUI's load of
+the pack's towers going through them (``nodes/model_handle.Cosmos3Patcher``).
+
+On the CPU the copier's buffers are ordinary memory and each copy synchronous — the same slicing into ring slots,
+so a tensor must come out byte for byte as it went in, whatever its dtype and however many slots it spans. The
+ComfyUI test runs the real host's ``load_models_gpu`` on a tiny checkpoint with a LoRA: with staging the loaded
+tower equals ComfyUI's own load bit for bit, the patched weights still come from ComfyUI's patching, and the
+unload restores the checkpoint's weights. On a CUDA device, the same from a memory-mapped safetensors file through
+pinned buffers (the path a restarted server takes)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from cosmos3_core.kernels.host_copy import StagedCopier
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.uint8, torch.int64, torch.bool]
+
+
+def source(dtype: torch.dtype, shape=(37, 29), seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 50).to(dtype)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.cpu().reshape(-1).view(torch.uint8), b.cpu().reshape(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_arrives_byte_for_byte_across_slots(dtype):
+    copier = StagedCopier("cpu", slot_bytes=256, slots=3, min_bytes=0)
+    tensors = [source(dtype, shape, seed) for seed, shape in enumerate([(37, 29), (5,), (3, 4, 5), (1, 2048), ()])]
+    out = [copier.copy(t) for t in tensors]  # more pieces than slots: the ring wraps many times
+    copier.finish()
+    for t, o in zip(tensors, out):
+        assert same_bytes(o, t) and o.data_ptr() != t.data_ptr()
+    assert copier.staged_bytes == sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_small_strided_and_subclass_tensors_go_by_plain_to():
+    copier = StagedCopier("cpu", slot_bytes=256, slots=2, min_bytes=1024)
+    small = source(torch.float32, (4, 4))
+    strided = source(torch.float32, (64, 64)).t()
+    assert copier.copy(small) is small and copier.copy(strided) is strided  # Tensor.to to its own device
+    assert copier.staged_bytes == 0
+    big = source(torch.float32, (64, 64))
+    assert same_bytes(copier.copy(big), big) and copier.staged_bytes == big.nbytes
+
+
+def test_finish_lets_the_buffers_go_and_a_later_copy_works():
+    copier = StagedCopier("cpu", slot_bytes=64, slots=2, min_bytes=0)
+    first = source(torch.bfloat16, (10, 10))
+    with copier:
+        assert same_bytes(copier.copy(first), first)
+    assert copier._buffers == []
+    second = source(torch.bfloat16, (9, 11), seed=3)
+    assert same_bytes(copier.copy(second), second)
+
+
+# -------------------------------------------------------------------------------------------- ComfyUI's load
+
+def test_comfyui_load_through_staging_equals_its_own_load(host, monkeypatch, tmp_path):
+    import comfy.model_management as mm
+    from test_lora import TARGETS, linear_shapes, write_lora
+
+    pack = host.node_class_mappings["Cosmos3Loader"].__module__.split(".nodes.")[0]
+    handle_module = sys.modules[f"{pack}.nodes.model_handle"]
+    copier_cls = sys.modules[f"{pack}.cosmos3_core.kernels.host_copy"].StagedCopier
+    base = host.node_class_mappings["Cosmos3Loader"].execute(checkpoint="cosmos3-tiny-nano", dtype="fp32",
+                                                             device="cpu").result[0]
+    loras = host.base_dir / "models" / "loras"
+    loras.mkdir(parents=True, exist_ok=True)
+    write_lora(loras / "cosmos3_staging_test.safetensors", linear_shapes(base.pipeline.transformer),
+               targets=TARGETS[:2], rank=2, alpha=2.0, seed=9)
+    patched = host.node_class_mappings["Cosmos3LoraLoader"].execute(
+        model=base, lora_name="cosmos3_staging_test.safetensors", strength=0.8).result[0]
+    patcher = patched.generation_patcher
+    original = {k: v.clone() for k, v in patcher.model.state_dict().items()}
+
+    mm.unload_all_models()
+    mm.load_models_gpu([patcher])  # ComfyUI's own load: no staging on a CPU
+    comfy_loaded = {k: v.clone() for k, v in patcher.model.state_dict().items()}
+    mm.unload_all_models()
+    assert any(not torch.equal(comfy_loaded[k], original[k]) for k in original)  # the LoRA is merged at load
+
+    copiers = []
+
+    def staging(device_to):
+        copiers.append(copier_cls(device_to, slot_bytes=4096, slots=3, min_bytes=0))
+        return copiers[-1]
+
+    monkeypatch.setattr(handle_module, "staging_copier", staging)
+    pointers = {k: p.data_ptr() for k, p in patcher.model.named_parameters()}
+    mm.load_models_gpu([patcher])
+    staged = patcher.model.state_dict()
+    assert staged.keys() == comfy_loaded.keys()
+    assert all(same_bytes(staged[k], comfy_loaded[k]) for k in staged)
+    unpatched = [k for k in pointers if k not in patcher.patches]
+    moved = [k for k in unpatched if dict(patcher.model.named_parameters())[k].data_ptr() != pointers[k]]
+    assert len(copiers) == 1 and moved == unpatched  # every weight no patch changes came through the buffers
+    assert copiers[0].staged_bytes == sum(original[k].nbytes for k in unpatched) and copiers[0]._buffers == []
+    assert patcher._copier is None
+    mm.unload_all_models()
+    assert all(torch.equal(v, original[k]) for k, v in patcher.model.state_dict().items())  # the LoRA undone
+
+
+def test_staging_follows_comfyuis_pinned_memory_switch(host, monkeypatch):
+    import comfy.model_management as mm
+
+    pack = host.node_class_mappings["Cosmos3Loader"].__module__.split(".nodes.")[0]
+    staging_copier = sys.modules[f"{pack}.nodes.model_handle"].staging_copier
+    assert staging_copier(torch.device("cpu")) is None and staging_copier(None) is None
+    monkeypatch.setattr(mm, "MAX_PINNED_MEMORY", 1 << 30)
+    assert type(staging_copier(torch.device("cuda", 0))).__name__ == "StagedCopier"
+    monkeypatch.setattr(mm, "MAX_PINNED_MEMORY", -1)  # --disable-pinned-memory
+    assert staging_copier(torch.device("cuda", 0)) is None
+
+
+# -------------------------------------------------------------------------------------------- CUDA
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_memory_mapped_checkpoint_reaches_the_gpu_byte_for_byte(tmp_path):
+    tensors = {f"w{i}": source(dtype, (513, 1031), i) for i, dtype in enumerate(DTYPES)}
+    tensors["big"] = source(torch.bfloat16, (4096, 4099), 11)  # spans several 1 MiB slots
+    save_file(tensors, str(tmp_path / "w.safetensors"))
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt", device="cpu") as f:
+        mapped = {k: f.get_tensor(k) for k in f.keys()}
+    copier = StagedCopier(torch.device("cuda"), slot_bytes=1 << 20, slots=3, min_bytes=1 << 10)
+    out = {k: copier.copy(t) for k, t in mapped.items()}
+    check = {k: o.sum(dtype=torch.float64) if o.is_floating_point() and o.element_size() > 1 else None
+             for k, o in out.items()}  # a kernel after the copies on the same stream sees them done
+    copier.finish()
+    assert copier._buffers == [] and copier.staged_bytes > tensors["big"].nbytes
+    for k, t in tensors.items():
+        assert out[k].is_cuda and same_bytes(out[k], t), k
+        if check[k] is not None:
+            assert check[k].item() == t.to(out[k].device).sum(dtype=torch.float64).item()
