@@ -5,7 +5,7 @@
 W=/root/.cache/cosmos3/bench/server_path
 S="--work $W --comfyui $COMFYUI_DIR --python python3"
 FE="--front-end-root=/tmp/fe"
-capped 0 python3 bench/probe_host_copy.py --gib 8 --pieces 400 --out "$OUT/probe_host_copy.json"
+capped 0 python3 bench/probe_host_copy.py --gib 6 --pieces 300 --out "$OUT/probe_host_copy.json"
 rm -rf /tmp/probe_host_copy
 . bench/lent/server_check.sh
 capped 0 python3 bench/bench_server_path.py $S --server-args="$FE" --stage write --copy-to "$OUT" | tail -3

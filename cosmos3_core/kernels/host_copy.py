@@ -18,11 +18,7 @@ measured.
 
 from __future__ import annotations
 
-import logging
-
 import torch
-
-_log = logging.getLogger(__name__)
 
 SLOT_BYTES = 64 << 20  # one staging buffer
 SLOTS = 4  # buffers in the ring: the host fills one while the GPU reads the others
