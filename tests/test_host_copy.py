@@ -108,6 +108,12 @@ def test_comfyui_load_through_staging_equals_its_own_load(host, monkeypatch, tmp
     assert patcher._copier is None
     mm.unload_all_models()
     assert all(torch.equal(v, original[k]) for k, v in patcher.model.state_dict().items())  # the LoRA undone
+    mm.load_models_gpu([patched.text_patcher])  # the other tower stages too
+    assert len(copiers) == 2 and copiers[1].staged_bytes > 0
+    vae_pointers = [p.data_ptr() for p in patched.vae_patcher.model.parameters()]
+    mm.load_models_gpu([patched.vae_patcher])  # the VAE does not: ComfyUI's Module.to
+    assert len(copiers) == 2 and [p.data_ptr() for p in patched.vae_patcher.model.parameters()] == vae_pointers
+    mm.unload_all_models()
 
 
 def test_staging_follows_comfyuis_pinned_memory_switch(host, monkeypatch):
