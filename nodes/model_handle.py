@@ -215,11 +215,11 @@ def staging_copier(device_to) -> StagedCopier | None:
 class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
     """ComfyUI's ``ModelPatcher`` for the pack's towers. A patched GGUF layer keeps its blocks: the patch is handed
     to the layer as a per-call weight function (as ComfyUI does for streamed layers) instead of being merged; the
-    unpatch drops it. Every other weight patches as ComfyUI patches it. The weights a load moves whole to a GPU
-    and no patch changes go through pinned staging buffers (``kernels.host_copy``), not ComfyUI's pageable
-    ``Module.to``, where the model's holder says ``stage_weights`` (the two towers: 27 GiB of Nano, loaded about
-    2.5 s faster so on an H100; the VAE, 1.3 GiB in many small tensors, loaded slower through them and is left to
-    ``Module.to``); off where ComfyUI's pinned memory is off (``--disable-pinned-memory``)."""
+    unpatch drops it. Every other weight patches as ComfyUI patches it. The unpatched weights a load moves whole to
+    a GPU go through pinned staging buffers (``kernels.host_copy``), not ComfyUI's pageable ``Module.to``, where
+    the model's holder says ``stage_weights``: the two towers (faster so on an H100; the VAE's many small tensors
+    were slower, so it keeps ``Module.to``: BENCHMARKS, "A restarted server's towers through pinned staging"). Off
+    where ComfyUI's pinned memory is off (``--disable-pinned-memory``)."""
 
     _copier: StagedCopier | None = None  # set for the length of one ``load``
 
@@ -229,14 +229,28 @@ class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
         try:
             super().load(device_to, lowvram_model_memory=lowvram_model_memory,
                          force_patch_weights=force_patch_weights, full_load=full_load)
-        finally:
-            copier, self._copier = self._copier, None
-            if copier is not None:
-                copier.finish()
-                if copier.staged_bytes:
-                    _log.info("Cosmos3: %s: %.2f GiB of weights moved to %s through pinned staging; load %.2f s",
-                              type(self.model).__name__, copier.staged_bytes / 2**30, device_to,
-                              time.perf_counter() - start)
+        except BaseException:
+            self._finish_staging(failed=True)
+            raise
+        copier = self._finish_staging(failed=False)
+        if copier is not None and copier.staged_bytes:
+            _log.info("Cosmos3: %s: %.2f GiB of weights moved to %s through pinned staging; load %.2f s",
+                      type(self.model).__name__, copier.staged_bytes / 2**30, device_to, time.perf_counter() - start)
+
+    def _finish_staging(self, failed: bool):
+        """End this load's staging (wait for the GPU's reads) and return its copier; after a failed load an error
+        here is only logged, so the load's own error is the one raised."""
+        copier, self._copier = self._copier, None
+        if copier is None:
+            return None
+        try:
+            copier.finish()
+        except Exception as exc:  # noqa: BLE001 — re-raised unless the load itself failed
+            if not failed:
+                raise
+            _log.warning("Cosmos3: after the failed load, its staged copies could not be waited for either (%s)",
+                         str(exc).splitlines()[0][:200])
+        return copier
 
     def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
         if key not in self.patches:  # ComfyUI's load calls this for each weight it moves whole, then Module.to
@@ -313,7 +327,7 @@ def _discard_pinning_error(device: torch.device) -> None:
 class Cosmos3TextTower(torch.nn.Module):
     """Holder of the understanding (text) tower's parameters, named for ComfyUI's log and memory manager."""
 
-    stage_weights = True  # its first move to the GPU goes through pinned staging (Cosmos3Patcher)
+    stage_weights = True  # its loads to a GPU go through pinned staging (Cosmos3Patcher)
 
 
 class Cosmos3GenerationTower(torch.nn.Module):

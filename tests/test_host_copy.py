@@ -43,14 +43,39 @@ def test_every_dtype_arrives_byte_for_byte_across_slots(dtype):
     assert copier.staged_bytes == sum(t.numel() * t.element_size() for t in tensors)
 
 
+class Tagged(torch.Tensor):
+    """A tensor subclass (as ComfyUI's QuantizedTensor is one): its bytes may not be all of it."""
+
+
 def test_small_strided_and_subclass_tensors_go_by_plain_to():
     copier = StagedCopier("cpu", slot_bytes=256, slots=2, min_bytes=1024)
     small = source(torch.float32, (4, 4))
     strided = source(torch.float32, (64, 64)).t()
-    assert copier.copy(small) is small and copier.copy(strided) is strided  # Tensor.to to its own device
+    tagged = source(torch.float32, (64, 64)).as_subclass(Tagged)
+    for t in (small, strided, tagged):
+        assert copier.copy(t) is t  # Tensor.to to its own device
     assert copier.staged_bytes == 0
     big = source(torch.float32, (64, 64))
     assert same_bytes(copier.copy(big), big) and copier.staged_bytes == big.nbytes
+
+
+def test_other_devices_are_refused():
+    with pytest.raises(ValueError, match="CUDA device"):
+        StagedCopier("meta")
+
+
+def test_refused_pinned_memory_moves_the_rest_by_plain_to_with_one_warning(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
+
+    copier = StagedCopier("cpu", slot_bytes=256, slots=2, min_bytes=0)
+    tensors = [source(torch.float32, (8, 8), seed) for seed in range(3)]
+    monkeypatch.setattr(torch, "empty", refuse)
+    with caplog.at_level("WARNING"):
+        out = [copier.copy(t) for t in tensors]
+    assert all(o is t for o, t in zip(out, tensors)) and copier.staged_bytes == 0
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1 and "pinned memory" in said[0] and "Tensor.to" in said[0], said
 
 
 def test_finish_lets_the_buffers_go_and_a_later_copy_works():
@@ -116,6 +141,65 @@ def test_comfyui_load_through_staging_equals_its_own_load(host, monkeypatch, tmp
     mm.unload_all_models()
 
 
+def _staging_into(monkeypatch, host, copiers: list, fail_at: int | None = None):
+    """Make the pack's ComfyUI load stage on the CPU (small slots) into ``copiers``; the ``fail_at``-th copy raises."""
+    pack = host.node_class_mappings["Cosmos3Loader"].__module__.split(".nodes.")[0]
+    copier_cls = sys.modules[f"{pack}.cosmos3_core.kernels.host_copy"].StagedCopier
+
+    class Failing(copier_cls):
+        def copy(self, tensor):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == fail_at:
+                raise RuntimeError("copy failed (test)")
+            return super().copy(tensor)
+
+    def staging(device_to):
+        copiers.append(Failing(device_to, slot_bytes=4096, slots=3, min_bytes=0))
+        return copiers[-1]
+
+    monkeypatch.setattr(sys.modules[f"{pack}.nodes.model_handle"], "staging_copier", staging)
+
+
+def test_partial_loads_stage_each_weight_once(host, monkeypatch):
+    import comfy.model_management as mm
+
+    handle = host.node_class_mappings["Cosmos3Loader"].execute(checkpoint="cosmos3-tiny-nano", dtype="fp32",
+                                                               device="cpu").result[0]
+    patcher = handle.generation_patcher
+    original = {k: v.clone() for k, v in patcher.model.state_dict().items()}
+    total = sum(p.nbytes for p in patcher.model.parameters())
+    copiers: list = []
+    _staging_into(monkeypatch, host, copiers)
+    mm.unload_all_models()
+    patcher.partially_load(patcher.load_device, total // 3)  # ComfyUI's partial load: some layers stay offloaded
+    assert patcher.model.model_lowvram and 0 < copiers[0].staged_bytes < total
+    patcher.partially_load(patcher.load_device, total)  # more room: the rest loads; what is loaded is not moved again
+    assert sum(c.staged_bytes for c in copiers) == total
+    assert all(torch.equal(v, original[k]) for k, v in patcher.model.state_dict().items())
+    patcher.detach()
+
+
+def test_a_failed_staged_load_leaves_the_next_load_working(host, monkeypatch):
+    import comfy.model_management as mm
+
+    handle = host.node_class_mappings["Cosmos3Loader"].execute(checkpoint="cosmos3-tiny-nano", dtype="fp32",
+                                                               device="cpu").result[0]
+    patcher = handle.generation_patcher
+    original = {k: v.clone() for k, v in patcher.model.state_dict().items()}
+    copiers: list = []
+    _staging_into(monkeypatch, host, copiers, fail_at=5)
+    mm.unload_all_models()
+    with pytest.raises(RuntimeError, match="copy failed"):
+        mm.load_models_gpu([patcher])
+    assert patcher._copier is None and copiers[0]._buffers == []
+    _staging_into(monkeypatch, host, copiers)
+    mm.unload_all_models()
+    mm.load_models_gpu([patcher])
+    assert copiers[-1].staged_bytes > 0
+    assert all(torch.equal(v, original[k]) for k, v in patcher.model.state_dict().items())
+    mm.unload_all_models()
+
+
 def test_staging_follows_comfyuis_pinned_memory_switch(host, monkeypatch):
     import comfy.model_management as mm
 
@@ -138,6 +222,7 @@ def test_memory_mapped_checkpoint_reaches_the_gpu_byte_for_byte(tmp_path):
     with safe_open(str(tmp_path / "w.safetensors"), framework="pt", device="cpu") as f:
         mapped = {k: f.get_tensor(k) for k in f.keys()}
     copier = StagedCopier(torch.device("cuda"), slot_bytes=1 << 20, slots=3, min_bytes=1 << 10)
+    torch.cuda._sleep(int(3e8))  # the GPU starts late: a buffer refilled before its read would show in the bytes
     out = {k: copier.copy(t) for k, t in mapped.items()}
     check = {k: o.sum(dtype=torch.float64) if o.is_floating_point() and o.element_size() > 1 else None
              for k, o in out.items()}  # a kernel after the copies on the same stream sees them done

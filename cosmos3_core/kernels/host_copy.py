@@ -1,25 +1,30 @@
-"""Weights moved from host memory to the GPU through pinned staging buffers.
+"""Weights moved from host memory to a GPU through pinned staging buffers.
 
-A tensor in pageable host memory — the memory-mapped safetensors a checkpoint loads as, or ordinary process memory
-— reaches the GPU through the CUDA driver's own staging, one synchronous copy per tensor: 6.3–7.2 GiB/s on an H100
-host, whether the pages were already mapped or not (``bench/probe_host_copy.py``), so a restarted ComfyUI server
-spent about 4 s moving the 27 GiB of Nano's towers before its first image. ``StagedCopier`` copies each tensor's
-bytes into one of a ring of pinned buffers (torch's multi-threaded host copy) and issues the GPU's read of that
-buffer without waiting (``copy_(non_blocking=True)`` on the current stream), so the host fills the next buffer
-while the GPU reads the last; a buffer is written again only after the event recorded behind its last read. The
-same H100 host moved 20–26 GiB/s so (the towers in ComfyUI: 14.1 GiB in 0.60 s, 13.0 GiB in 0.47 s). The copies
-are ordered on the current stream like any later kernel, so the weights are ready for whatever runs next on it;
-``finish`` waits until the buffers are read (before they are reused or freed).
+A tensor in pageable host memory (the memory-mapped safetensors a checkpoint loads as, or ordinary process memory)
+reaches the GPU through the CUDA driver's own staging, one synchronous copy per tensor. ``StagedCopier`` copies each
+tensor's bytes into one of a ring of ``slots`` pinned buffers (torch's multi-threaded host copy) and issues the
+GPU's read of that buffer without waiting (``copy_(non_blocking=True)`` on the current stream), so the host fills
+the next buffer while the GPU reads the last. A buffer is written again only after the event recorded behind its
+last read. The copies are ordered on the current stream like any later kernel, so the weights are ready for
+whatever runs next on it; ``finish`` waits until every buffer is read. The buffers then go back to torch's
+pinned-memory cache, which keeps them for the next load (``slots`` × ``slot_bytes`` of host memory). What the
+scheme gains over ``Tensor.to`` on an H100 is in BENCHMARKS.md ("A restarted server's towers through pinned
+staging").
 
-The bytes arrive as they are (any dtype: bf16, FP8, GGUF blocks); a tensor under ``min_bytes``, not contiguous or a
-tensor subclass goes by plain ``Tensor.to``. On a CPU (``device`` type ``cpu``) the buffers are ordinary memory and
-every copy is synchronous — the same slicing, for tests. The scheme is the double-buffered pinned staging of CUDA's
-best-practices guide for overlapping transfers with host work.
+The bytes arrive as they are (any dtype: bf16, FP8, GGUF blocks); a tensor under ``min_bytes``, not contiguous, not
+on the CPU or of a tensor subclass goes by plain ``Tensor.to``. Where the host refuses the pinned buffers, one
+warning says so and the copier moves the rest by ``Tensor.to``. On a CPU (``device`` type ``cpu``) the buffers are
+ordinary memory and every copy is synchronous (the same slicing, for tests); other devices are refused. The scheme
+is the double-buffered pinned staging of CUDA's best-practices guide for overlapping transfers with host work.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+_log = logging.getLogger(__name__)
 
 SLOT_BYTES = 64 << 20  # one staging buffer
 SLOTS = 4  # buffers in the ring: the host fills one while the GPU reads the others
@@ -33,6 +38,9 @@ class StagedCopier:
     def __init__(self, device: torch.device, slot_bytes: int = SLOT_BYTES, slots: int = SLOTS,
                  min_bytes: int = MIN_BYTES):
         self.device, self.slot_bytes, self.slots, self.min_bytes = torch.device(device), slot_bytes, slots, min_bytes
+        if self.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"StagedCopier stages to a CUDA device (or the CPU, for tests), not {self.device}.")
+        self._pinning_refused = False
         self._buffers: list[torch.Tensor] = []
         self._read: list[torch.cuda.Event | None] = []  # per buffer: recorded after the GPU's last read of it
         self._next = 0
@@ -41,7 +49,7 @@ class StagedCopier:
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on ``device``, same dtype, shape and bytes; on the current stream, ready for what runs next
         on it."""
-        if not self._stages(tensor):
+        if not self._stages(tensor) or not self._have_buffers():
             return tensor.to(self.device)
         out = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
         source, target = _bytes(tensor), _bytes(out)
@@ -71,13 +79,25 @@ class StagedCopier:
         return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type == "cpu"
                 and tensor.is_contiguous() and tensor.numel() * tensor.element_size() >= self.min_bytes)
 
-    def _take_buffer(self) -> torch.Tensor:
-        """The next buffer of the ring, once the GPU has read what it held."""
-        if not self._buffers:
-            pinned = self.device.type == "cuda"
+    def _have_buffers(self) -> bool:
+        """Allocate the ring at its first use; False (one warning, once) where the host refuses pinned memory."""
+        if self._buffers or self._pinning_refused:
+            return bool(self._buffers)
+        pinned = self.device.type == "cuda"
+        try:
             self._buffers = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned)
                              for _ in range(self.slots)]
-            self._read = [None] * self.slots
+        except RuntimeError as exc:  # cudaHostAlloc refused (a host short of lockable memory)
+            self._pinning_refused = True
+            _log.warning("Cosmos3: the host refused %d MiB of pinned memory for staging weights to %s (%s); they "
+                         "move by plain Tensor.to, more slowly.", self.slots * self.slot_bytes >> 20, self.device,
+                         str(exc).splitlines()[0][:160])
+            return False
+        self._read = [None] * self.slots
+        return True
+
+    def _take_buffer(self) -> torch.Tensor:
+        """The next buffer of the ring, once the GPU has read what it held."""
         index = self._next
         event = self._read[index]
         if event is not None:
