@@ -77,7 +77,7 @@ class StagedCopier:
 
     def _stages(self, tensor: torch.Tensor) -> bool:
         return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type == "cpu"
-                and tensor.is_contiguous() and tensor.numel() * tensor.element_size() >= self.min_bytes)
+                and tensor.is_contiguous() and tensor.nbytes >= self.min_bytes)
 
     def _have_buffers(self) -> bool:
         """Allocate the ring at its first use; False (one warning, once) where the host refuses pinned memory."""
@@ -114,5 +114,4 @@ class StagedCopier:
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's storage as a flat uint8 view."""
-    flat = tensor.detach().reshape(-1)
-    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+    return tensor.detach().reshape(-1).view(torch.uint8)
