@@ -20,7 +20,8 @@ exists, so a stage cut short keeps what it measured):
   the page would (the pack imports what a first run needs meanwhile: ``nodes/warmup.py``); 0, the default, queues
   at once. ``--server-args='…'`` adds arguments to ComfyUI's ``main.py`` (``--front-end-root DIR`` where the frontend
   package is not installed).
-* ``load``: ``Cosmos3Pipeline.load`` straight to the GPU (what the CLI does) and diffusers' ``from_pretrained`` +
+* ``load``: ``Cosmos3Pipeline.load`` straight to the GPU (what the CLI does; the transformer through pinned
+  staging), the same by ``Tensor.to`` (``ours_pageable``) and diffusers' ``from_pretrained`` +
   ``.to("cuda")``, each in a fresh process, twice (the second from a warm page cache and a started CUDA).
 * ``diffusers``: in this process, ``Cosmos3OmniPipeline.from_pretrained(<checkpoint>, torch_dtype=bf16)`` then
   ``.to("cuda")`` (both timed), then per shape a first and a second call with the same prompt, negative (the
@@ -374,15 +375,15 @@ which, ckpt, device = sys.argv[1:4]
 dtype = torch.float32 if device == "cpu" else torch.bfloat16
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 t0 = time.perf_counter()
-if which == "ours":
+if which.startswith("ours"):
     from cosmos3_core.pipeline import Cosmos3Pipeline
 else:
     from diffusers import Cosmos3OmniPipeline
 out = dict(torch_import_s=round(torch_s, 2), import_s=round(time.perf_counter() - t0, 2), loads=[])
 for _ in range(2):
     t0 = time.perf_counter()
-    if which == "ours":
-        pipe = Cosmos3Pipeline.load(ckpt, dtype=dtype, device=device)
+    if which.startswith("ours"):
+        pipe = Cosmos3Pipeline.load(ckpt, dtype=dtype, device=device, pinned_staging=which == "ours")
         sync()
         rec = dict(s=round(time.perf_counter() - t0, 2))
     else:
@@ -403,14 +404,15 @@ print("LOAD_RESULT " + json.dumps(out), flush=True)
 
 
 def stage_load(args, res: Results) -> None:
-    """``Cosmos3Pipeline.load`` (the CLI's load, straight to the device) and diffusers' ``from_pretrained`` +
+    """``Cosmos3Pipeline.load`` (the CLI's load, straight to the device: the transformer through pinned staging),
+    the same with the transformer moved by ``Tensor.to`` (``ours_pageable``), and diffusers' ``from_pretrained`` +
     ``.to(device)`` on the checkpoint, each in a fresh process (its first load includes CUDA's start), twice."""
     import subprocess
 
     device = "cpu" if args.tiny else "cuda"
     env = _env(args.work / "compile-cache-load")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    for which in ("ours", "diffusers"):
+    for which in ("ours", "ours_pageable", "diffusers"):
         proc = subprocess.run([args.python, "-c", LOAD_CHILD, which, str(args.checkpoint), device], env=env,
                               cwd=REPO, capture_output=True, text=True, timeout=600)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LOAD_RESULT ")), None)

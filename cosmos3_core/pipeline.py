@@ -110,13 +110,16 @@ class Cosmos3Pipeline:
         fp8_compute: bool = False,
         sharding=None,
         gguf_file: str | Path | None = None,
+        pinned_staging: bool = True,
     ) -> "Cosmos3Pipeline":
         """``ops``: the transformer's linear-layer classes (``model.loader.LinearOps``, a host's seam);
         ``storage_dtype``: how the transformer's linear weights are stored (``weights.py``);
         ``fp8_compute``: approximate FP8 compute for a bf16 checkpoint (the CLI's ``--weight-dtype fp8_e4m3fn_fast``,
         ``model/fp8.py``); ``sharding``: this rank's part of a tensor-parallel load (``model.loader.WeightSharding``,
         ``parallel.tensor.TensorParallel``); ``gguf_file``: the transformer's weights from a GGUF file, the rest of the
-        checkpoint from ``checkpoint_dir`` (``model/gguf_file.py``), its linear layers ``ops.quantized_linear``.
+        checkpoint from ``checkpoint_dir`` (``model/gguf_file.py``), its linear layers ``ops.quantized_linear``;
+        ``pinned_staging``: a load to a GPU moves the transformer's tensors through pinned buffers
+        (``kernels.host_copy``; off: ``Tensor.to``).
 
         Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
         holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
@@ -136,6 +139,7 @@ class Cosmos3Pipeline:
         transformer = load_transformer(
             root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, ops=ops,
             storage_dtype=storage_dtype, fp8_compute=fp8_compute, sharding=sharding, gguf_file=gguf_file,
+            pinned_staging=pinned_staging,
         )
         return cls(root, transformer, vae, tokenizer, sound)
 

@@ -408,8 +408,11 @@ class Cosmos3ModelHandle:
         # A GGUF file: every linear layer keeps its GGML blocks and streams them (StreamingGgufLinear); the rest of
         # the checkpoint comes from the folder.
         ops = streaming_ops(cast=storage_dtype is not None and storage_dtype != dtype)
+        # The offload device is the GPU under --gpu-only / --highvram: the load's pinned staging follows ComfyUI's
+        # pinned-memory switch as the patcher's does.
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), ops=ops,
-                                    storage_dtype=storage_dtype, fp8_compute=fp8_compute, gguf_file=gguf_file)
+                                    storage_dtype=storage_dtype, fp8_compute=fp8_compute, gguf_file=gguf_file,
+                                    pinned_staging=mm.MAX_PINNED_MEMORY > 0)
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod

@@ -212,6 +212,87 @@ def test_staging_follows_comfyuis_pinned_memory_switch(host, monkeypatch):
     assert staging_copier(torch.device("cuda", 0)) is None
 
 
+# ------------------------------------------------------------------------- the core loader (the CLI's load)
+
+def _nbytes_staged(model, min_bytes: int) -> int:
+    return sum(t.nbytes for t in model.state_dict().values() if t.nbytes >= min_bytes)
+
+
+@pytest.fixture(scope="module")
+def loads(tiny_checkpoint, tmp_path_factory):
+    """The checkpoints a load reads as stored: fp32 (cast on the host before staging), bf16, NVIDIA's FP8 layout,
+    and a Q8_0 GGUF of the generation weights."""
+    from cosmos3_core.model.gguf_write import write_gguf
+    from cosmos3_core.testing.fp8 import build_fp8_checkpoint
+    from cosmos3_core.testing.fullsize import write_random_checkpoint
+
+    nano = tiny_checkpoint("nano", seed=0)
+    root = tmp_path_factory.mktemp("staged-loads")
+    write_gguf(nano, root / "nano-q8.gguf", "Q8_0")
+    return {"fp32": (nano, {}),
+            "bf16": (write_random_checkpoint(root / "bf16", "nano", tiny=True, log=lambda _: None), {}),
+            "fp8": (build_fp8_checkpoint(nano, root / "fp8"), {}),
+            "q8_0": (nano, {"gguf_file": root / "nano-q8.gguf"})}
+
+
+@pytest.mark.parametrize("stored", ["fp32", "bf16", "fp8", "q8_0"])
+def test_core_load_through_staging_equals_its_plain_load(loads, stored, monkeypatch):
+    """``load_transformer`` moving every tensor through the ring (CPU buffers here, slots far smaller than the
+    tensors) holds the same dtypes, shapes and bits as its load by ``Tensor.to``, and staged what it should."""
+    from cosmos3_core.model import loader
+
+    ckpt, kwargs = loads[stored]
+    plain = loader.load_transformer(ckpt, dtype=torch.bfloat16, skip_modules=("lm_head",), **kwargs)
+    copiers = []
+
+    def copier_to(device, pinned_staging):
+        copiers.append(StagedCopier("cpu", slot_bytes=512, slots=3, min_bytes=256))
+        return copiers[-1]
+
+    monkeypatch.setattr(loader, "_copier_to", copier_to)
+    staged = loader.load_transformer(ckpt, dtype=torch.bfloat16, skip_modules=("lm_head",), **kwargs)
+    a, b = staged.state_dict(), plain.state_dict()
+    assert set(a) == set(b)
+    for k in b:
+        assert same_bytes(a[k], b[k]), k
+    assert len(copiers) == 1 and copiers[0]._buffers == []  # finished
+    assert 0 < copiers[0].staged_bytes <= _nbytes_staged(staged, 256)
+    if stored != "fp8":  # the FP8 layout's scales are set beside the weights (``_set_w8a8_scales``), unstaged
+        assert copiers[0].staged_bytes == _nbytes_staged(staged, 256)
+    assert [type(m) for m in staged.modules()] == [type(m) for m in plain.modules()]
+
+
+def test_a_failed_core_load_ends_its_staging(loads, monkeypatch, tmp_path):
+    """A damaged shard fails the load with the loader's own message, the copier is finished, and the next load
+    works."""
+    import shutil
+
+    from cosmos3_core.config import CheckpointError
+    from cosmos3_core.model import loader
+
+    ckpt = shutil.copytree(loads["bf16"][0], tmp_path / "ckpt")
+    shard = sorted((ckpt / "transformer").glob("*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    copiers = []
+    monkeypatch.setattr(loader, "_copier_to", lambda device, pinned_staging: copiers.append(
+        StagedCopier("cpu", slot_bytes=512, slots=2, min_bytes=256)) or copiers[-1])
+    with pytest.raises(CheckpointError, match="damaged|truncated|incomplete"):
+        loader.load_transformer(ckpt, dtype=torch.bfloat16, skip_modules=("lm_head",))
+    assert copiers[0]._buffers == []
+    model = loader.load_transformer(loads["bf16"][0], dtype=torch.bfloat16, skip_modules=("lm_head",))
+    assert copiers[1].staged_bytes == _nbytes_staged(model, 256) > 0
+
+
+def test_core_load_stages_only_to_a_gpu():
+    from cosmos3_core.model.loader import _copier_to
+
+    assert isinstance(_copier_to(torch.device("cuda", 0)), StagedCopier)
+    assert isinstance(_copier_to("cuda"), StagedCopier)
+    for device, staging in (("cpu", True), ("cuda", False)):
+        with _copier_to(device, staging) as copier:
+            assert copier is None
+
+
 # -------------------------------------------------------------------------------------------- CUDA
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -232,3 +313,21 @@ def test_memory_mapped_checkpoint_reaches_the_gpu_byte_for_byte(tmp_path):
         assert out[k].is_cuda and same_bytes(out[k], t), k
         if check[k] is not None:
             assert check[k].item() == t.to(out[k].device).sum(dtype=torch.float64).item()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_core_load_to_the_gpu_stages_and_equals_the_host_load(loads, monkeypatch):
+    """The CLI's load straight to the GPU (``load_transformer(device="cuda")``) goes through pinned buffers and
+    holds the bits of the host load, for each way a checkpoint is stored."""
+    from cosmos3_core.model import loader
+
+    made = []
+    real = loader._copier_to
+    monkeypatch.setattr(loader, "_copier_to", lambda *a: made.append(real(*a)) or made[-1])
+    for stored, (ckpt, kwargs) in loads.items():
+        on_gpu = loader.load_transformer(ckpt, dtype=torch.bfloat16, device="cuda", skip_modules=("lm_head",), **kwargs)
+        on_host = loader.load_transformer(ckpt, dtype=torch.bfloat16, skip_modules=("lm_head",), **kwargs)
+        a, b = on_gpu.state_dict(), on_host.state_dict()
+        for k in b:
+            assert a[k].is_cuda and same_bytes(a[k], b[k]), (stored, k)
+        assert isinstance(made[-1], StagedCopier) and made[-1].staged_bytes > 0, stored

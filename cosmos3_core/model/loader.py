@@ -34,6 +34,7 @@ makes the model's parameter from that slice (``place``). Each rank then reads on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -46,6 +47,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, transformer_dir
+from ..kernels.host_copy import StagedCopier
 from .fp8 import Fp8Linear, quantize_weight, scale_of_amax
 from .gguf_file import GgufFile, check_model, read_gguf
 from .gguf_quants import QUANTIZED, GgufLinear, dequantize, packed_shape
@@ -150,6 +152,7 @@ def load_transformer(
     fp8_compute: bool = False,
     sharding: WeightSharding | None = None,
     gguf_file: str | Path | None = None,
+    pinned_staging: bool = True,
 ) -> Cosmos3Transformer:
     """Build ``Cosmos3Transformer`` from ``<checkpoint_dir>/transformer`` computing in ``dtype`` on ``device``.
 
@@ -159,7 +162,8 @@ def load_transformer(
     compute; W8A8 with dynamic activation scales). ``sharding``: this rank's part of a distributed load (module
     docstring). ``gguf_file``: the weights come from this GGUF file (``gguf_file.py``), every linear layer is an
     ``ops.quantized_linear`` and the quantized ones keep their GGML blocks; tensors the file lacks come from
-    ``transformer/`` as usual."""
+    ``transformer/`` as usual. ``pinned_staging``: a load to a CUDA device moves the tensors through pinned buffers
+    (``kernels.host_copy``), else by ``Tensor.to``."""
     config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
     folder = transformer_dir(checkpoint_dir)
     config_values = _config_values(folder)
@@ -184,10 +188,11 @@ def load_transformer(
                       if isinstance(m, torch.nn.Linear) and name.split(".")[0] not in KEEP_FP32}
     from_gguf = set() if gguf is None else {name for name in gguf.tensors if not _skipped(name, skip_modules)}
     wanted = _wanted_files(files, from_gguf, expected, skip_modules, folder, None if gguf is None else gguf.path)
-    storage = _Storage(folder, files, dtype, storage_dtype, device, modelopt, fp8_compute)
-    state = _read_files(wanted, slices, linear_weights, storage)
-    if gguf is not None:
-        state.update(_read_gguf(model, gguf, sorted(from_gguf), expected, linear_weights, dtype, device))
+    with _copier_to(device, pinned_staging) as copier:
+        storage = _Storage(folder, files, dtype, storage_dtype, device, modelopt, fp8_compute, copier)
+        state = _read_files(wanted, slices, linear_weights, storage)
+        if gguf is not None:
+            state.update(_read_gguf(model, gguf, sorted(from_gguf), expected, linear_weights, storage))
     if sharding is not None:
         state = {name: sharding.place(value, params[name]) for name, value in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
@@ -258,7 +263,8 @@ def _gguf_names_error(path: Path, folder: Path, foreign: list[str], missing: lis
 @dataclass(frozen=True)
 class _Storage:
     """How one load keeps what it reads: the compute dtype, the linear weights' storage dtype, the device, and
-    whether the FP8 scales come with the weights (a ModelOpt checkpoint) or are made at load (``fp8_compute``)."""
+    whether the FP8 scales come with the weights (a ModelOpt checkpoint) or are made at load (``fp8_compute``),
+    and the pinned staging a load to a GPU moves its tensors through (``copier``; none elsewhere)."""
 
     folder: Path
     files: dict[str, Path]
@@ -267,6 +273,24 @@ class _Storage:
     device: torch.device | str
     modelopt: bool
     fp8_compute: bool
+    copier: StagedCopier | None = None
+
+    def place(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``tensor`` on the load's device in ``dtype`` (None: its own); cast on the host first, then staged."""
+        if dtype is not None and tensor.dtype != dtype:
+            if self.copier is None:
+                return tensor.to(device=self.device, dtype=dtype)
+            tensor = tensor.to(dtype)
+        return tensor.to(self.device) if self.copier is None else self.copier.copy(tensor)
+
+
+def _copier_to(device, pinned_staging: bool = True):
+    """The staging a load to ``device`` uses, as a context that waits for its copies at the end: pinned buffers for
+    a CUDA device (``kernels.host_copy``; measured in BENCHMARKS.md, "the CLI's load"), none elsewhere or when
+    ``pinned_staging`` is off."""
+    if pinned_staging and torch.device(device).type == "cuda":
+        return StagedCopier(device)
+    return contextlib.nullcontext()
 
 
 def _read_files(wanted: dict[str, Path], slices: dict, linear_weights: set[str],
@@ -287,7 +311,7 @@ def _read_files(wanted: dict[str, Path], slices: dict, linear_weights: set[str],
                     _store_linear_weight(state, name, tensor, storage)
                 else:
                     target = torch.float32 if name.split(".")[0] in KEEP_FP32 else storage.dtype
-                    state[name] = tensor.to(device=storage.device, dtype=target)
+                    state[name] = storage.place(tensor, target)
     return state
 
 
@@ -300,7 +324,7 @@ def _store_linear_weight(state: dict[str, torch.Tensor], name: str, tensor: torc
     if tensor.dtype in FP8_DTYPES and scale is None and storage.modelopt:
         raise missing_scale_error(name, tensor.dtype, str(storage.folder))
     tensor, scale = stored_linear_weight(tensor, scale, storage.dtype, storage.storage_dtype)
-    state[name] = tensor.to(device=storage.device)
+    state[name] = storage.place(tensor)
     scale_name = name[: -len(".weight")] + ".scale_weight"
     if scale_name in state:
         state[scale_name] = scale.to(storage.device)
@@ -329,7 +353,7 @@ def _companion_files(checkpoint_dir: str | Path, config_values: dict) -> dict[st
 
 
 def _read_gguf(model, gguf: GgufFile, names: list[str], expected: dict, linear_weights: set[str],
-               dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+               storage: _Storage) -> dict[str, torch.Tensor]:
     """The state of the tensors ``names`` read from ``gguf``: a quantized linear weight as its GGML blocks (its
     layer made to hold them, ``GgufLinear.quantize_as``), everything else dequantized to the compute dtype (the
     fp32 modules to fp32)."""
@@ -344,10 +368,10 @@ def _read_gguf(model, gguf: GgufFile, names: list[str], expected: dict, linear_w
         keep_fp32 = name.split(".")[0] in KEEP_FP32
         if name in linear_weights and t.qtype.name in QUANTIZED and not keep_fp32:
             model.get_submodule(name[: -len(".weight")]).quantize_as(t.qtype)
-            state[name] = raw.reshape(packed_shape(t.shape, t.qtype)).to(device)
+            state[name] = storage.place(raw.reshape(packed_shape(t.shape, t.qtype)))
         else:
-            target = torch.float32 if keep_fp32 else dtype
-            state[name] = dequantize(raw, t.qtype, t.shape).to(device=device, dtype=target)
+            target = torch.float32 if keep_fp32 else storage.dtype
+            state[name] = storage.place(dequantize(raw, t.qtype, t.shape), target)
     return state
 
 
