@@ -4,7 +4,9 @@ Mirrors how diffusers 0.42.1 ``ModelMixin.from_pretrained`` reads ``Cosmos3OmniT
 ``diffusion_pytorch_model-*.safetensors`` + ``diffusion_pytorch_model.safetensors.index.json``, or one
 ``diffusion_pytorch_model.safetensors``), without its machinery: the module tree is built on the ``meta`` device,
 each tensor is read memory-mapped from safetensors (never pickle), cast to the requested dtype (``time_embedder``
-stays fp32) and assigned in place — so the peak host memory is one tensor, not a second copy of the model.
+stays fp32) and assigned in place — so the peak host memory is one tensor, not a second copy of the model. A load
+straight to a GPU moves each tensor through a ring of pinned staging buffers (``kernels.host_copy``) rather than by
+``Tensor.to``'s pageable copy (``pinned_staging=False``: by ``Tensor.to``).
 
 Every key must be accounted for: a key the model lacks, a key the checkpoint lacks, or a shape that disagrees
 with ``config.json`` is one error naming the first few offenders (and the GGUF file, with the fix, when a GGUF's
