@@ -207,9 +207,15 @@ FP8_SCALES = ("scale_weight", "w8a8_weight_scale")
 def staging_copier(device_to) -> StagedCopier | None:
     """The pinned staging a load to ``device_to`` moves its weights through: a CUDA device while ComfyUI's pinned
     memory is on (``--disable-pinned-memory`` turns both off), else none (ComfyUI's ``Module.to``)."""
-    if device_to is None or torch.device(device_to).type != "cuda" or mm.MAX_PINNED_MEMORY <= 0:
+    if device_to is None or torch.device(device_to).type != "cuda" or not pinned_memory_on():
         return None
     return StagedCopier(device_to)
+
+
+def pinned_memory_on() -> bool:
+    """Whether ComfyUI uses pinned host memory (``--disable-pinned-memory`` turns it off): the pack's pinned
+    staging follows it."""
+    return mm.MAX_PINNED_MEMORY > 0
 
 
 class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
@@ -241,15 +247,8 @@ class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
         """End this load's staging (wait for the GPU's reads) and return its copier; after a failed load an error
         here is only logged, so the load's own error is the one raised."""
         copier, self._copier = self._copier, None
-        if copier is None:
-            return None
-        try:
-            copier.finish()
-        except Exception as exc:  # noqa: BLE001 — re-raised unless the load itself failed
-            if not failed:
-                raise
-            _log.warning("Cosmos3: after the failed load, its staged copies could not be waited for either (%s)",
-                         str(exc).splitlines()[0][:200])
+        if copier is not None:
+            copier.close(failed=failed)
         return copier
 
     def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
@@ -412,7 +411,7 @@ class Cosmos3ModelHandle:
         # pinned-memory switch as the patcher's does.
         pipe = Cosmos3Pipeline.load(path, dtype=dtype, device=mm.unet_offload_device(), ops=ops,
                                     storage_dtype=storage_dtype, fp8_compute=fp8_compute, gguf_file=gguf_file,
-                                    pinned_staging=mm.MAX_PINNED_MEMORY > 0)
+                                    pinned_staging=pinned_memory_on())
         return cls.from_pipeline(name, path, dtype, pipe, device_choice)
 
     @classmethod

@@ -69,11 +69,23 @@ class StagedCopier:
                 event.synchronize()
         self._buffers, self._read, self._next = [], [], 0
 
+    def close(self, failed: bool = False) -> None:
+        """``finish``; after a failed load (``failed``) an error waiting for the copies is only logged, so that the
+        load's own error is the one raised."""
+        try:
+            self.finish()
+        except Exception as exc:  # noqa: BLE001 — re-raised unless the load itself failed
+            if not failed:
+                raise
+            self._buffers, self._read, self._next = [], [], 0
+            _log.warning("Cosmos3: after the failed load, its staged copies could not be waited for either (%s)",
+                         str(exc).splitlines()[0][:200])
+
     def __enter__(self) -> "StagedCopier":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.finish()
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self.close(failed=exc_type is not None)
 
     def _stages(self, tensor: torch.Tensor) -> bool:
         return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type == "cpu"

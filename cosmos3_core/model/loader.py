@@ -277,7 +277,7 @@ class _Storage:
     fp8_compute: bool
     copier: StagedCopier | None = None
 
-    def place(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def to_device(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """``tensor`` on the load's device in ``dtype`` (None: its own); cast on the host first, then staged."""
         if dtype is not None and tensor.dtype != dtype:
             if self.copier is None:
@@ -288,8 +288,7 @@ class _Storage:
 
 def _copier_to(device, pinned_staging: bool = True):
     """The staging a load to ``device`` uses, as a context that waits for its copies at the end: pinned buffers for
-    a CUDA device (``kernels.host_copy``; measured in BENCHMARKS.md, "the CLI's load"), none elsewhere or when
-    ``pinned_staging`` is off."""
+    a CUDA device (``kernels.host_copy``), none elsewhere or when ``pinned_staging`` is off."""
     if pinned_staging and torch.device(device).type == "cuda":
         return StagedCopier(device)
     return contextlib.nullcontext()
@@ -313,7 +312,7 @@ def _read_files(wanted: dict[str, Path], slices: dict, linear_weights: set[str],
                     _store_linear_weight(state, name, tensor, storage)
                 else:
                     target = torch.float32 if name.split(".")[0] in KEEP_FP32 else storage.dtype
-                    state[name] = storage.place(tensor, target)
+                    state[name] = storage.to_device(tensor, target)
     return state
 
 
@@ -326,12 +325,12 @@ def _store_linear_weight(state: dict[str, torch.Tensor], name: str, tensor: torc
     if tensor.dtype in FP8_DTYPES and scale is None and storage.modelopt:
         raise missing_scale_error(name, tensor.dtype, str(storage.folder))
     tensor, scale = stored_linear_weight(tensor, scale, storage.dtype, storage.storage_dtype)
-    state[name] = storage.place(tensor)
     scale_name = name[: -len(".weight")] + ".scale_weight"
     if scale_name in state:
         state[scale_name] = scale.to(storage.device)
     elif float(scale) != 1.0:  # a host class without scale_weight: never drop the scale
-        state[name] = (tensor.float() * scale).to(device=storage.device, dtype=storage.dtype)
+        tensor = (tensor.float() * scale).to(storage.dtype)
+    state[name] = storage.to_device(tensor)
 
 
 def _open_gguf(path, config: Cosmos3Config, folder: Path, fp8_compute: bool, storage_dtype, sharding) -> GgufFile:
@@ -370,10 +369,10 @@ def _read_gguf(model, gguf: GgufFile, names: list[str], expected: dict, linear_w
         keep_fp32 = name.split(".")[0] in KEEP_FP32
         if name in linear_weights and t.qtype.name in QUANTIZED and not keep_fp32:
             model.get_submodule(name[: -len(".weight")]).quantize_as(t.qtype)
-            state[name] = storage.place(raw.reshape(packed_shape(t.shape, t.qtype)))
+            state[name] = storage.to_device(raw.reshape(packed_shape(t.shape, t.qtype)))
         else:
             target = torch.float32 if keep_fp32 else storage.dtype
-            state[name] = storage.place(dequantize(raw, t.qtype, t.shape), target)
+            state[name] = storage.to_device(dequantize(raw, t.qtype, t.shape), target)
     return state
 
 
