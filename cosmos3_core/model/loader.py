@@ -288,7 +288,8 @@ class _Storage:
 
 def _copier_to(device, pinned_staging: bool = True):
     """The staging a load to ``device`` uses, as a context that waits for its copies at the end: pinned buffers for
-    a CUDA device (``kernels.host_copy``), none elsewhere or when ``pinned_staging`` is off."""
+    a CUDA device (``kernels.host_copy``; BENCHMARKS.md, "The shipped staging end to end": Nano's load 4.20 → 2.05 s
+    on an H100), none elsewhere or when ``pinned_staging`` is off."""
     if pinned_staging and torch.device(device).type == "cuda":
         return StagedCopier(device)
     return contextlib.nullcontext()
