@@ -10,12 +10,4 @@ rm -rf /tmp/probe_host_copy
 . bench/lent/server_check.sh
 capped 0 python3 bench/bench_server_path.py $S --server-args="$FE" --stage write --copy-to "$OUT" | tail -3
 capped 0 python3 bench/bench_server_path.py $S --server-args="$FE" --stage ours --shapes t2i --out "$W/ours.json" --copy-to "$OUT/ours"
-n=0
-for way in staged pageable staged pageable; do
-    n=$((n + 1))
-    extra=""; [ "$way" = pageable ] && extra=" --disable-pinned-memory"
-    capped 0 python3 bench/bench_server_path.py $S --server-args="$FE$extra" --stage restart --settle 10 \
-        --shapes t2i --out "$W/restart_${n}_$way.json" --copy-to "$OUT/restart_${n}_$way" | grep -E "restart|Error"
-    grep -hE "pinned staging|loaded completely|Prompt executed" "$W/comfyui-restart.log" | sed "s/^/  [$n $way] /"
-    cp "$W/comfyui-restart.log" "$OUT/comfyui-restart-${n}-$way.log" 2>/dev/null
-done
+. bench/lent/restarts_alternated.sh
