@@ -103,7 +103,6 @@ class Cosmos3Pipeline:
         *,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
-        vae_dtype: torch.dtype | None = None,
         with_sound: bool = True,
         ops: LinearOps = LinearOps(),
         storage_dtype: torch.dtype | None = None,
@@ -132,12 +131,12 @@ class Cosmos3Pipeline:
         # the small parts first: a damaged one is reported before minutes of reading the transformer's weights
         load_scheduler_config(root)
         tokenizer = load_tokenizer(root)
-        vae = load_vae(root, dtype=vae_dtype or dtype, device=device)
+        vae = load_vae(root, dtype=dtype, device=device)
         sound = None
         if with_sound and config.sound_gen and (root / "sound_tokenizer").is_dir():
             sound = load_sound_decoder(root, dtype=torch.float32, device=device)
         transformer = load_transformer(
-            root, dtype=dtype, device=device, skip_modules=("lm_head",), config=config, ops=ops,
+            root, dtype=dtype, device=device, skip_modules=("lm_head",), ops=ops,
             storage_dtype=storage_dtype, fp8_compute=fp8_compute, sharding=sharding, gguf_file=gguf_file,
             pinned_staging=pinned_staging,
         )

@@ -148,7 +148,6 @@ def load_transformer(
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str = "cpu",
     skip_modules: Sequence[str] = (),
-    config: Cosmos3Config | None = None,
     ops: LinearOps = LinearOps(),
     storage_dtype: torch.dtype | None = None,
     fp8_compute: bool = False,
@@ -166,7 +165,7 @@ def load_transformer(
     ``ops.quantized_linear`` and the quantized ones keep their GGML blocks; tensors the file lacks come from
     ``transformer/`` as usual. ``pinned_staging``: a load to a CUDA device moves the tensors through pinned buffers
     (``kernels.host_copy``), else by ``Tensor.to``."""
-    config = config or Cosmos3Config.from_checkpoint(checkpoint_dir)
+    config = Cosmos3Config.from_checkpoint(checkpoint_dir)
     folder = transformer_dir(checkpoint_dir)
     config_values = _config_values(folder)
     gguf = None if gguf_file is None else _open_gguf(gguf_file, config, folder, fp8_compute, storage_dtype, sharding)
