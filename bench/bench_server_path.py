@@ -21,7 +21,8 @@ exists, so a stage cut short keeps what it measured):
   at once. ``--server-args='…'`` adds arguments to ComfyUI's ``main.py`` (``--front-end-root DIR`` where the frontend
   package is not installed).
 * ``load``: ``Cosmos3Pipeline.load`` straight to the GPU (what the CLI does; the transformer through pinned
-  staging), the same by ``Tensor.to`` (``ours_pageable``) and diffusers' ``from_pretrained`` +
+  staging), the same after importing diffusers' VAE classes apart (``ours_imported``), the same by ``Tensor.to``
+  (``ours_pageable``) and diffusers' ``from_pretrained`` +
   ``.to("cuda")``, each in a fresh process, twice (the second from a warm page cache and a started CUDA).
 * ``diffusers``: in this process, ``Cosmos3OmniPipeline.from_pretrained(<checkpoint>, torch_dtype=bf16)`` then
   ``.to("cuda")`` (both timed), then per shape a first and a second call with the same prompt, negative (the
@@ -380,10 +381,14 @@ if which.startswith("ours"):
 else:
     from diffusers import Cosmos3OmniPipeline
 out = dict(torch_import_s=round(torch_s, 2), import_s=round(time.perf_counter() - t0, 2), loads=[])
+if which == "ours_imported":  # diffusers' VAE and sound classes imported before the loads, timed apart
+    t0 = time.perf_counter()
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer  # noqa: F401
+    out["vae_classes_import_s"] = round(time.perf_counter() - t0, 2)
 for _ in range(2):
     t0 = time.perf_counter()
     if which.startswith("ours"):
-        pipe = Cosmos3Pipeline.load(ckpt, dtype=dtype, device=device, pinned_staging=which == "ours")
+        pipe = Cosmos3Pipeline.load(ckpt, dtype=dtype, device=device, pinned_staging=which != "ours_pageable")
         sync()
         rec = dict(s=round(time.perf_counter() - t0, 2))
     else:
@@ -405,7 +410,8 @@ print("LOAD_RESULT " + json.dumps(out), flush=True)
 
 def stage_load(args, res: Results) -> None:
     """``Cosmos3Pipeline.load`` (the CLI's load, straight to the device: the transformer through pinned staging),
-    the same with the transformer moved by ``Tensor.to`` (``ours_pageable``), and diffusers' ``from_pretrained`` +
+    the same after importing diffusers' VAE and sound classes apart (``ours_imported``: what a process's first load
+    spends on that import), the same by ``Tensor.to`` (``ours_pageable``), and diffusers' ``from_pretrained`` +
     ``.to(device)`` on the checkpoint, each in a fresh process (its first load includes CUDA's start), twice, after
     one untimed read of the checkpoint (so that no variant pays for a cold page cache)."""
     import subprocess
@@ -417,7 +423,7 @@ def stage_load(args, res: Results) -> None:
                 pass
     env = _env(args.work / "compile-cache-load")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    for which in ("ours", "ours_pageable", "diffusers"):
+    for which in ("ours", "ours_imported", "ours_pageable", "diffusers"):
         proc = subprocess.run([args.python, "-c", LOAD_CHILD, which, str(args.checkpoint), device], env=env,
                               cwd=REPO, capture_output=True, text=True, timeout=600)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LOAD_RESULT ")), None)
