@@ -13,6 +13,7 @@ models when VRAM is short, with a memory estimate for the work about to run:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import time
@@ -27,7 +28,7 @@ import comfy.utils
 import torch
 
 from ..cosmos3_core.checks import CARD_FIX, TEXT_CARD_FIX, check_card_memory
-from ..cosmos3_core.kernels.host_copy import StagedCopier
+from ..cosmos3_core.kernels.host_copy import StagedCopier, staging_to
 from ..cosmos3_core.model.fp8 import Fp8Linear, quantize_weight
 from ..cosmos3_core.model.gguf_quants import GgufLinear
 from ..cosmos3_core.model.loader import LinearOps
@@ -207,9 +208,7 @@ FP8_SCALES = ("scale_weight", "w8a8_weight_scale")
 def staging_copier(device_to) -> StagedCopier | None:
     """The pinned staging a load to ``device_to`` moves its weights through: a CUDA device while ComfyUI's pinned
     memory is on (``--disable-pinned-memory`` turns both off), else none (ComfyUI's ``Module.to``)."""
-    if device_to is None or torch.device(device_to).type != "cuda" or not pinned_memory_on():
-        return None
-    return StagedCopier(device_to)
+    return staging_to(device_to, pinned_memory_on())
 
 
 def pinned_memory_on() -> bool:
@@ -231,25 +230,17 @@ class Cosmos3Patcher(comfy.model_patcher.ModelPatcher):
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
         staged = getattr(self.model, "stage_weights", False)  # the towers' holders: where staging was measured to pay
-        self._copier, start = staging_copier(device_to) if staged else None, time.perf_counter()
+        copier, start = staging_copier(device_to) if staged else None, time.perf_counter()
+        self._copier = copier
         try:
-            super().load(device_to, lowvram_model_memory=lowvram_model_memory,
-                         force_patch_weights=force_patch_weights, full_load=full_load)
-        except BaseException:
-            self._finish_staging(failed=True)
-            raise
-        copier = self._finish_staging(failed=False)
+            with copier or contextlib.nullcontext():  # waits for the copies; after a failed load, its error stands
+                super().load(device_to, lowvram_model_memory=lowvram_model_memory,
+                             force_patch_weights=force_patch_weights, full_load=full_load)
+        finally:
+            self._copier = None
         if copier is not None and copier.staged_bytes:
             _log.info("Cosmos3: %s: %.2f GiB of weights moved to %s through pinned staging; load %.2f s",
                       type(self.model).__name__, copier.staged_bytes / 2**30, device_to, time.perf_counter() - start)
-
-    def _finish_staging(self, failed: bool):
-        """End this load's staging (wait for the GPU's reads) and return its copier; after a failed load an error
-        here is only logged, so the load's own error is the one raised."""
-        copier, self._copier = self._copier, None
-        if copier is not None:
-            copier.close(failed=failed)
-        return copier
 
     def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
         if key not in self.patches:  # ComfyUI's load calls this for each weight it moves whole, then Module.to

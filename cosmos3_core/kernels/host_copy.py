@@ -124,6 +124,14 @@ class StagedCopier:
         self._next = (self._next + 1) % self.slots
 
 
+def staging_to(device, enabled: bool = True) -> StagedCopier | None:
+    """The copier a load to ``device`` moves its weights through: one for a CUDA device where ``enabled`` (the
+    host's pinned-memory switch), else None (plain ``Tensor.to``)."""
+    if device is None or not enabled or torch.device(device).type != "cuda":
+        return None
+    return StagedCopier(device)
+
+
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's storage as a flat uint8 view."""
     return tensor.detach().reshape(-1).view(torch.uint8)

@@ -49,7 +49,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..config import CheckpointError, Cosmos3Config, transformer_dir
-from ..kernels.host_copy import StagedCopier
+from ..kernels.host_copy import StagedCopier, staging_to
 from .fp8 import Fp8Linear, quantize_weight, scale_of_amax
 from .gguf_file import GgufFile, check_model, read_gguf
 from .gguf_quants import QUANTIZED, GgufLinear, dequantize, packed_shape
@@ -289,9 +289,7 @@ def _copier_to(device, pinned_staging: bool = True):
     """The staging a load to ``device`` uses, as a context that waits for its copies at the end: pinned buffers for
     a CUDA device (``kernels.host_copy``; BENCHMARKS.md, "The shipped staging end to end": Nano's load 4.20 → 2.05 s
     on an H100), none elsewhere or when ``pinned_staging`` is off."""
-    if pinned_staging and torch.device(device).type == "cuda":
-        return StagedCopier(device)
-    return contextlib.nullcontext()
+    return staging_to(device, pinned_staging) or contextlib.nullcontext()
 
 
 def _read_files(wanted: dict[str, Path], slices: dict, linear_weights: set[str],
