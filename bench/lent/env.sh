@@ -7,8 +7,13 @@
 #   cards NAME ARGS...                  one `bench_lowvram.py --card-sizes` process (ARGS: --cases…, --steps…) into
 #                                       $OUT/cards_NAME.json and $OUT/log_NAME.txt, one line per case; its status
 # CAP (default 590 s) is the call's own limit, counted from T_START (default: when this file is sourced).
+# Bytecode is cached as a pip install caches it: the lent image sets PYTHONDONTWRITEBYTECODE=1 and its torch has no
+# __pycache__, so every process would compile the source of each module it imports (diffusers' VAE classes: ~16 s a
+# process there). The install compiles the carried wheels' and the image's site-packages into PYTHONPYCACHEPREFIX
+# once per machine, as pip does at install; ComfyUI and the pack are left to their first import, as a clone is.
 : "${T_START:=$(date +%s)}"
 export T_START PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" COMFYUI_DIR=/tmp/comfy/ComfyUI PYTHONUNBUFFERED=1
+export PYTHONPYCACHEPREFIX=/tmp/pyc; unset PYTHONDONTWRITEBYTECODE
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 _stamp="/tmp/site/.installed-$(ls -l .lent/whl .lent/mo .lent/srv .lent/comfy.tgz 2>/dev/null | md5sum | cut -c1-12)"
 if [ ! -f "$_stamp" ]; then
@@ -16,6 +21,10 @@ if [ ! -f "$_stamp" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .lent/whl/*.whl $(ls .lent/mo/*.whl .lent/srv/*.whl 2>/dev/null) || return 1
     mkdir -p /tmp/comfy && tar xzf .lent/comfy.tgz -C /tmp/comfy || return 1
+    _t=$(date +%s)
+    python3 -m compileall -q -j 0 -x '/tests?/' /tmp/site \
+        "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1
+    echo "bytecode compiled into $PYTHONPYCACHEPREFIX in $(( $(date +%s) - _t )) s ($(find /tmp/pyc -name '*.pyc' | wc -l) files)"
     touch "$_stamp"
     python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
     [ -d .lent/mo ] && python3 -c "import modelopt, modelopt.torch.quantization; print('modelopt', modelopt.__version__)" 2>&1 | tail -2
