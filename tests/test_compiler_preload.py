@@ -9,6 +9,7 @@ a preload beside the weight reads costs the load about what it saves the first c
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -112,6 +113,48 @@ def test_the_first_run_preload_leaves_a_text_to_video_with_sound_run_nothing_to_
     # (about 15 small modules, 0.02 s on the CPU machine)
     left = [m for m in out["imported_by_the_run"] if not m.startswith("diffusers.schedulers.scheduling_")]
     assert left == [], left
+
+
+WORKERS_PROCESS = r"""
+import json, os, subprocess, sys, time
+from cosmos3_core.kernels.caches import preload_first_run, wait_for_preload
+
+thread = preload_first_run(compiles=sys.argv[1] == "compiles")
+wait_for_preload()
+from torch._inductor import async_compile
+
+children = []
+for _ in range(100):  # the sidecar process is started by the preload; give it up to 10 s to show
+    ps = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "args="], capture_output=True, text=True).stdout
+    children = [line for line in ps.splitlines() if "compile_worker" in line]
+    if children or sys.argv[1] != "compiles":
+        break
+    time.sleep(0.1)
+print(json.dumps(dict(started=thread.workers_started, pools=len(async_compile._pool_set), workers=len(children),
+                      failed=thread.failed)))
+"""
+
+
+def _preload_in_a_fresh_process(tmp_path, how: str, **env_more) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_WARM"))}
+    env.update(COSMOS3_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO), TORCHINDUCTOR_COMPILE_THREADS="2",
+               **env_more)
+    proc = subprocess.run([sys.executable, "-c", WORKERS_PROCESS, how], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Inductor's worker pool compiles Triton only")
+def test_a_preload_for_compiling_runs_starts_inductors_compile_workers_and_honours_torchs_switch(tmp_path):
+    """With ``compiles``, the preload also starts torch's own pool of compile worker processes (a first compile
+    then finds them up); without it, or with torch's ``TORCH_WARM_POOL=0``, no worker process is started."""
+    out = _preload_in_a_fresh_process(tmp_path, "compiles")
+    assert out["failed"] == {} and out["started"] and out["pools"] == 1 and out["workers"] >= 1, out
+    out = _preload_in_a_fresh_process(tmp_path, "no-compile")
+    assert not out["started"] and out["pools"] == 0 and out["workers"] == 0, out
+    out = _preload_in_a_fresh_process(tmp_path, "compiles", TORCH_WARM_POOL="0")
+    assert not out["started"] and out["pools"] == 0 and out["workers"] == 0, out
 
 
 @pytest.mark.comfy
