@@ -460,7 +460,8 @@ def probe_warmup(names: list[str], out_path: str, tiny: bool = False, preload: b
     if preload:
         thread = preload_first_run(compiles=True)
         wait_for_preload()
-        preloaded = dict(preload_s=round(time.perf_counter() - t0, 2), preload_failed=thread.failed)
+        preloaded = dict(preload_s=round(time.perf_counter() - t0, 2), preload_failed=thread.failed,
+                         compile_workers_started=thread.workers_started)
         print("preload", preloaded, flush=True)
         t0 = time.perf_counter()
     device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)

@@ -120,8 +120,11 @@ import json, os, subprocess, sys, time
 from cosmos3_core.kernels.caches import preload_first_run, wait_for_preload
 
 thread = preload_first_run(compiles=sys.argv[1] == "compiles")
-wait_for_preload()
+thread.join(timeout=240)
 from torch._inductor import async_compile
+
+pools_before_the_run = len(async_compile._pool_set)  # the preload itself starts none: an idle server holds none
+wait_for_preload()  # what a Cosmos3 node does first
 
 children = []
 for _ in range(100):  # the sidecar process is started by the preload; give it up to 10 s to show
@@ -131,7 +134,7 @@ for _ in range(100):  # the sidecar process is started by the preload; give it u
         break
     time.sleep(0.1)
 print(json.dumps(dict(started=thread.workers_started, pools=len(async_compile._pool_set), workers=len(children),
-                      failed=thread.failed)))
+                      pools_before_the_run=pools_before_the_run, failed=thread.failed)))
 """
 
 
@@ -146,11 +149,13 @@ def _preload_in_a_fresh_process(tmp_path, how: str, **env_more) -> dict:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Inductor's worker pool compiles Triton only")
-def test_a_preload_for_compiling_runs_starts_inductors_compile_workers_and_honours_torchs_switch(tmp_path):
-    """With ``compiles``, the preload also starts torch's own pool of compile worker processes (a first compile
-    then finds them up); without it, or with torch's ``TORCH_WARM_POOL=0``, no worker process is started."""
+def test_the_first_run_after_a_preload_for_compiling_starts_inductors_compile_workers_and_honours_torchs_switch(tmp_path):
+    """With ``compiles``, the first run's ``wait_for_preload`` starts torch's own pool of compile worker processes
+    (its first compile then finds them up), the preload alone does not (an idle server holds no workers); without
+    ``compiles``, or with torch's ``TORCH_WARM_POOL=0``, no worker process is started."""
     out = _preload_in_a_fresh_process(tmp_path, "compiles")
-    assert out["failed"] == {} and out["started"] and out["pools"] == 1 and out["workers"] >= 1, out
+    assert out["failed"] == {} and out["pools_before_the_run"] == 0, out
+    assert out["started"] and out["pools"] == 1 and out["workers"] >= 1, out
     out = _preload_in_a_fresh_process(tmp_path, "no-compile")
     assert not out["started"] and out["pools"] == 0 and out["workers"] == 0, out
     out = _preload_in_a_fresh_process(tmp_path, "compiles", TORCH_WARM_POOL="0")

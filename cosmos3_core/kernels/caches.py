@@ -28,12 +28,15 @@ first compile — through ``prepare_compile`` — or FlashAttention-4 import) po
   start it (docs/benchmark-log.md, "Loading from a warm page cache"). A host with such idle time — a ComfyUI server
   between starting and its first prompt — calls ``preload_first_run``, which also imports the modules a first
   generation imports lazily (``RUN_MODULES``: diffusers' VAE and sound decoder, the scheduler, the tokenizer), and
-  ``wait_for_preload`` before each run. When its runs compile, it also starts Inductor's pool of compile worker
-  processes (``start_compile_workers``), which torch otherwise starts at the first compile: the workers import torch
-  while the first graph is traced, and the first Triton kernels wait for them (on an H100 machine, a first T2I step's
-  compile took 7.9–9.2 s with a cold pool, 5.5–5.8 s with a warm one). The pool is torch's own, shared with any
-  other compile in the process; torch stops its workers 60 s after a compile's last job and restarts them at the
-  next compile, as without the preload; ``TORCH_WARM_POOL=0`` or ``TORCHINDUCTOR_COMPILE_THREADS=1`` keep it off.
+  ``wait_for_preload`` before each run. When its runs compile, the first ``wait_for_preload`` after the imports
+  also starts Inductor's pool of compile worker processes (``start_compile_workers``), which torch otherwise starts
+  only at the first compile: the workers then import torch while the run loads, encodes and traces, instead of
+  while the first Triton kernels wait for them (on an H100 machine, a first T2I step's compile took 7.9–9.2 s with
+  torch's late start, 5.5–5.8 s with the pool started 12 s ahead). Not at the server's start: the pool holds about
+  0.08 GiB of host memory per worker beyond its ~0.2 GiB sidecar (PSS) and, with no job yet, torch never stops it,
+  so a server that never runs Cosmos3 would keep it. It is torch's own pool, shared with any other compile in the
+  process; torch stops its workers 60 s after a compile's last job and restarts them at the next compile, as
+  without the preload; ``TORCH_WARM_POOL=0`` or ``TORCHINDUCTOR_COMPILE_THREADS=1`` keep it off.
 
 Settings the user made win: a ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` /
 ``FLASH_ATTENTION_CUTE_DSL_CACHE_*`` already in the environment is kept, and ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` /
@@ -158,19 +161,18 @@ def start_compile_workers() -> bool:
 
 
 class CompilerPreload(threading.Thread):
-    """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread, then, with
-    ``compile_workers``, starts Inductor's compile worker processes (``start_compile_workers``). ``failed``:
-    ``{module: error}`` for those that did not import (a module missing from this torch version, say); the run that
-    needs one raises the real error itself. ``report``: one log line when done, with how many imported."""
+    """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread. ``failed``: ``{module:
+    error}`` for those that did not import (a module missing from this torch version, say); the run that needs one
+    raises the real error itself. ``report``: one log line when done, with how many imported. ``compiles``: the
+    runs after it compile (``wait_for_preload`` then starts the compile workers)."""
 
-    def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False,
-                 compile_workers: bool = False):
+    def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False, compiles: bool = False):
         super().__init__(name="cosmos3-preload", daemon=True)
-        self.modules, self.report, self.compile_workers = modules, report, compile_workers
+        self.modules, self.report, self.compiles = modules, report, compiles
         self.failed: dict[str, str] = {}
         self.seconds: float | None = None  # how long the imports took, once done
-        self.workers_started = False  # Inductor's compile worker pool is running (compile_workers asked for it)
         self.waited_out = False  # a run gave up waiting for it (wait_for_preload): later runs do not wait
+        self.workers_started: bool | None = None  # None: not tried yet; else whether Inductor's worker pool runs
 
     def run(self) -> None:
         start = time.perf_counter()
@@ -179,15 +181,12 @@ class CompilerPreload(threading.Thread):
                 importlib.import_module(name)
             except Exception as e:  # noqa: BLE001 — recorded; the run that needs it imports it again and reports
                 self.failed[name] = f"{type(e).__name__}: {e}"
-        self.workers_started = self.compile_workers and start_compile_workers()
         self.seconds = time.perf_counter() - start
         if self.report:
             compiler = ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else ""
             failed = f"; {len(self.failed)} did not import, e.g. {next(iter(self.failed))}" if self.failed else ""
-            workers = "; the compile workers are starting" if self.workers_started else ""
-            _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s%s",
-                      len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed,
-                      workers)
+            _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s",
+                      len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed)
 
 
 def preload_compiler() -> CompilerPreload:
@@ -206,13 +205,13 @@ PRELOAD_WAIT_S = 120.0  # a run waits this long at most for the preload (a hung 
 
 def preload_first_run(compiles: bool) -> CompilerPreload:
     """Start importing what a process's first generation imports — ``RUN_MODULES``, and ``COMPILER_MODULES`` when
-    its runs compile — on a daemon thread, once per process, and with ``compiles`` starts Inductor's compile
-    workers: for a host's idle time before its first run (a ComfyUI server once it is up). Its runs call
-    ``wait_for_preload`` before they start. Nothing else changes: the compile caches are set up by the first
-    compile, as without it."""
+    its runs compile — on a daemon thread, once per process: for a host's idle time before its first run (a
+    ComfyUI server once it is up). Its runs call ``wait_for_preload`` before they start; with ``compiles`` the
+    first of them starts Inductor's compile workers. Nothing else changes: the compile caches are set up by the
+    first compile, as without it."""
     if not _FIRST_RUN:
         thread = CompilerPreload(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True,
-                                 compile_workers=compiles)
+                                 compiles=compiles)
         thread.start()
         _FIRST_RUN.append(thread)
     return _FIRST_RUN[0]
@@ -221,7 +220,8 @@ def preload_first_run(compiles: bool) -> CompilerPreload:
 def wait_for_preload() -> None:
     """Return once ``preload_first_run``'s imports are done (at once when none was started, or when they are), so
     that the run does not import beside them: two threads importing the same packages can deadlock on Python's
-    module locks. After ``PRELOAD_WAIT_S`` seconds the run goes on, with one warning, and later runs do not wait."""
+    module locks. After ``PRELOAD_WAIT_S`` seconds the run goes on, with one warning, and later runs do not wait.
+    The first call after a preload for compiling runs has finished starts Inductor's compile workers (once)."""
     thread = _FIRST_RUN[0] if _FIRST_RUN else None
     if thread is not None and thread.is_alive() and not thread.waited_out:
         thread.join(PRELOAD_WAIT_S)
@@ -229,3 +229,7 @@ def wait_for_preload() -> None:
             thread.waited_out = True
             _log.warning("Cosmos3: the background imports of a first run's modules are still running after %.0f s; "
                          "the run starts beside them.", PRELOAD_WAIT_S)
+    if thread is not None and thread.compiles and thread.workers_started is None and not thread.is_alive():
+        thread.workers_started = start_compile_workers()
+        if thread.workers_started:
+            _log.info("Cosmos3: started Inductor's compile workers for this process's first compile")
