@@ -124,6 +124,9 @@ thread.join(timeout=240)
 from torch._inductor import async_compile
 
 pools_before_the_run = len(async_compile._pool_set)  # the preload itself starts none: an idle server holds none
+from torch._dynamo.utils import compilation_time_metrics  # torch records each computation of its source key here
+
+torch_key_computed = "inductor_codecache_torch_key" in compilation_time_metrics
 wait_for_preload()  # what a Cosmos3 node does first
 
 children = []
@@ -134,7 +137,8 @@ for _ in range(100):  # the sidecar process is started by the preload; give it u
         break
     time.sleep(0.1)
 print(json.dumps(dict(started=thread.workers_started, pools=len(async_compile._pool_set), workers=len(children),
-                      pools_before_the_run=pools_before_the_run, failed=thread.failed)))
+                      pools_before_the_run=pools_before_the_run, torch_key_computed=torch_key_computed,
+                      failed=thread.failed)))
 """
 
 
@@ -150,14 +154,15 @@ def _preload_in_a_fresh_process(tmp_path, how: str, **env_more) -> dict:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Inductor's worker pool compiles Triton only")
 def test_the_first_run_after_a_preload_for_compiling_starts_inductors_compile_workers_and_honours_torchs_switch(tmp_path):
-    """With ``compiles``, the first run's ``wait_for_preload`` starts torch's own pool of compile worker processes
-    (its first compile then finds them up), the preload alone does not (an idle server holds no workers); without
-    ``compiles``, or with torch's ``TORCH_WARM_POOL=0``, no worker process is started."""
+    """With ``compiles``, the preload hashes torch's sources for Inductor's keys, and the first run's
+    ``wait_for_preload`` starts torch's own pool of compile worker processes (its first compile then finds them
+    up); the preload alone starts none (an idle server holds no workers). Without ``compiles``, or with torch's
+    ``TORCH_WARM_POOL=0``, no worker process is started."""
     out = _preload_in_a_fresh_process(tmp_path, "compiles")
-    assert out["failed"] == {} and out["pools_before_the_run"] == 0, out
+    assert out["failed"] == {} and out["pools_before_the_run"] == 0 and out["torch_key_computed"], out
     assert out["started"] and out["pools"] == 1 and out["workers"] >= 1, out
     out = _preload_in_a_fresh_process(tmp_path, "no-compile")
-    assert not out["started"] and out["pools"] == 0 and out["workers"] == 0, out
+    assert not out["started"] and out["pools"] == 0 and out["workers"] == 0 and not out["torch_key_computed"], out
     out = _preload_in_a_fresh_process(tmp_path, "compiles", TORCH_WARM_POOL="0")
     assert not out["started"] and out["pools"] == 0 and out["workers"] == 0, out
 
