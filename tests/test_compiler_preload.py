@@ -116,34 +116,24 @@ def test_the_first_run_preload_leaves_a_text_to_video_with_sound_run_nothing_to_
 
 
 WORKERS_PROCESS = r"""
-import json, os, subprocess, sys, time
-from cosmos3_core.kernels.caches import preload_first_run, wait_for_preload
+import json, sys
+from cosmos3_core.kernels.caches import preload_first_run
 
 thread = preload_first_run(compiles=sys.argv[1] == "compiles")
 thread.join(timeout=240)
+from torch._dynamo.utils import compilation_time_metrics  # torch records each computation of its source key here
 from torch._inductor import async_compile
 
-pools_before_the_run = len(async_compile._pool_set)  # the preload itself starts none: an idle server holds none
-from torch._dynamo.utils import compilation_time_metrics  # torch records each computation of its source key here
-
-torch_key_computed = "inductor_codecache_torch_key" in compilation_time_metrics
-wait_for_preload()  # what a Cosmos3 node does first
-
-children = []
-for _ in range(100):  # the sidecar process is started by the preload; give it up to 10 s to show
-    ps = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "args="], capture_output=True, text=True).stdout
-    children = [line for line in ps.splitlines() if "compile_worker" in line]
-    if children or sys.argv[1] != "compiles":
-        break
-    time.sleep(0.1)
-print(json.dumps(dict(started=thread.workers_started, pools=len(async_compile._pool_set), workers=len(children),
-                      pools_before_the_run=pools_before_the_run, torch_key_computed=torch_key_computed,
-                      failed=thread.failed)))
+pools = list(async_compile._pool_set)
+print(json.dumps(dict(started=thread.workers_started, pools=len(pools),
+                      sidecar_running=bool(pools) and pools[0].process.poll() is None,
+                      torch_key_computed="inductor_codecache_torch_key" in compilation_time_metrics)))
 """
 
 
 def _preload_in_a_fresh_process(tmp_path, how: str, **env_more) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_WARM"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_WARM", "COSMOS3_PRESTART"))}
     env.update(COSMOS3_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO), TORCHINDUCTOR_COMPILE_THREADS="2",
                **env_more)
     proc = subprocess.run([sys.executable, "-c", WORKERS_PROCESS, how], env=env, cwd=REPO, capture_output=True,
@@ -153,18 +143,32 @@ def _preload_in_a_fresh_process(tmp_path, how: str, **env_more) -> dict:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Inductor's worker pool compiles Triton only")
-def test_the_first_run_after_a_preload_for_compiling_starts_inductors_compile_workers_and_honours_torchs_switch(tmp_path):
-    """With ``compiles``, the preload hashes torch's sources for Inductor's keys, and the first run's
-    ``wait_for_preload`` starts torch's own pool of compile worker processes (its first compile then finds them
-    up); the preload alone starts none (an idle server holds no workers). Without ``compiles``, or with torch's
-    ``TORCH_WARM_POOL=0``, no worker process is started."""
+def test_a_preload_for_compiling_runs_starts_inductors_compile_workers_and_honours_the_switches(tmp_path):
+    """With ``compiles``, the preload hashes torch's sources for Inductor's keys and starts torch's own pool of
+    compile worker processes (its sidecar process running); without ``compiles``, with the pack's
+    ``COSMOS3_PRESTART_COMPILE_WORKERS=0`` or torch's ``TORCH_WARM_POOL=0``, no pool is started."""
     out = _preload_in_a_fresh_process(tmp_path, "compiles")
-    assert out["failed"] == {} and out["pools_before_the_run"] == 0 and out["torch_key_computed"], out
-    assert out["started"] and out["pools"] == 1 and out["workers"] >= 1, out
+    assert out["started"] and out["pools"] == 1 and out["sidecar_running"] and out["torch_key_computed"], out
     out = _preload_in_a_fresh_process(tmp_path, "no-compile")
-    assert not out["started"] and out["pools"] == 0 and out["workers"] == 0 and not out["torch_key_computed"], out
+    assert not out["started"] and out["pools"] == 0 and not out["torch_key_computed"], out
+    out = _preload_in_a_fresh_process(tmp_path, "compiles", COSMOS3_PRESTART_COMPILE_WORKERS="0")
+    assert not out["started"] and out["pools"] == 0 and out["torch_key_computed"], out
     out = _preload_in_a_fresh_process(tmp_path, "compiles", TORCH_WARM_POOL="0")
-    assert not out["started"] and out["pools"] == 0 and out["workers"] == 0, out
+    assert not out["started"] and out["pools"] == 0, out
+
+
+def test_a_compile_worker_start_that_fails_never_stops_the_preload(monkeypatch):
+    """The early start is a head start only: torch failing to start its pool (here its ``maybe_warm_pool``
+    raising) is logged at debug level and reported as not started, never raised into the server."""
+    from torch._inductor import async_compile
+
+    from cosmos3_core.kernels import caches
+
+    def fails():
+        raise RuntimeError("no pool here")
+
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", fails)
+    assert caches.start_compile_workers() is False
 
 
 @pytest.mark.comfy

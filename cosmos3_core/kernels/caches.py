@@ -29,15 +29,15 @@ first compile — through ``prepare_compile`` — or FlashAttention-4 import) po
   start it (docs/benchmark-log.md, "Loading from a warm page cache"). A host with such idle time — a ComfyUI server
   between starting and its first prompt — calls ``preload_first_run``, which also imports the modules a first
   generation imports lazily (``RUN_MODULES``: diffusers' VAE and sound decoder, the scheduler, the tokenizer), and
-  ``wait_for_preload`` before each run. When its runs compile, the first ``wait_for_preload`` after the imports
-  also starts Inductor's pool of compile worker processes (``start_compile_workers``), which torch otherwise starts
-  only at the first compile: the workers then import torch while the run loads, encodes and traces, instead of
-  while the first Triton kernels wait for them (on an H100 machine, a first T2I step's compile took 7.9–9.2 s with
-  torch's late start, 5.5–5.8 s with the pool started 12 s ahead). Not at the server's start: the pool holds about
-  0.08 GiB of host memory per worker beyond its ~0.2 GiB sidecar (PSS) and, with no job yet, torch never stops it,
-  so a server that never runs Cosmos3 would keep it. It is torch's own pool, shared with any other compile in the
-  process; torch stops its workers 60 s after a compile's last job and restarts them at the next compile, as
-  without the preload; ``TORCH_WARM_POOL=0`` or ``TORCHINDUCTOR_COMPILE_THREADS=1`` keep it off.
+  ``wait_for_preload`` before each run. When its runs compile, the preload then starts Inductor's pool of compile
+  worker processes (``start_compile_workers``; torch starts it only at the first compile, and the first Triton
+  kernels wait while its sidecar process imports torch, Inductor and Triton and forks the workers): on an H100
+  machine a first T2I step's compile took 7.9–9.2 s with torch's start, 5.5–5.8 s with the pool started 12 s
+  ahead. The pool is torch's own, shared with any other compile in the process. torch stops the workers 60–90 s
+  after their last job (the readiness check at their start counts as one) and forks them again from the sidecar,
+  which stays, at the next compile; the sidecar holds ≈ 0.2 GiB of host memory (PSS) for the server's life, each
+  worker ≈ 0.08 GiB while it runs (measured on a CPU machine). ``COSMOS3_PRESTART_COMPILE_WORKERS=0`` leaves the
+  pool to torch; ``TORCH_WARM_POOL=0`` or ``TORCHINDUCTOR_COMPILE_THREADS=1`` keep it off for torch too.
 
 Settings the user made win: a ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` /
 ``FLASH_ATTENTION_CUTE_DSL_CACHE_*`` already in the environment is kept, and ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` /
@@ -162,30 +162,37 @@ def _hash_torch_sources() -> None:
 def start_compile_workers() -> bool:
     """Start Inductor's pool of compile worker processes now rather than at the first compile (torch's own
     ``maybe_warm_pool``, which honours ``TORCH_WARM_POOL=0``, ``TORCHINDUCTOR_COMPILE_THREADS=1`` and a missing
-    Triton). Whether a pool is running afterwards; never raises (a torch without it: False)."""
+    Triton). Whether a pool exists afterwards; never raises (a torch without it: False)."""
     try:
         from torch._inductor import async_compile
 
-        async_compile.maybe_warm_pool()  # starts the workers without a job: torch's idle stop counts from a job
+        async_compile.maybe_warm_pool()
         return bool(async_compile._pool_set)
     except Exception as e:  # noqa: BLE001 — an optional head start: the first compile starts the pool itself
         _log.debug("Inductor's compile workers were not started ahead (%s: %s)", type(e).__name__, e)
         return False
 
 
-class CompilerPreload(threading.Thread):
-    """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread. ``failed``: ``{module:
-    error}`` for those that did not import (a module missing from this torch version, say); the run that needs one
-    raises the real error itself. ``report``: one log line when done, with how many imported. ``compiles``: the
-    runs after it compile (``wait_for_preload`` then starts the compile workers)."""
+def prestart_compile_workers_wanted() -> bool:
+    """Whether a preload for compiling runs starts the compile workers (``COSMOS3_PRESTART_COMPILE_WORKERS``, on
+    unless ``0``)."""
+    return os.environ.get("COSMOS3_PRESTART_COMPILE_WORKERS", "1").strip() != "0"
 
-    def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False, compiles: bool = False):
+
+class CompilerPreload(threading.Thread):
+    """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread, then, where the compiler's
+    are among them, computes torch's source key and, with ``compile_workers``, starts the compile workers.
+    ``failed``: ``{module: error}`` for those that did not import (a module missing from this torch version, say);
+    the run that needs one raises the real error itself. ``report``: one log line when done."""
+
+    def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False,
+                 compile_workers: bool = False):
         super().__init__(name="cosmos3-preload", daemon=True)
-        self.modules, self.report, self.compiles = modules, report, compiles
+        self.modules, self.report, self.compile_workers = modules, report, compile_workers
         self.failed: dict[str, str] = {}
         self.seconds: float | None = None  # how long the imports took, once done
+        self.workers_started = False  # Inductor's compile worker pool was started (compile_workers asked for it)
         self.waited_out = False  # a run gave up waiting for it (wait_for_preload): later runs do not wait
-        self.workers_started: bool | None = None  # None: not tried yet; else whether Inductor's worker pool runs
 
     def run(self) -> None:
         start = time.perf_counter()
@@ -196,12 +203,15 @@ class CompilerPreload(threading.Thread):
                 self.failed[name] = f"{type(e).__name__}: {e}"
         if COMPILER_MODULES[0] in self.modules:
             _hash_torch_sources()
+            self.workers_started = self.compile_workers and start_compile_workers()
         self.seconds = time.perf_counter() - start
         if self.report:
             compiler = ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else ""
             failed = f"; {len(self.failed)} did not import, e.g. {next(iter(self.failed))}" if self.failed else ""
-            _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s",
-                      len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed)
+            workers = "; the compile workers are starting" if self.workers_started else ""
+            _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s%s",
+                      len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed,
+                      workers)
 
 
 def preload_compiler() -> CompilerPreload:
@@ -221,12 +231,12 @@ PRELOAD_WAIT_S = 120.0  # a run waits this long at most for the preload (a hung 
 def preload_first_run(compiles: bool) -> CompilerPreload:
     """Start importing what a process's first generation imports — ``RUN_MODULES``, and ``COMPILER_MODULES`` when
     its runs compile — on a daemon thread, once per process: for a host's idle time before its first run (a
-    ComfyUI server once it is up). Its runs call ``wait_for_preload`` before they start; with ``compiles`` the
-    first of them starts Inductor's compile workers. Nothing else changes: the compile caches are set up by the
-    first compile, as without it."""
+    ComfyUI server once it is up). With ``compiles`` it ends by starting Inductor's compile workers (unless
+    ``COSMOS3_PRESTART_COMPILE_WORKERS=0``). Its runs call ``wait_for_preload`` before they start. Nothing else
+    changes: the compile caches are set up by the first compile, as without it."""
     if not _FIRST_RUN:
         thread = CompilerPreload(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True,
-                                 compiles=compiles)
+                                 compile_workers=compiles and prestart_compile_workers_wanted())
         thread.start()
         _FIRST_RUN.append(thread)
     return _FIRST_RUN[0]
@@ -235,8 +245,7 @@ def preload_first_run(compiles: bool) -> CompilerPreload:
 def wait_for_preload() -> None:
     """Return once ``preload_first_run``'s imports are done (at once when none was started, or when they are), so
     that the run does not import beside them: two threads importing the same packages can deadlock on Python's
-    module locks. After ``PRELOAD_WAIT_S`` seconds the run goes on, with one warning, and later runs do not wait.
-    The first call after a preload for compiling runs has finished starts Inductor's compile workers (once)."""
+    module locks. After ``PRELOAD_WAIT_S`` seconds the run goes on, with one warning, and later runs do not wait."""
     thread = _FIRST_RUN[0] if _FIRST_RUN else None
     if thread is not None and thread.is_alive() and not thread.waited_out:
         thread.join(PRELOAD_WAIT_S)
@@ -244,7 +253,3 @@ def wait_for_preload() -> None:
             thread.waited_out = True
             _log.warning("Cosmos3: the background imports of a first run's modules are still running after %.0f s; "
                          "the run starts beside them.", PRELOAD_WAIT_S)
-    if thread is not None and thread.compiles and thread.workers_started is None and not thread.is_alive():
-        thread.workers_started = start_compile_workers()
-        if thread.workers_started:
-            _log.info("Cosmos3: started Inductor's compile workers for this process's first compile")
