@@ -125,8 +125,13 @@ from torch._dynamo.utils import compilation_time_metrics  # torch records each c
 from torch._inductor import async_compile
 
 pools = list(async_compile._pool_set)
+sidecar_env = {}
+if pools:  # the environment the workers' sidecar started with: the compile caches must point at ours already
+    with open(f"/proc/{pools[0].process.pid}/environ", "rb") as f:
+        sidecar_env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
 print(json.dumps(dict(started=thread.workers_started, pools=len(pools),
                       sidecar_running=bool(pools) and pools[0].process.poll() is None,
+                      sidecar_inductor_cache=sidecar_env.get(b"TORCHINDUCTOR_CACHE_DIR", b"").decode(),
                       torch_key_computed="inductor_codecache_torch_key" in compilation_time_metrics)))
 """
 
@@ -149,6 +154,7 @@ def test_a_preload_for_compiling_runs_starts_inductors_compile_workers_and_honou
     ``COSMOS3_PRESTART_COMPILE_WORKERS=0`` or torch's ``TORCH_WARM_POOL=0``, no pool is started."""
     out = _preload_in_a_fresh_process(tmp_path, "compiles")
     assert out["started"] and out["pools"] == 1 and out["sidecar_running"] and out["torch_key_computed"], out
+    assert out["sidecar_inductor_cache"] == str(tmp_path / "cache" / "inductor"), out
     out = _preload_in_a_fresh_process(tmp_path, "no-compile")
     assert not out["started"] and out["pools"] == 0 and not out["torch_key_computed"], out
     out = _preload_in_a_fresh_process(tmp_path, "compiles", COSMOS3_PRESTART_COMPILE_WORKERS="0")

@@ -181,7 +181,8 @@ def prestart_compile_workers_wanted() -> bool:
 
 class CompilerPreload(threading.Thread):
     """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread, then, where the compiler's
-    are among them, computes torch's source key and, with ``compile_workers``, starts the compile workers.
+    are among them, computes torch's source key and, with ``compile_workers``, points the compile caches at
+    ``cache_root()`` (the workers inherit them) and starts the compile workers.
     ``failed``: ``{module: error}`` for those that did not import (a module missing from this torch version, say);
     the run that needs one raises the real error itself. ``report``: one log line when done."""
 
@@ -203,7 +204,9 @@ class CompilerPreload(threading.Thread):
                 self.failed[name] = f"{type(e).__name__}: {e}"
         if COMPILER_MODULES[0] in self.modules:
             _hash_torch_sources()
-            self.workers_started = self.compile_workers and start_compile_workers()
+            if self.compile_workers:
+                enable_persistent_caches()  # before the workers' sidecar starts: it inherits the cache folders
+                self.workers_started = start_compile_workers()
         self.seconds = time.perf_counter() - start
         if self.report:
             compiler = ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else ""
