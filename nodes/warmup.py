@@ -5,10 +5,10 @@ first Cosmos3 run would import are imported on a daemon thread (``cosmos3_core.k
 diffusers' VAE and sound decoder with the scheduler and the tokenizer, and torch's compiler where the sampler's
 ``compile`` 'auto' compiles (a CUDA device with Triton), where it then starts Inductor's compile worker processes
 (``COSMOS3_PRESTART_COMPILE_WORKERS=0``: left to torch's first compile). A first run after that finds them loaded
-and running. Every Cosmos3
-node's ``execute`` first waits for that thread (``wait_for_preload``; at once when it is done), so a Cosmos3 node
-never imports beside it; a prompt queued before it is done waits for the rest of it (the compiler's share too, on
-a GPU, even if that prompt turns compile off). Nodes of other packs and the server's own requests do not wait.
+and running. Every Cosmos3 node's ``execute`` first waits for that thread (``wait_for_preload``; at once when it is
+done), so a Cosmos3 node never imports beside it; a prompt queued before it is done waits for the rest of it (the
+compiler's share too, on a GPU, even if that prompt turns compile off). Nodes of other packs and the server's own
+requests do not wait.
 
 A failure here never stops the server: the preload is skipped with one warning. Where no server starts (a script
 driving ComfyUI's executor), nothing is preloaded and nothing waits.

@@ -235,8 +235,8 @@ def preload_first_run(compiles: bool) -> CompilerPreload:
     """Start importing what a process's first generation imports — ``RUN_MODULES``, and ``COMPILER_MODULES`` when
     its runs compile — on a daemon thread, once per process: for a host's idle time before its first run (a
     ComfyUI server once it is up). With ``compiles`` it ends by starting Inductor's compile workers (unless
-    ``COSMOS3_PRESTART_COMPILE_WORKERS=0``). Its runs call ``wait_for_preload`` before they start. Nothing else
-    changes: the compile caches are set up by the first compile, as without it."""
+    ``COSMOS3_PRESTART_COMPILE_WORKERS=0``), having pointed the compile caches at ``cache_root()`` as the first
+    compile would. Its runs call ``wait_for_preload`` before they start."""
     if not _FIRST_RUN:
         thread = CompilerPreload(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True,
                                  compile_workers=compiles and prestart_compile_workers_wanted())
