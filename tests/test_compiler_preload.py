@@ -163,6 +163,25 @@ def test_a_preload_for_compiling_runs_starts_inductors_compile_workers_and_honou
     assert not out["started"] and out["pools"] == 0, out
 
 
+@pytest.mark.parametrize("value, wanted, warned", [
+    (None, True, False), ("1", True, False), ("0", False, False), ("off", False, False), (" False ", False, False),
+    ("yes", True, False), ("maybe", True, True)])
+def test_the_prestart_switch_reads_common_spellings_and_names_any_other_value(monkeypatch, caplog, value, wanted,
+                                                                              warned):
+    from cosmos3_core.kernels import caches
+
+    if value is None:
+        monkeypatch.delenv("COSMOS3_PRESTART_COMPILE_WORKERS", raising=False)
+    else:
+        monkeypatch.setenv("COSMOS3_PRESTART_COMPILE_WORKERS", value)
+    with caplog.at_level("WARNING", logger=caches.__name__):
+        assert caches.prestart_compile_workers_wanted() is wanted
+    messages = [r.getMessage() for r in caplog.records if "COSMOS3_PRESTART_COMPILE_WORKERS" in r.getMessage()]
+    assert len(messages) == (1 if warned else 0), messages
+    if warned:
+        assert "'maybe'" in messages[0] and "Set it to 0" in messages[0]
+
+
 def test_a_compile_worker_start_that_fails_never_stops_the_preload(monkeypatch):
     """The early start is a head start only: torch failing to start its pool (here its ``maybe_warm_pool``
     raising) is logged at debug level and reported as not started, never raised into the server."""

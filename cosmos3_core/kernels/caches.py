@@ -174,9 +174,15 @@ def start_compile_workers() -> bool:
 
 
 def prestart_compile_workers_wanted() -> bool:
-    """Whether a preload for compiling runs starts the compile workers (``COSMOS3_PRESTART_COMPILE_WORKERS``, on
-    unless ``0``)."""
-    return os.environ.get("COSMOS3_PRESTART_COMPILE_WORKERS", "1").strip() != "0"
+    """Whether a preload for compiling runs starts the compile workers (``COSMOS3_PRESTART_COMPILE_WORKERS``: on
+    when unset, off for ``0``/``false``/``no``/``off``). Any other value keeps it on, with one warning naming it."""
+    value = os.environ.get("COSMOS3_PRESTART_COMPILE_WORKERS", "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value not in ("", "1", "true", "yes", "on"):
+        _log.warning("COSMOS3_PRESTART_COMPILE_WORKERS=%r is not a switch value; the compile workers start early as "
+                     "by default. Set it to 0 to leave them to torch's first compile.", value)
+    return True
 
 
 class CompilerPreload(threading.Thread):
