@@ -120,7 +120,7 @@ class Cosmos3Pipeline:
         ``pinned_staging``: a load to a GPU moves the transformer's tensors through pinned buffers
         (``kernels.host_copy``; off: ``Tensor.to``).
 
-        Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.preload_compiler``)
+        Nothing runs beside the reads: a thread importing the compiler's modules meanwhile (``caches.CompilerPreload``)
         holds the GIL in Python for seconds, and the reading thread then waits up to the interpreter's switch interval
         (5 ms) every time it takes the GIL back — after each tensor read and copy — so the load grew by about what the
         imports cost (measured in docs/benchmark-log.md)."""

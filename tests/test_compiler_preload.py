@@ -1,4 +1,4 @@
-"""``caches.preload_compiler``: the compiler's modules import on a background thread.
+"""``caches.CompilerPreload``: the compiler's modules import on a background thread.
 
 A fresh process (nothing of torch's compiler imported yet) starts the preload and, while it runs, compiles and runs
 a function on the main thread: the result must equal eager, every module of ``COMPILER_MODULES`` must be imported
@@ -25,10 +25,12 @@ FRESH_PROCESS = r"""
 import json, os, sys
 import torch
 import torch.nn.functional as F
-from cosmos3_core.kernels.caches import COMPILER_MODULES, preload_compiler
+from cosmos3_core.kernels.caches import COMPILER_MODULES, CompilerPreload, enable_persistent_caches
 
 imported_before = [m for m in COMPILER_MODULES if m in sys.modules]
-thread = preload_compiler()
+enable_persistent_caches()  # as a host does before its preload (preload_first_run, with compile_workers)
+thread = CompilerPreload()
+thread.start()
 f = torch.compile(lambda x: F.silu(x) * x + 1, backend="aot_eager", fullgraph=True)  # Dynamo on this thread
 x = torch.randn(257)
 y = f(x)
@@ -72,7 +74,7 @@ def test_load_runs_no_preload_beside_the_reads(monkeypatch, edge):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     pipe = pipeline_mod.Cosmos3Pipeline.load(edge, dtype=torch.float32, with_sound=False)
     assert started == [] and pipe.transformer is not None
-    caches.preload_compiler()  # the recorder sees a preload when one is started (the check above can fail)
+    caches.CompilerPreload().start()  # the recorder sees a preload when one is started (the check above can fail)
     assert len(started) == 1
 
 

@@ -21,7 +21,7 @@ first compile — through ``prepare_compile`` — or FlashAttention-4 import) po
 * The compiler's own modules: a process's first compiled call imports about 600 modules of ``torch._dynamo``,
   Inductor, its Triton code generator and their dependencies (networkx, ``torch.ao.quantization.fx``, …), even
   when every graph is a cache hit — 2–3 s of host time on an H200 machine — and hashes torch's sources for
-  Inductor's cache keys (``torch_key``, ≈ 0.1 s). ``preload_compiler()`` does both on a daemon thread, so that a
+  Inductor's cache keys (``torch_key``, ≈ 0.1 s). ``CompilerPreload`` does both on a daemon thread, so that a
   compiled run started later finds them done. No compiling: Dynamo itself never runs on two threads (not safe in
   torch 2.11). It only pays while the main thread leaves the interpreter idle for long
   stretches: the imports hold the GIL, and a main thread that releases it often (a weight load: after every tensor
@@ -221,16 +221,6 @@ class CompilerPreload(threading.Thread):
             _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s%s",
                       len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed,
                       workers)
-
-
-def preload_compiler() -> CompilerPreload:
-    """Start importing the compiler's modules in the background (see the module docstring) and return the thread.
-    The on-disk caches are pointed at ``cache_root()`` first: importing ``torch._dynamo`` writes torch's default
-    cache folder into the environment."""
-    enable_persistent_caches()
-    thread = CompilerPreload()
-    thread.start()
-    return thread
 
 
 _FIRST_RUN: list[CompilerPreload] = []
