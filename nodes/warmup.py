@@ -4,10 +4,12 @@ When the server starts listening (aiohttp's ``on_startup``, after every custom n
 first Cosmos3 run would import are imported on a daemon thread (``cosmos3_core.kernels.caches.preload_first_run``):
 diffusers' VAE and sound decoder with the scheduler and the tokenizer, and torch's compiler where the sampler's
 ``compile`` 'auto' compiles (a CUDA device with Triton), where it then starts Inductor's compile worker processes
-(``COSMOS3_PRESTART_COMPILE_WORKERS=0``: left to torch's first compile). A first run after that finds them loaded
-and running. Every Cosmos3 node's ``execute`` first waits for that thread (``wait_for_preload``; at once when it is
-done), so a Cosmos3 node never imports beside it; a prompt queued before it is done waits for the rest of it (the
-compiler's share too, on a GPU, even if that prompt turns compile off). Nodes of other packs and the server's own
+(``COSMOS3_PRESTART_COMPILE_WORKERS=0``: left to torch's first compile), and, on a CUDA device, a tiny call of each
+CUDA library route a run uses loads those libraries (``COSMOS3_PRELOAD_CUDA_LIBRARIES=0``: left to the run's first
+calls). A first run after that finds them loaded and running. Every Cosmos3 node's ``execute`` first waits for that
+thread (``wait_for_preload``; at once when it is done), so a Cosmos3 node never imports beside it; a prompt queued
+before it is done waits for the rest of it (the compiler's share too, on a GPU, even if that prompt turns compile
+off). Nodes of other packs and the server's own
 requests do not wait.
 
 A failure here never stops the server: the preload is skipped with one warning. Where no server starts (a script
@@ -30,7 +32,8 @@ async def _on_server_start(_app) -> None:
         import comfy.model_management as mm
 
         device = mm.get_torch_device()
-        preload_first_run(compiles=getattr(device, "type", None) == "cuda" and compile_pays())
+        cuda = getattr(device, "type", None) == "cuda"
+        preload_first_run(compiles=cuda and compile_pays(), cuda_device=device if cuda else None)
     except Exception as e:  # noqa: BLE001 — an optional head start must never stop the server
         _log.warning("Cosmos3: the background imports of a first run's modules did not start (%s: %s); a first "
                      "run imports them itself.", type(e).__name__, e)

@@ -173,29 +173,44 @@ def start_compile_workers() -> bool:
         return False
 
 
-def prestart_compile_workers_wanted() -> bool:
-    """Whether a preload for compiling runs starts the compile workers (``COSMOS3_PRESTART_COMPILE_WORKERS``: on
-    when unset, off for ``0``/``false``/``no``/``off``). Any other value keeps it on, with one warning naming it."""
-    value = os.environ.get("COSMOS3_PRESTART_COMPILE_WORKERS", "1").strip().lower()
+def _switch_on(variable: str, what: str) -> bool:
+    """A switch in the environment that is on when unset: off for ``0``/``false``/``no``/``off``; any other value
+    keeps it on, with one warning naming it (``what``: the clause saying what is on)."""
+    value = os.environ.get(variable, "1").strip().lower()
     if value in ("0", "false", "no", "off"):
         return False
     if value not in ("", "1", "true", "yes", "on"):
-        _log.warning("COSMOS3_PRESTART_COMPILE_WORKERS=%r is not a switch value; the compile workers start early as "
-                     "by default. Set it to 0 to leave them to torch's first compile.", value)
+        _log.warning("%s=%r is not a switch value; %s as by default. Set it to 0 to turn that off.", variable, value,
+                     what)
     return True
+
+
+def prestart_compile_workers_wanted() -> bool:
+    """Whether a preload for compiling runs starts the compile workers (``COSMOS3_PRESTART_COMPILE_WORKERS``, on
+    when unset; ``0`` leaves them to torch's first compile)."""
+    return _switch_on("COSMOS3_PRESTART_COMPILE_WORKERS", "the compile workers start early")
+
+
+def preload_cuda_libraries_wanted() -> bool:
+    """Whether a preload on a CUDA device loads the CUDA libraries a first run calls (``cuda_libraries.py``;
+    ``COSMOS3_PRELOAD_CUDA_LIBRARIES``, on when unset; ``0`` leaves them to the run's first calls)."""
+    return _switch_on("COSMOS3_PRELOAD_CUDA_LIBRARIES", "the CUDA libraries are loaded ahead")
 
 
 class CompilerPreload(threading.Thread):
     """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread, then, where the compiler's
     are among them, computes torch's source key and, with ``compile_workers``, points the compile caches at
-    ``cache_root()`` (the workers inherit them) and starts the compile workers.
+    ``cache_root()`` (the workers inherit them) and starts the compile workers; last, on ``cuda_device``, it loads
+    the CUDA libraries a first run calls (``cuda_libraries.load_cuda_libraries``).
     ``failed``: ``{module: error}`` for those that did not import (a module missing from this torch version, say);
     the run that needs one raises the real error itself. ``report``: one log line when done."""
 
     def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False,
-                 compile_workers: bool = False):
+                 compile_workers: bool = False, cuda_device=None):
         super().__init__(name="cosmos3-preload", daemon=True)
         self.modules, self.report, self.compile_workers = modules, report, compile_workers
+        self.cuda_device = cuda_device
+        self.cuda_libraries_s: float | None = None  # how long loading the CUDA libraries took, where it ran
         self.failed: dict[str, str] = {}
         self.seconds: float | None = None  # how long the imports took, once done
         self.workers_started = False  # Inductor's compile worker pool was started (compile_workers asked for it)
@@ -213,29 +228,38 @@ class CompilerPreload(threading.Thread):
             if self.compile_workers:
                 enable_persistent_caches()  # before the workers' sidecar starts: it inherits the cache folders
                 self.workers_started = start_compile_workers()
+        if self.cuda_device is not None:
+            from .cuda_libraries import load_cuda_libraries
+
+            self.cuda_libraries_s = load_cuda_libraries(self.cuda_device)
         self.seconds = time.perf_counter() - start
         if self.report:
             compiler = ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else ""
             failed = f"; {len(self.failed)} did not import, e.g. {next(iter(self.failed))}" if self.failed else ""
             workers = "; the compile workers are starting" if self.workers_started else ""
-            _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s%s",
+            libraries = ("" if self.cuda_libraries_s is None else
+                         f"; loaded the CUDA libraries in {self.cuda_libraries_s:.2f} s")
+            _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s%s%s",
                       len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed,
-                      workers)
+                      workers, libraries)
 
 
 _FIRST_RUN: list[CompilerPreload] = []
 PRELOAD_WAIT_S = 120.0  # a run waits this long at most for the preload (a hung import must not hang every run)
 
 
-def preload_first_run(compiles: bool) -> CompilerPreload:
+def preload_first_run(compiles: bool, cuda_device=None) -> CompilerPreload:
     """Start importing what a process's first generation imports — ``RUN_MODULES``, and ``COMPILER_MODULES`` when
     its runs compile — on a daemon thread, once per process: for a host's idle time before its first run (a
     ComfyUI server once it is up). With ``compiles`` it ends by starting Inductor's compile workers (unless
     ``COSMOS3_PRESTART_COMPILE_WORKERS=0``), having pointed the compile caches at ``cache_root()`` as the first
-    compile would. Its runs call ``wait_for_preload`` before they start."""
+    compile would. On ``cuda_device`` (the runs' CUDA device) it then loads the CUDA libraries a first run calls
+    (unless ``COSMOS3_PRELOAD_CUDA_LIBRARIES=0``). Its runs call ``wait_for_preload`` before they start."""
     if not _FIRST_RUN:
+        libraries = cuda_device if cuda_device is not None and preload_cuda_libraries_wanted() else None
         thread = CompilerPreload(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True,
-                                 compile_workers=compiles and prestart_compile_workers_wanted())
+                                 compile_workers=compiles and prestart_compile_workers_wanted(),
+                                 cuda_device=libraries)
         thread.start()
         _FIRST_RUN.append(thread)
     return _FIRST_RUN[0]
