@@ -1,16 +1,15 @@
 """A ComfyUI server's idle time before its first prompt, put to use.
 
-When the server starts listening (aiohttp's ``on_startup``, after every custom node is imported), the modules a
-first Cosmos3 run would import are imported on a daemon thread (``cosmos3_core.kernels.caches.preload_first_run``):
-diffusers' VAE and sound decoder with the scheduler and the tokenizer, and torch's compiler where the sampler's
-``compile`` 'auto' compiles (a CUDA device with Triton), where it then starts Inductor's compile worker processes
-(``COSMOS3_PRESTART_COMPILE_WORKERS=0``: left to torch's first compile), and, on a CUDA device, a tiny call of each
-CUDA library route a run uses loads those libraries (``COSMOS3_PRELOAD_CUDA_LIBRARIES=0``: left to the run's first
-calls). A first run after that finds them loaded and running. Every Cosmos3 node's ``execute`` first waits for that
-thread (``wait_for_preload``; at once when it is done), so a Cosmos3 node never imports beside it; a prompt queued
-before it is done waits for the rest of it (the compiler's share too, on a GPU, even if that prompt turns compile
-off). Nodes of other packs and the server's own
-requests do not wait.
+When the server starts listening (aiohttp's ``on_startup``, after every custom node is imported), the modules a first
+Cosmos3 run would import are imported on a daemon thread (``cosmos3_core.kernels.caches.preload_first_run``): diffusers'
+VAE and sound decoder with the scheduler and the tokenizer, and torch's compiler where the sampler's ``compile`` 'auto'
+compiles (a CUDA device with Triton), where it then starts Inductor's compile worker processes
+(``COSMOS3_PRESTART_COMPILE_WORKERS=0``: left to torch's first compile), and, on a CUDA device with
+``COSMOS3_PRELOAD_CUDA_LIBRARIES=1`` (off by default until measured), a tiny call of each CUDA library route a run uses
+loads those libraries. A first run after that finds them loaded and running. Every Cosmos3 node's ``execute`` first
+waits for that thread (``wait_for_preload``; at once when it is done), so a Cosmos3 node never imports beside it; a
+prompt queued before it is done waits for the rest of it (the compiler's share too, on a GPU, even if that prompt turns
+compile off). Nodes of other packs and the server's own requests do not wait.
 
 A failure here never stops the server: the preload is skipped with one warning. Where no server starts (a script
 driving ComfyUI's executor), nothing is preloaded and nothing waits.

@@ -181,7 +181,7 @@ def test_the_prestart_switch_reads_common_spellings_and_names_any_other_value(mo
     messages = [r.getMessage() for r in caplog.records if "COSMOS3_PRESTART_COMPILE_WORKERS" in r.getMessage()]
     assert len(messages) == (1 if warned else 0), messages
     if warned:
-        assert "'maybe'" in messages[0] and "Set it to 0" in messages[0]
+        assert "'maybe'" in messages[0] and "stays on" in messages[0] and "Set it to 1 or 0" in messages[0]
 
 
 def test_a_compile_worker_start_that_fails_never_stops_the_preload(monkeypatch):

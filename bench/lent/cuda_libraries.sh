@@ -1,8 +1,8 @@
 # Issue 38 on a lent H100/H200 (after `. bench/lent/env.sh`, .lent from `bench/lent/wheels.sh --server`): what a
 # process's first call of each CUDA library route costs and how much the preload's tiny calls on another thread take
 # off (bench/probe_first_cuda_calls.py, six fresh processes), then a restarted server's first T2I with the preload's
-# load of the CUDA libraries off (COSMOS3_PRELOAD_CUDA_LIBRARIES=0) and on (the default), alternated, each after a
-# 10 s settle, the server log's preload and prompt lines printed. About 400 s with the install and the write stage.
+# load of the CUDA libraries off (COSMOS3_PRELOAD_CUDA_LIBRARIES=0, the default) and on (=1), alternated, each after a
+# 10 s settle, the server log's preload and prompt lines printed. About 300 s with the install and the write stage.
 W=/root/.cache/cosmos3/bench/server_path
 S="--work $W --comfyui $COMFYUI_DIR --python python3"
 FE="--front-end-root=/tmp/fe"

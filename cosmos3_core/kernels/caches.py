@@ -173,28 +173,32 @@ def start_compile_workers() -> bool:
         return False
 
 
-def _switch_on(variable: str, what: str) -> bool:
-    """A switch in the environment that is on when unset: off for ``0``/``false``/``no``/``off``; any other value
-    keeps it on, with one warning naming it (``what``: the clause saying what is on)."""
-    value = os.environ.get(variable, "1").strip().lower()
+def _switch(variable: str, default: bool, what: str) -> bool:
+    """A switch in the environment: ``0``/``false``/``no``/``off`` turn it off, ``1``/``true``/``yes``/``on`` on,
+    unset or empty leaves ``default``; any other value leaves ``default`` with one warning naming it (``what``: the
+    thing switched, as a noun phrase)."""
+    value = os.environ.get(variable, "").strip().lower()
     if value in ("0", "false", "no", "off"):
         return False
-    if value not in ("", "1", "true", "yes", "on"):
-        _log.warning("%s=%r is not a switch value; %s as by default. Set it to 0 to turn that off.", variable, value,
-                     what)
-    return True
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value:
+        _log.warning("%s=%r is not a switch value; %s stays %s, the default. Set it to 1 or 0.", variable, value, what,
+                     "on" if default else "off")
+    return default
 
 
 def prestart_compile_workers_wanted() -> bool:
     """Whether a preload for compiling runs starts the compile workers (``COSMOS3_PRESTART_COMPILE_WORKERS``, on
     when unset; ``0`` leaves them to torch's first compile)."""
-    return _switch_on("COSMOS3_PRESTART_COMPILE_WORKERS", "the compile workers start early")
+    return _switch("COSMOS3_PRESTART_COMPILE_WORKERS", True, "the early start of the compile workers")
 
 
 def preload_cuda_libraries_wanted() -> bool:
     """Whether a preload on a CUDA device loads the CUDA libraries a first run calls (``cuda_libraries.py``;
-    ``COSMOS3_PRELOAD_CUDA_LIBRARIES``, on when unset; ``0`` leaves them to the run's first calls)."""
-    return _switch_on("COSMOS3_PRELOAD_CUDA_LIBRARIES", "the CUDA libraries are loaded ahead")
+    ``COSMOS3_PRELOAD_CUDA_LIBRARIES=1``). Off when unset until a GPU measurement shows it pays: it runs work on the
+    GPU at every server start, for every user of the pack (``bench/lent/cuda_libraries.sh`` measures it)."""
+    return _switch("COSMOS3_PRELOAD_CUDA_LIBRARIES", False, "the preload's load of the CUDA libraries")
 
 
 class CompilerPreload(threading.Thread):
@@ -254,7 +258,8 @@ def preload_first_run(compiles: bool, cuda_device=None) -> CompilerPreload:
     ComfyUI server once it is up). With ``compiles`` it ends by starting Inductor's compile workers (unless
     ``COSMOS3_PRESTART_COMPILE_WORKERS=0``), having pointed the compile caches at ``cache_root()`` as the first
     compile would. On ``cuda_device`` (the runs' CUDA device) it then loads the CUDA libraries a first run calls
-    (unless ``COSMOS3_PRELOAD_CUDA_LIBRARIES=0``). Its runs call ``wait_for_preload`` before they start."""
+    (with ``COSMOS3_PRELOAD_CUDA_LIBRARIES=1``, not yet by default). Its runs call ``wait_for_preload`` before
+    they start."""
     if not _FIRST_RUN:
         libraries = cuda_device if cuda_device is not None and preload_cuda_libraries_wanted() else None
         thread = CompilerPreload(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True,

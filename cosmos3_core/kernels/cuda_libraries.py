@@ -14,6 +14,10 @@ and the next thread's first call takes from (``DeviceThreadHandlePool``), and th
 the process's: the run's thread finds them ready. Per-shape choices (cuDNN's engine for a real convolution's
 shape, cuBLASLt's algorithm for a GEMM's) are still made at that shape's first call. The GPU memory it leaves is
 what the run's first calls would have left: the handles' workspaces.
+
+A ComfyUI server's preload (``caches.preload_first_run``) calls it only with ``COSMOS3_PRELOAD_CUDA_LIBRARIES=1``
+until a GPU measurement shows that it pays: ``bench/probe_first_cuda_calls.py`` (each route's first call, with and
+without the ahead load) and ``bench/lent/cuda_libraries.sh`` (a restarted server's first T2I, off and on).
 """
 
 from __future__ import annotations
