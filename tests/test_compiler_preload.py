@@ -165,23 +165,29 @@ def test_a_preload_for_compiling_runs_starts_inductors_compile_workers_and_honou
     assert not out["started"] and out["pools"] == 0, out
 
 
+@pytest.mark.parametrize("variable, default", [("COSMOS3_PRESTART_COMPILE_WORKERS", True),
+                                               ("COSMOS3_PRELOAD_CUDA_LIBRARIES", False)])
 @pytest.mark.parametrize("value, wanted, warned", [
-    (None, True, False), ("1", True, False), ("0", False, False), ("off", False, False), (" False ", False, False),
-    ("yes", True, False), ("maybe", True, True)])
-def test_the_prestart_switch_reads_common_spellings_and_names_any_other_value(monkeypatch, caplog, value, wanted,
-                                                                              warned):
+    (None, None, False), ("", None, False), ("1", True, False), ("0", False, False), ("off", False, False),
+    (" False ", False, False), ("yes", True, False), (" ON ", True, False), ("maybe", None, True)])
+def test_the_preload_switches_read_common_spellings_and_name_any_other_value(monkeypatch, caplog, variable, default,
+                                                                             value, wanted, warned):
+    """``None`` in ``wanted``: the switch's default (the compile workers' early start on, the CUDA libraries off)."""
     from cosmos3_core.kernels import caches
 
+    read = {"COSMOS3_PRESTART_COMPILE_WORKERS": caches.prestart_compile_workers_wanted,
+            "COSMOS3_PRELOAD_CUDA_LIBRARIES": caches.preload_cuda_libraries_wanted}[variable]
     if value is None:
-        monkeypatch.delenv("COSMOS3_PRESTART_COMPILE_WORKERS", raising=False)
+        monkeypatch.delenv(variable, raising=False)
     else:
-        monkeypatch.setenv("COSMOS3_PRESTART_COMPILE_WORKERS", value)
+        monkeypatch.setenv(variable, value)
     with caplog.at_level("WARNING", logger=caches.__name__):
-        assert caches.prestart_compile_workers_wanted() is wanted
-    messages = [r.getMessage() for r in caplog.records if "COSMOS3_PRESTART_COMPILE_WORKERS" in r.getMessage()]
+        assert read() is (default if wanted is None else wanted)
+    messages = [r.getMessage() for r in caplog.records if variable in r.getMessage()]
     assert len(messages) == (1 if warned else 0), messages
     if warned:
-        assert "'maybe'" in messages[0] and "stays on" in messages[0] and "Set it to 1 or 0" in messages[0]
+        state = "on" if default else "off"
+        assert "'maybe'" in messages[0] and f"stays {state}" in messages[0] and "Set it to 1 or 0" in messages[0]
 
 
 def test_a_compile_worker_start_that_fails_never_stops_the_preload(monkeypatch):

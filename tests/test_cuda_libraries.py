@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 import torch
@@ -18,10 +19,25 @@ import torch
 def test_every_route_runs_at_its_own_shapes():
     from cosmos3_core.kernels.cuda_libraries import ROUTES
 
-    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    x = torch.full((64, 64), 0.01, dtype=torch.bfloat16)
     shapes = {name: tuple(call(x).shape) for name, call in ROUTES.items()}
-    assert shapes == {"cublas": (64, 64), "cublaslt": (64, 64), "cudnn_conv3d": (1, 16, 4, 8, 8),
-                      "cudnn_conv2d": (1, 4, 32, 32), "attention": (1, 2, 32, 64)}
+    assert shapes == {"gemm": (64, 64), "gemm_bias": (64, 64), "vae_conv3d": (1, 16, 2, 8, 8),
+                      "vae_conv3d_spatial": (1, 16, 4, 8, 8), "attention": (1, 4, 8, 128),
+                      "causal_attention": (1, 4, 8, 128)}
+
+
+def test_a_route_that_fails_is_skipped_and_the_load_never_raises(monkeypatch, caplog):
+    from cosmos3_core.kernels import cuda_libraries
+
+    def broken(x):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setitem(cuda_libraries.ROUTES, "gemm", broken)
+    with caplog.at_level(logging.DEBUG, logger=cuda_libraries.__name__):
+        seconds = cuda_libraries.load_cuda_libraries(torch.device("cpu"))
+    assert seconds >= 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "the CUDA library route gemm was not loaded ahead (RuntimeError: no such kernel)"]
 
 
 @pytest.mark.parametrize("switch, loads", [("1", True), (None, False), ("0", False)])
@@ -59,13 +75,30 @@ def test_a_preload_without_a_cuda_device_loads_no_library(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_every_route_loads_on_a_cuda_device_from_a_thread_that_ends(caplog):
+def test_every_route_loads_on_a_cuda_device_and_the_next_thread_takes_its_handles(caplog):
+    """No route fails on a real GPU, and a GEMM on a later thread finds the ended thread's cuBLAS handle and its
+    workspace in torch's pool: it allocates no new workspace (≥ 1 MiB) on the device."""
     from cosmos3_core.kernels.cuda_libraries import load_cuda_libraries
 
+    device = torch.device("cuda")
     seconds = []
     with caplog.at_level(logging.DEBUG, logger="cosmos3_core.kernels.cuda_libraries"):
-        thread = threading.Thread(target=lambda: seconds.append(load_cuda_libraries(torch.device("cuda"))))
+        thread = threading.Thread(target=lambda: seconds.append(load_cuda_libraries(device)))
         thread.start()
         thread.join(timeout=120)
     assert seconds and seconds[0] > 0
     assert not [r.getMessage() for r in caplog.records if "not loaded ahead" in r.getMessage()]
+    x = torch.full((64, 64), 0.01, device=device, dtype=torch.bfloat16)
+    grown = []
+
+    def gemm() -> None:
+        before = torch.cuda.memory_allocated(device)
+        y = x @ x
+        torch.cuda.synchronize(device)
+        grown.append(torch.cuda.memory_allocated(device) - before - y.numel() * y.element_size())
+
+    time.sleep(0.2)  # a thread's handles go back to the pool at its C++ exit, just after Python's join returns
+    later = threading.Thread(target=gemm)
+    later.start()
+    later.join(timeout=60)
+    assert grown and grown[0] < 1 << 20, grown

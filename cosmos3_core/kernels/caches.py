@@ -216,7 +216,7 @@ class CompilerPreload(threading.Thread):
         self.cuda_device = cuda_device
         self.cuda_libraries_s: float | None = None  # how long loading the CUDA libraries took, where it ran
         self.failed: dict[str, str] = {}
-        self.seconds: float | None = None  # how long the imports took, once done
+        self.seconds: float | None = None  # how long the whole preload took, once done
         self.workers_started = False  # Inductor's compile worker pool was started (compile_workers asked for it)
         self.waited_out = False  # a run gave up waiting for it (wait_for_preload): later runs do not wait
 
@@ -242,7 +242,7 @@ class CompilerPreload(threading.Thread):
             failed = f"; {len(self.failed)} did not import, e.g. {next(iter(self.failed))}" if self.failed else ""
             workers = "; the compile workers are starting" if self.workers_started else ""
             libraries = ("" if self.cuda_libraries_s is None else
-                         f"; loaded the CUDA libraries in {self.cuda_libraries_s:.2f} s")
+                         f"; the CUDA libraries loaded ({self.cuda_libraries_s:.2f} s of it)")
             _log.info("Cosmos3: imported what a first run needs in the background (%d of %d modules%s) in %.1f s%s%s%s",
                       len(self.modules) - len(self.failed), len(self.modules), compiler, self.seconds, failed,
                       workers, libraries)
