@@ -21,6 +21,7 @@ import functools
 import logging
 
 from ..cosmos3_core.kernels.caches import preload_first_run, wait_for_preload
+from ..cosmos3_core.kernels.cuda_libraries import load_cuda_libraries
 from ..cosmos3_core.runtime import compile_pays
 
 _log = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ async def _on_server_start(_app) -> None:
 
         device = mm.get_torch_device()
         cuda = getattr(device, "type", None) == "cuda"
-        preload_first_run(compiles=cuda and compile_pays(), cuda_device=device if cuda else None)
+        preload_first_run(compiles=cuda and compile_pays(),
+                          load_libraries=functools.partial(load_cuda_libraries, device) if cuda else None)
     except Exception as e:  # noqa: BLE001 — an optional head start must never stop the server
         _log.warning("Cosmos3: the background imports of a first run's modules did not start (%s: %s); a first "
                      "run imports them itself.", type(e).__name__, e)

@@ -1,14 +1,15 @@
 """``kernels.cuda_libraries``: the preload's tiny call of each CUDA library route.
 
 Each route must run at its own shapes (a wrong view would be skipped silently on the GPU: the debug log only), the
-server's preload must make the calls last, on its own thread, on the device it is given and only there, with
-``COSMOS3_PRELOAD_CUDA_LIBRARIES=1`` and not by default (off until a GPU measurement shows it pays). On a CUDA device every route must load with no
-failure logged.
+server's preload must make the calls last, on its own thread, with ``COSMOS3_PRELOAD_CUDA_LIBRARIES=1`` and not by
+default (off until a GPU measurement shows it pays). On a CUDA device every route must load with no failure
+logged, and a later thread must find the ended thread's cuBLAS handle and workspace.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -41,37 +42,27 @@ def test_a_route_that_fails_is_skipped_and_the_load_never_raises(monkeypatch, ca
 
 
 @pytest.mark.parametrize("switch, loads", [("1", True), (None, False), ("0", False)])
-def test_the_preload_loads_the_libraries_on_its_thread_for_the_device_it_is_given(monkeypatch, switch, loads):
-    from cosmos3_core.kernels import caches, cuda_libraries
+def test_the_preload_loads_the_libraries_last_on_its_thread_when_switched_on(monkeypatch, switch, loads):
+    from cosmos3_core.kernels import caches
 
     calls = []
-    monkeypatch.setattr(cuda_libraries, "load_cuda_libraries",
-                        lambda device: calls.append((threading.current_thread().name, device)) or 0.25)
     monkeypatch.setattr(caches, "_FIRST_RUN", [])
     if switch is None:
         monkeypatch.delenv("COSMOS3_PRELOAD_CUDA_LIBRARIES", raising=False)
     else:
         monkeypatch.setenv("COSMOS3_PRELOAD_CUDA_LIBRARIES", switch)
-    device = torch.device("cuda", 1)
-    thread = caches.preload_first_run(compiles=False, cuda_device=device)
+
+    def load_libraries() -> float:
+        calls.append((threading.current_thread().name, [m for m in caches.RUN_MODULES if m not in sys.modules]))
+        return 0.25
+
+    thread = caches.preload_first_run(compiles=False, load_libraries=load_libraries)
     thread.join(timeout=240)
     assert not thread.is_alive() and not thread.failed
-    if loads:
-        assert calls == [("cosmos3-preload", device)] and thread.cuda_libraries_s == 0.25
+    if loads:  # on the preload's thread, after every import
+        assert calls == [("cosmos3-preload", [])] and thread.cuda_libraries_s == 0.25
     else:
         assert calls == [] and thread.cuda_libraries_s is None
-
-
-def test_a_preload_without_a_cuda_device_loads_no_library(monkeypatch):
-    from cosmos3_core.kernels import caches, cuda_libraries
-
-    calls = []
-    monkeypatch.setattr(cuda_libraries, "load_cuda_libraries", lambda device: calls.append(device) or 0.0)
-    monkeypatch.setattr(caches, "_FIRST_RUN", [])
-    monkeypatch.setenv("COSMOS3_PRELOAD_CUDA_LIBRARIES", "1")
-    thread = caches.preload_first_run(compiles=False)
-    thread.join(timeout=240)
-    assert calls == [] and thread.cuda_libraries_s is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -56,6 +56,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 _log = logging.getLogger(__name__)
 _USABLE: dict[Path, Path] = {}  # the cache folder asked for -> the folder used (itself, or a temporary one)
@@ -204,16 +205,17 @@ def preload_cuda_libraries_wanted() -> bool:
 class CompilerPreload(threading.Thread):
     """Imports ``modules`` (default ``COMPILER_MODULES``) in order on a daemon thread, then, where the compiler's
     are among them, computes torch's source key and, with ``compile_workers``, points the compile caches at
-    ``cache_root()`` (the workers inherit them) and starts the compile workers; last, on ``cuda_device``, it loads
-    the CUDA libraries a first run calls (``cuda_libraries.load_cuda_libraries``).
+    ``cache_root()`` (the workers inherit them) and starts the compile workers; last, ``load_libraries()`` where
+    given (``cuda_libraries.load_cuda_libraries`` bound to the runs' device, by the host: this module does not import
+    it, as it imports ``attention``, which imports this one), whose seconds ``cuda_libraries_s`` keeps.
     ``failed``: ``{module: error}`` for those that did not import (a module missing from this torch version, say);
     the run that needs one raises the real error itself. ``report``: one log line when done."""
 
     def __init__(self, modules: tuple[str, ...] = COMPILER_MODULES, report: bool = False,
-                 compile_workers: bool = False, cuda_device=None):
+                 compile_workers: bool = False, load_libraries: Callable[[], float] | None = None):
         super().__init__(name="cosmos3-preload", daemon=True)
         self.modules, self.report, self.compile_workers = modules, report, compile_workers
-        self.cuda_device = cuda_device
+        self.load_libraries = load_libraries
         self.cuda_libraries_s: float | None = None  # how long loading the CUDA libraries took, where it ran
         self.failed: dict[str, str] = {}
         self.seconds: float | None = None  # how long the whole preload took, once done
@@ -232,10 +234,8 @@ class CompilerPreload(threading.Thread):
             if self.compile_workers:
                 enable_persistent_caches()  # before the workers' sidecar starts: it inherits the cache folders
                 self.workers_started = start_compile_workers()
-        if self.cuda_device is not None:
-            from .cuda_libraries import load_cuda_libraries
-
-            self.cuda_libraries_s = load_cuda_libraries(self.cuda_device)
+        if self.load_libraries is not None:
+            self.cuda_libraries_s = self.load_libraries()
         self.seconds = time.perf_counter() - start
         if self.report:
             compiler = ", the compiler's among them" if COMPILER_MODULES[0] in self.modules else ""
@@ -252,19 +252,19 @@ _FIRST_RUN: list[CompilerPreload] = []
 PRELOAD_WAIT_S = 120.0  # a run waits this long at most for the preload (a hung import must not hang every run)
 
 
-def preload_first_run(compiles: bool, cuda_device=None) -> CompilerPreload:
+def preload_first_run(compiles: bool, load_libraries: Callable[[], float] | None = None) -> CompilerPreload:
     """Start importing what a process's first generation imports — ``RUN_MODULES``, and ``COMPILER_MODULES`` when
     its runs compile — on a daemon thread, once per process: for a host's idle time before its first run (a
     ComfyUI server once it is up). With ``compiles`` it ends by starting Inductor's compile workers (unless
     ``COSMOS3_PRESTART_COMPILE_WORKERS=0``), having pointed the compile caches at ``cache_root()`` as the first
-    compile would. On ``cuda_device`` (the runs' CUDA device) it then loads the CUDA libraries a first run calls
-    (with ``COSMOS3_PRELOAD_CUDA_LIBRARIES=1``, not yet by default). Its runs call ``wait_for_preload`` before
-    they start."""
+    compile would. Last it calls ``load_libraries`` (``cuda_libraries.load_cuda_libraries`` bound to the runs' CUDA
+    device) with ``COSMOS3_PRELOAD_CUDA_LIBRARIES=1``, not yet by default. Its runs call ``wait_for_preload``
+    before they start."""
     if not _FIRST_RUN:
-        libraries = cuda_device if cuda_device is not None and preload_cuda_libraries_wanted() else None
+        libraries = load_libraries if load_libraries is not None and preload_cuda_libraries_wanted() else None
         thread = CompilerPreload(RUN_MODULES + (COMPILER_MODULES if compiles else ()), report=True,
                                  compile_workers=compiles and prestart_compile_workers_wanted(),
-                                 cuda_device=libraries)
+                                 load_libraries=libraries)
         thread.start()
         _FIRST_RUN.append(thread)
     return _FIRST_RUN[0]
