@@ -27,8 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from common import COND_TOKENS, NANO, RESOLUTIONS, WAN22_VAE, sync  # bench/common puts the repo on the path
 
 
 def _conv3d(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -41,26 +40,32 @@ def _attention(causal: bool):
     return lambda q, k, v: sdpa_attention(q, k, v, causal=causal)
 
 
-# (name, input shapes, channels-last 3-D, call): each input a bf16 tensor of that shape.
-FULL = [
-    ("text_gemm", [(1536, 4096), (4096, 4096)], False, F.linear),
-    ("layer_gemm", [(3600, 4096), (12288, 4096)], False, F.linear),
-    ("vae_conv3d_first_stage", [(1, 1024, 3, 45, 80), (1024, 1024, 3, 3, 3)], True, _conv3d),
-    ("vae_conv3d_last_stage", [(1, 256, 3, 360, 640), (256, 256, 3, 3, 3)], True, _conv3d),
-    ("text_causal_attention", [(1, 32, 1536, 128), (1, 8, 1536, 128), (1, 8, 1536, 128)], False, _attention(True)),
-    ("image_attention", [(1, 32, 3600, 128), (1, 8, 5136, 128), (1, 8, 5136, 128)], False, _attention(False)),
-]
+def full_routes() -> list:
+    """(name, input shapes, call) at Nano's geometry and the Wan2.2 VAE's (bench/common), T2I 1280×720 with a
+    ``COND_TOKENS`` prompt: each input a bf16 tensor of that shape, channels-last where it is 5-D."""
+    d, f, heads, kv_heads, hd = (NANO[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                     "num_key_value_heads", "head_dim"))
+    height, width, _ = RESOLUTIONS["t2i"]
+    lh, lw = height // WAN22_VAE["scale_factor_spatial"], width // WAN22_VAE["scale_factor_spatial"]
+    ph, pw = height // WAN22_VAE["patch_size"], width // WAN22_VAE["patch_size"]
+    top, bottom = (WAN22_VAE["decoder_base_dim"] * WAN22_VAE["dim_mult"][i] for i in (-1, 0))
+    image, text = lh * lw, COND_TOKENS
+    return [
+        ("text_gemm", [(text, d), (d, d)], F.linear),
+        ("layer_gemm", [(image, d), (f, d)], F.linear),
+        ("vae_conv3d_first_stage", [(1, top, 3, lh, lw), (top, top, 3, 3, 3)], _conv3d),
+        ("vae_conv3d_last_stage", [(1, bottom, 3, ph, pw), (bottom, bottom, 3, 3, 3)], _conv3d),
+        ("text_causal_attention", [(1, heads, text, hd)] + [(1, kv_heads, text, hd)] * 2, _attention(True)),
+        ("image_attention", [(1, heads, image, hd)] + [(1, kv_heads, image + text, hd)] * 2, _attention(False)),
+    ]
+
+
 TINY = [
-    ("text_gemm", [(16, 32), (32, 32)], False, F.linear),
-    ("vae_conv3d_first_stage", [(1, 8, 3, 10, 10), (8, 8, 3, 3, 3)], True, _conv3d),
-    ("text_causal_attention", [(1, 4, 16, 32), (1, 2, 16, 32), (1, 2, 16, 32)], False, _attention(True)),
+    ("text_gemm", [(16, 32), (32, 32)], F.linear),
+    ("vae_conv3d_first_stage", [(1, 8, 3, 10, 10), (8, 8, 3, 3, 3)], _conv3d),
+    ("text_causal_attention", [(1, 4, 16, 32), (1, 2, 16, 32), (1, 2, 16, 32)], _attention(True)),
 ]
 CHILD_TIMEOUT_S = 300
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def one_process(arm: str, tiny: bool, settle_s: float) -> dict:
@@ -75,17 +80,16 @@ def one_process(arm: str, tiny: bool, settle_s: float) -> dict:
         thread.start()
         thread.join()
     time.sleep(settle_s)  # the page open before the first prompt
-    for name, shapes, channels_last, call in TINY if tiny else FULL:
-        fmt = torch.channels_last_3d if channels_last else torch.contiguous_format
-        inputs = [torch.randn(s, device=device, dtype=torch.bfloat16).contiguous(memory_format=fmt)
-                  if len(s) == 5 else torch.randn(s, device=device, dtype=torch.bfloat16) for s in shapes]
-        sync(device)
+    for name, shapes, call in TINY if tiny else full_routes():
+        inputs = [torch.randn(s, device=device, dtype=torch.bfloat16) for s in shapes]
+        inputs = [t.contiguous(memory_format=torch.channels_last_3d) if t.dim() == 5 else t for t in inputs]
+        sync()
         times = []
         for _ in range(2):
             start = time.perf_counter()
             with torch.no_grad():
                 call(*inputs)
-            sync(device)
+            sync()
             times.append(round(time.perf_counter() - start, 4))
         record[name] = {"first_s": times[0], "second_s": times[1]}
         del inputs
